@@ -1,0 +1,89 @@
+import { awscdk, DependencyType, javascript } from 'projen';
+
+// Floor for consumers: 2.95 is the first aws-cdk-lib with `Fail.errorPath`/`causePath` (we re-raise the
+// body's own Error and Cause) and `Retry.jitterStrategy`/`maxDelay` (jittered, capped throttling retries).
+// 2.95.1, not 2.95.0, because @aws-cdk/integ-tests-alpha was never published for 2.95.0 and the dev
+// dependency must match it exactly. `DefinitionBody.fromChainable` (2.85) is older still.
+const CDK_VERSION = '2.95.1';
+
+const project = new awscdk.AwsCdkConstructLibrary({
+  name: 'cdk-sfn-semaphore',
+  description:
+    'Limit how many AWS Step Functions executions run a section at once: a DynamoDB semaphore with layered cleanup.',
+  author: 'cdk-sfn-semaphore contributors',
+  authorAddress: 'maintainers@cdk-sfn-semaphore.dev',
+  repositoryUrl: 'https://github.com/cdk-sfn-semaphore/cdk-sfn-semaphore.git',
+  keywords: ['cdk', 'stepfunctions', 'semaphore', 'concurrency', 'dynamodb', 'lock'],
+  defaultReleaseBranch: 'main',
+  projenrcTs: true,
+  packageManager: javascript.NodePackageManager.NPM,
+  minNodeVersion: '20.0.0',
+
+  cdkVersion: CDK_VERSION,
+  constructsVersion: '10.0.5', // what aws-cdk-lib 2.95 itself accepts; no newer constructs API is used
+  jsiiVersion: '~6.0.0',
+
+  // Declared for publishing; only the JavaScript package is built here and in CI (see `package` below).
+  publishToPypi: { distName: 'cdk-sfn-semaphore', module: 'cdk_sfn_semaphore' },
+  publishToMaven: {
+    javaPackage: 'io.github.cdksfnsemaphore',
+    mavenGroupId: 'io.github.cdk-sfn-semaphore',
+    mavenArtifactId: 'cdk-sfn-semaphore',
+  },
+  publishToNuget: { dotNetNamespace: 'CdkSfnSemaphore', packageId: 'CdkSfnSemaphore' },
+  publishToGo: { moduleName: 'github.com/cdk-sfn-semaphore/cdk-sfn-semaphore-go' },
+
+  // Users of CDK construct libraries expect the dev tsconfig at the top level.
+  tsconfigDevFile: 'tsconfig.dev.json',
+  tsconfigDev: { include: ['src/**/*.ts', 'test/**/*.ts', 'integ/**/*.ts', '.projenrc.ts', 'projenrc/**/*.ts'] },
+
+  experimentalIntegRunner: true,
+  devDeps: [
+    '@aws-sdk/client-dynamodb@^3',
+    'aws-local-stepfunctions@^3',
+    'asl-validator@^4',
+    'dynalite@^4',
+    'cdk-nag@2.28.9', // the newest cdk-nag whose peer range admits our aws-cdk-lib floor (3.x needs >= 2.257)
+  ],
+  jestOptions: {
+    // Jest 30 resolves modules through unrs-resolver (see the eslint resolver pin below); 29 does not.
+    jestVersion: '^29',
+    updateSnapshot: javascript.UpdateSnapshot.NEVER,
+    jestConfig: {
+      testTimeout: 120_000,
+      // The simulator tests are CPU-bound and timing-sensitive; two workers match the two cores we have.
+      maxWorkers: 2,
+    },
+  },
+  gitignore: ['cdk.out', 'integ/**/cdk-integ.out.*', 'integ/**/*.snapshot/**/asset.*', '/bench-results/'],
+});
+
+// The integ runner adds these two at `latest`; pin them: integ-tests-alpha must match our aws-cdk-lib exactly,
+// and eslint-import-resolver-typescript 3.8 is the last release without unrs-resolver, whose per-platform
+// optional bindings make `npm ci` reject a lockfile written on another platform (DESIGN.md, toolchain facts).
+project.deps.removeDependency('@aws-cdk/integ-tests-alpha');
+project.deps.addDependency(`@aws-cdk/integ-tests-alpha@${CDK_VERSION}-alpha.0`, DependencyType.DEVENV);
+project.deps.removeDependency('eslint-import-resolver-typescript');
+project.deps.addDependency('eslint-import-resolver-typescript@~3.8.0', DependencyType.BUILD);
+
+['/integ/', '/.ci/', '/bench-results/'].forEach((p) => project.addPackageIgnore(p));
+
+// Integration tests live in integ/ (deployable apps, kept away from Jest); the test command verifies
+// their committed snapshots without deploying, `integ:update` rewrites them.
+project.eslint?.addLintPattern('integ');
+const integTask = project.tasks.tryFind('integ');
+integTask?.reset('integ-runner --language typescript --directory integ --parallel-regions us-east-1', {
+  receiveArgs: true,
+});
+project.tasks
+  .tryFind('integ:update')
+  ?.reset('integ-runner --language typescript --directory integ --update-on-failed --dry-run', {
+    receiveArgs: true,
+  });
+
+// Only the JavaScript package can be built on our machines and in CI (no Python, Java, .NET or Go
+// toolchains); the release workflow packages the other languages.
+project.packageTask.reset();
+project.packageTask.spawn(project.tasks.tryFind('package:js')!);
+
+project.synth();
