@@ -1,0 +1,231 @@
+import { Arn, ArnFormat, Duration, Stack, Token } from 'aws-cdk-lib';
+import * as events from 'aws-cdk-lib/aws-events';
+import * as targets from 'aws-cdk-lib/aws-events-targets';
+import * as sqs from 'aws-cdk-lib/aws-sqs';
+import * as sfn from 'aws-cdk-lib/aws-stepfunctions';
+import * as tasks from 'aws-cdk-lib/aws-stepfunctions-tasks';
+import { Construct } from 'constructs';
+import { CONDITIONAL_CHECK_FAILED, SERVER_ERRORS, THROTTLING_ERRORS, transientRetry } from './private/dynamodb-errors';
+import { releaseTask } from './private/lock-tasks';
+import { pathFromParsedInput, stringValue } from './private/runtime-value';
+import { stateMachineLogs } from './private/state-machine-defaults';
+import { validateLockName } from './private/validation';
+import { ISemaphoreTable } from './semaphore-table';
+
+/**
+ * Properties of a `CleanFromIncomplete`.
+ */
+export interface CleanFromIncompleteProps {
+  /**
+   * The table holding the lock.
+   */
+  readonly table: ISemaphoreTable;
+
+  /**
+   * Name of the lock whose permits the protected executions take.
+   *
+   * A `JsonPath.stringAt('$.path')` reads it from the stopped execution's input, as the protected
+   * workflow does.
+   */
+  readonly lockName: string;
+
+  /**
+   * The state machines whose stopped executions may still hold a permit.
+   */
+  readonly protectedStateMachines: sfn.IStateMachine[];
+
+  /**
+   * Queue that receives status-change events the rule could not deliver to the cleanup state machine
+   * after all retries. Anything in it is a permit that only the reconciler will free.
+   *
+   * @default - a new queue, encrypted with SQS-managed keys, TLS enforced, events kept 14 days
+   */
+  readonly deadLetterQueue?: sqs.IQueue;
+
+  /**
+   * How many times EventBridge retries starting the cleanup state machine.
+   *
+   * @default 185 (the most EventBridge allows)
+   */
+  readonly retryAttempts?: number;
+
+  /**
+   * How long EventBridge keeps retrying an undelivered event.
+   *
+   * @default Duration.hours(24) (the most EventBridge allows)
+   */
+  readonly maxEventAge?: Duration;
+
+  /**
+   * Logging of the cleanup state machine.
+   *
+   * @default - a new log group, level ALL, without execution data
+   */
+  readonly logs?: sfn.LogOptions;
+
+  /**
+   * Whether the cleanup state machine sends traces to X-Ray.
+   *
+   * @default true
+   */
+  readonly tracingEnabled?: boolean;
+}
+
+/**
+ * Frees the permit of an execution that ended without giving it back: stopped (ABORTED), timed out
+ * (TIMED_OUT) or failed outside the workflow's own catch (FAILED).
+ *
+ * An EventBridge rule on "Step Functions Execution Status Change" events of the protected state
+ * machines starts a small state machine that gives the permit back with one conditional `UpdateItem`,
+ * if and only if the stopped execution still holds one, so duplicated events never free a permit twice.
+ * The rule's target retries for up to 24 hours and sends what it could not deliver to an encrypted
+ * dead-letter queue.
+ *
+ * EventBridge delivers these events "best effort": a rare lost event leaves its permit held until a
+ * later sweep frees it.
+ *
+ * @see https://docs.aws.amazon.com/step-functions/latest/dg/cw-events.html
+ */
+export class CleanFromIncomplete extends Construct {
+  /**
+   * Execution statuses after which a permit may still be held.
+   */
+  public static readonly STOPPED_STATUSES: string[] = ['FAILED', 'TIMED_OUT', 'ABORTED'];
+
+  /**
+   * The state machine that frees the permit.
+   */
+  public readonly stateMachine: sfn.StateMachine;
+
+  /**
+   * The rule that starts it on status-change events.
+   */
+  public readonly rule: events.Rule;
+
+  /**
+   * Where undeliverable events end up.
+   */
+  public readonly deadLetterQueue: sqs.IQueue;
+
+  constructor(scope: Construct, id: string, props: CleanFromIncompleteProps) {
+    super(scope, id);
+    validateLockName(props.lockName);
+    if (props.protectedStateMachines.length === 0) {
+      throw new Error('`protectedStateMachines` must name at least one state machine, got: []');
+    }
+    const retryAttempts = props.retryAttempts ?? 185;
+    if (!Token.isUnresolved(retryAttempts) && (!Number.isInteger(retryAttempts) || retryAttempts < 0 || retryAttempts > 185)) {
+      throw new Error(`\`retryAttempts\` must be an integer from 0 to 185, got: ${retryAttempts}`);
+    }
+    const maxEventAge = props.maxEventAge ?? Duration.hours(24);
+
+    this.stateMachine = new sfn.StateMachine(this, 'StateMachine', {
+      definitionBody: sfn.DefinitionBody.fromChainable(this.renderDefinition(props)),
+      logs: stateMachineLogs(this, props.logs),
+      tracingEnabled: props.tracingEnabled ?? true,
+    });
+
+    this.deadLetterQueue =
+      props.deadLetterQueue ??
+      new sqs.Queue(this, 'DeadLetterQueue', {
+        encryption: sqs.QueueEncryption.SQS_MANAGED,
+        enforceSSL: true,
+        retentionPeriod: Duration.days(14),
+      });
+
+    this.rule = new events.Rule(this, 'Rule', {
+      description: 'Frees the semaphore permit of Step Functions executions that stopped without giving it back',
+      eventPattern: {
+        source: ['aws.states'],
+        detailType: ['Step Functions Execution Status Change'],
+        detail: {
+          status: CleanFromIncomplete.STOPPED_STATUSES,
+          stateMachineArn: props.protectedStateMachines.map((sm) => sm.stateMachineArn),
+        },
+      },
+      targets: [
+        new targets.SfnStateMachine(this.stateMachine, {
+          deadLetterQueue: this.deadLetterQueue,
+          retryAttempts,
+          maxEventAge,
+        }),
+      ],
+    });
+  }
+
+  private renderDefinition(props: CleanFromIncompleteProps): sfn.IChainable {
+    const lockName = stringValue('lockName', props.lockName);
+    const notHeld = new sfn.Succeed(this, 'Permit Not Held');
+
+    const release = (holderPath: string, lockNameValue: string) => {
+      const task = releaseTask(this, 'Release Permit Of Stopped Execution', {
+        table: props.table,
+        lockName: tasks.DynamoAttributeValue.fromString(lockNameValue),
+        holder: sfn.JsonPath.stringAt(holderPath),
+      });
+      // Cleanup runs after the fact, so it can afford to outlast a long throttling episode.
+      task.addRetry({ ...transientRetry([...THROTTLING_ERRORS, ...SERVER_ERRORS]), maxAttempts: 20, maxDelay: Duration.seconds(30) });
+      task.addCatch(notHeld, { errors: [CONDITIONAL_CHECK_FAILED], resultPath: sfn.JsonPath.DISCARD });
+      return task;
+    };
+
+    if (lockName.inputPath === undefined) {
+      return release('$.detail.executionArn', lockName.fixed!);
+    }
+
+    // The lock name is in the stopped execution's input. The event carries that input as a string
+    // unless it was too large for the event (`inputDetails.included` false); then ask Step Functions.
+    const lockNamePath = pathFromParsedInput(lockName.inputPath, '$.input');
+    const releaseFromInput = release('$.executionArn', sfn.JsonPath.stringAt(lockNamePath));
+    const checkLockName = new sfn.Choice(this, 'Lock Name In Input?')
+      .when(sfn.Condition.isString(lockNamePath), releaseFromInput)
+      // The execution could not have taken a permit without a lock name.
+      .otherwise(new sfn.Succeed(this, 'No Lock Name In Input'));
+
+    const fromEvent = new sfn.Pass(this, 'Read Input From Event', {
+      parameters: {
+        executionArn: sfn.JsonPath.stringAt('$.detail.executionArn'),
+        input: sfn.JsonPath.stringToJson(sfn.JsonPath.stringAt('$.detail.input')),
+      },
+    });
+    const describe = new tasks.CallAwsService(this, 'Describe Stopped Execution', {
+      service: 'sfn',
+      action: 'describeExecution',
+      parameters: { ExecutionArn: sfn.JsonPath.stringAt('$.detail.executionArn') },
+      iamAction: 'states:DescribeExecution',
+      iamResources: props.protectedStateMachines.map((sm) => executionArnPattern(this, sm)),
+      resultSelector: {
+        executionArn: sfn.JsonPath.stringAt('$.ExecutionArn'),
+        input: sfn.JsonPath.stringToJson(sfn.JsonPath.stringAt('$.Input')),
+      },
+    });
+    // DescribeExecution only reads, so any task failure may be retried.
+    describe.addRetry({
+      errors: [sfn.Errors.TASKS_FAILED],
+      interval: Duration.seconds(2),
+      maxAttempts: 5,
+      jitterStrategy: sfn.JitterType.FULL,
+    });
+
+    return new sfn.Choice(this, 'Input In Event?')
+      .when(
+        sfn.Condition.and(
+          sfn.Condition.isPresent('$.detail.inputDetails.included'),
+          sfn.Condition.booleanEquals('$.detail.inputDetails.included', false),
+        ),
+        describe.next(checkLockName),
+      )
+      .otherwise(fromEvent.next(checkLockName));
+  }
+}
+
+/** ARN pattern of every execution of a state machine: `arn:...:execution:<state machine name>:*`. */
+function executionArnPattern(scope: Construct, stateMachine: sfn.IStateMachine): string {
+  const name = Arn.split(stateMachine.stateMachineArn, ArnFormat.COLON_RESOURCE_NAME).resourceName;
+  return Stack.of(scope).formatArn({
+    service: 'states',
+    resource: 'execution',
+    resourceName: `${name}:*`,
+    arnFormat: ArnFormat.COLON_RESOURCE_NAME,
+  });
+}

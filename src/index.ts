@@ -1,0 +1,3 @@
+export * from './semaphore-table';
+export * from './concurrency-controlled-workflow';
+export * from './clean-from-incomplete';

@@ -1,0 +1,44 @@
+import { Duration } from 'aws-cdk-lib';
+import * as sfn from 'aws-cdk-lib/aws-stepfunctions';
+
+/*
+ * Error names as the optimized DynamoDB integration (`arn:aws:states:::dynamodb:*`) raises them:
+ * `DynamoDB.<Java SDK exception>`. The AWS SDK integrations spell the prefix `DynamoDb.`; a Retry or
+ * Catch with the wrong prefix never matches, so every name we match on is defined here, once.
+ */
+
+/** The condition of a conditional write did not hold: the lock is full, or the holder is (not) there. */
+export const CONDITIONAL_CHECK_FAILED = 'DynamoDB.ConditionalCheckFailedException';
+
+/**
+ * Throttling: DynamoDB rejected the request without applying it, so any call may simply be retried.
+ */
+export const THROTTLING_ERRORS = [
+  'DynamoDB.ProvisionedThroughputExceededException',
+  'DynamoDB.RequestLimitExceededException',
+  'DynamoDB.ThrottlingException',
+];
+
+/**
+ * Server errors: the write may or may not have been applied. Idempotent writes (release, cleanup) are
+ * retried; an acquire is not, because its retry would fail its own `attribute_not_exists(holder)` if the
+ * first attempt landed. The workflow undoes an uncertain acquire instead (a conditional release), then
+ * polls again.
+ */
+export const SERVER_ERRORS = ['DynamoDB.InternalServerErrorException'];
+
+/**
+ * Retry policy for transient DynamoDB errors: full jitter, exponential up to a cap of 8 s, 10 retries.
+ * At a 5% throttling rate an execution fails only if 11 attempts in a row are throttled (5e-15).
+ * Every retry is a billed transition, so this is only reached on errors.
+ */
+export function transientRetry(errors: string[]): sfn.RetryProps {
+  return {
+    errors,
+    interval: Duration.seconds(1),
+    backoffRate: 2,
+    maxDelay: Duration.seconds(8),
+    jitterStrategy: sfn.JitterType.FULL,
+    maxAttempts: 10,
+  };
+}

@@ -1,0 +1,55 @@
+/**
+ * The lock item schema: one DynamoDB item per lock, shared by the state machines we synthesize, the
+ * simulator that runs them and (later) the reconciler and the CLI. Nothing else may spell these names.
+ *
+ * An item looks like this:
+ *
+ *   lockName     (S, partition key)  the lock's name
+ *   permitsInUse (N)                 how many permits are held
+ *   <holder id>  (M)                 one top-level attribute per holder, named by its id (for a
+ *                                    workflow, the execution ARN): { acquiredAt: S (ISO-8601) }
+ *
+ * Holders are top-level attributes rather than entries of a map because `SET holders.#h = ...` fails
+ * when the map does not exist yet, which would need a separate "initialize the item" step (the AWS
+ * sample's, at two extra transitions on every first use). `UpdateItem` creates the item on first use.
+ */
+
+/** Partition key of the lock table (type S). */
+export const LOCK_KEY = 'lockName';
+
+/** Number of permits currently held (type N). Never below the number of holder attributes. */
+export const PERMITS_IN_USE = 'permitsInUse';
+
+/** Field of a holder entry (a map) with the time the permit was taken, ISO-8601. */
+export const HOLDER_ACQUIRED_AT = 'acquiredAt';
+
+/** Expression attribute names used by every expression below. */
+export const NAMES = {
+  permits: '#permits',
+  holder: '#holder',
+} as const;
+
+/** Expression attribute values used by every expression below. */
+export const VALUES = {
+  zero: ':zero',
+  one: ':one',
+  limit: ':limit',
+  entry: ':entry',
+} as const;
+
+/**
+ * Acquire: one conditional write both checks and takes a permit. `<` rather than `<>`, so that a lowered
+ * limit never opens the gate; `attribute_not_exists(holder)` so that one holder never counts twice.
+ */
+export const ACQUIRE_CONDITION = `(attribute_not_exists(${NAMES.permits}) OR ${NAMES.permits} < ${VALUES.limit}) AND attribute_not_exists(${NAMES.holder})`;
+export const ACQUIRE_UPDATE = `SET ${NAMES.permits} = if_not_exists(${NAMES.permits}, ${VALUES.zero}) + ${VALUES.one}, ${NAMES.holder} = ${VALUES.entry}`;
+
+/**
+ * Release: the mirror image, conditional on the holder entry, which makes release and every cleanup
+ * idempotent: a second release of the same holder fails its condition instead of freeing a permit twice.
+ */
+export const RELEASE_CONDITION = `attribute_exists(${NAMES.holder})`;
+export const RELEASE_UPDATE = `SET ${NAMES.permits} = ${NAMES.permits} - ${VALUES.one} REMOVE ${NAMES.holder}`;
+
+/** Longest lock name we accept; far below DynamoDB's 2,048-byte partition key limit. */
+export const MAX_LOCK_NAME_LENGTH = 255;

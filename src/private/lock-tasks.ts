@@ -1,0 +1,70 @@
+import * as sfn from 'aws-cdk-lib/aws-stepfunctions';
+import * as tasks from 'aws-cdk-lib/aws-stepfunctions-tasks';
+import { Construct } from 'constructs';
+import {
+  ACQUIRE_CONDITION,
+  ACQUIRE_UPDATE,
+  HOLDER_ACQUIRED_AT,
+  LOCK_KEY,
+  NAMES,
+  PERMITS_IN_USE,
+  RELEASE_CONDITION,
+  RELEASE_UPDATE,
+  VALUES,
+} from './lock-schema';
+import { ISemaphoreTable } from '../semaphore-table';
+
+/** Which lock item a task writes, and on behalf of which holder. */
+export interface LockTaskProps {
+  readonly table: ISemaphoreTable;
+  /** The lock name, literal or JSONPath. */
+  readonly lockName: tasks.DynamoAttributeValue;
+  /** The holder id, a JSONPath string token (for a workflow, the execution ARN). */
+  readonly holder: string;
+}
+
+/** Properties of an acquire task. */
+export interface AcquireTaskProps extends LockTaskProps {
+  /** The concurrency limit, literal or JSONPath. */
+  readonly limit: tasks.DynamoAttributeValue;
+}
+
+/**
+ * One conditional UpdateItem that takes a permit: it fails with ConditionalCheckFailed when the lock
+ * is full or the holder already holds one. Its policy is `dynamodb:UpdateItem` on the table only.
+ */
+export function acquireTask(scope: Construct, id: string, props: AcquireTaskProps): tasks.DynamoUpdateItem {
+  return new tasks.DynamoUpdateItem(scope, id, {
+    table: props.table.table,
+    key: { [LOCK_KEY]: props.lockName },
+    conditionExpression: ACQUIRE_CONDITION,
+    updateExpression: ACQUIRE_UPDATE,
+    expressionAttributeNames: { [NAMES.permits]: PERMITS_IN_USE, [NAMES.holder]: props.holder },
+    expressionAttributeValues: {
+      [VALUES.zero]: tasks.DynamoAttributeValue.fromNumber(0),
+      [VALUES.one]: tasks.DynamoAttributeValue.fromNumber(1),
+      [VALUES.limit]: props.limit,
+      [VALUES.entry]: tasks.DynamoAttributeValue.fromMap({
+        [HOLDER_ACQUIRED_AT]: tasks.DynamoAttributeValue.fromString(sfn.JsonPath.stringAt('$$.State.EnteredTime')),
+      }),
+    },
+    // The write's response carries nothing we need; the state data passes through unchanged.
+    resultPath: sfn.JsonPath.DISCARD,
+  });
+}
+
+/**
+ * One conditional UpdateItem that gives a permit back if, and only if, the holder still holds it; it
+ * fails with ConditionalCheckFailed otherwise, so it never frees a permit twice.
+ */
+export function releaseTask(scope: Construct, id: string, props: LockTaskProps): tasks.DynamoUpdateItem {
+  return new tasks.DynamoUpdateItem(scope, id, {
+    table: props.table.table,
+    key: { [LOCK_KEY]: props.lockName },
+    conditionExpression: RELEASE_CONDITION,
+    updateExpression: RELEASE_UPDATE,
+    expressionAttributeNames: { [NAMES.permits]: PERMITS_IN_USE, [NAMES.holder]: props.holder },
+    expressionAttributeValues: { [VALUES.one]: tasks.DynamoAttributeValue.fromNumber(1) },
+    resultPath: sfn.JsonPath.DISCARD,
+  });
+}

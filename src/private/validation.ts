@@ -1,0 +1,45 @@
+import { Duration, Token } from 'aws-cdk-lib';
+import { MAX_LOCK_NAME_LENGTH } from './lock-schema';
+
+/*
+ * Synth-time checks of user input. Each message names the prop, shows the value and says what is
+ * allowed; values that are tokens (JSONPath or deploy-time) are not checked.
+ */
+
+export function validateLockName(lockName: string): void {
+  if (Token.isUnresolved(lockName)) {
+    return;
+  }
+  if (lockName.length === 0 || lockName.length > MAX_LOCK_NAME_LENGTH) {
+    throw new Error(
+      `\`lockName\` must be 1 to ${MAX_LOCK_NAME_LENGTH} characters long, got: '${abbreviate(lockName)}' (${lockName.length} characters)`,
+    );
+  }
+}
+
+export function validateConcurrencyLimit(limit: number): void {
+  if (Token.isUnresolved(limit)) {
+    return;
+  }
+  if (!Number.isInteger(limit) || limit < 1) {
+    throw new Error(`\`concurrencyLimit\` must be a positive integer (1, 2, 3, ...), got: ${limit}`);
+  }
+}
+
+/** A duration of whole seconds, at least `minSeconds`; returns the seconds, or undefined for a token. */
+export function validateWholeSeconds(prop: string, duration: Duration, minSeconds: number): number | undefined {
+  const millis = duration.toMilliseconds();
+  if (Token.isUnresolved(millis)) {
+    return undefined;
+  }
+  if (millis < minSeconds * 1000 || millis % 1000 !== 0) {
+    throw new Error(
+      `\`${prop}\` must be a whole number of seconds, at least ${minSeconds} second${minSeconds === 1 ? '' : 's'}, got: ${duration.toHumanString()}`,
+    );
+  }
+  return millis / 1000;
+}
+
+function abbreviate(s: string): string {
+  return s.length > 40 ? `${s.slice(0, 37)}...` : s;
+}
