@@ -1,0 +1,83 @@
+import { App, CfnElement, Stack } from 'aws-cdk-lib';
+import * as lambda from 'aws-cdk-lib/aws-lambda';
+import * as sfn from 'aws-cdk-lib/aws-stepfunctions';
+import * as tasks from 'aws-cdk-lib/aws-stepfunctions-tasks';
+import * as ddb from '@aws-sdk/client-dynamodb';
+import { ConcurrencyControlledWorkflow, ConcurrencyControlledWorkflowProps } from '../src';
+import { HOLDER_ACQUIRED_AT, LOCK_KEY, PERMITS_IN_USE } from '../src/private/lock-schema';
+import { Execution, Simulator, TaskContext } from './simulator';
+
+/** A stack with one workflow whose body is a Lambda task ("Do Work") the simulator runs locally. */
+export function workflowStack(props: Partial<ConcurrencyControlledWorkflowProps> = {}) {
+  const app = new App();
+  const stack = new Stack(app, 'TestStack');
+  const workFunction = new lambda.Function(stack, 'WorkFunction', {
+    runtime: lambda.Runtime.NODEJS_18_X,
+    handler: 'index.handler',
+    code: lambda.Code.fromInline('exports.handler = async (event) => event;'),
+  });
+  const body = new tasks.LambdaInvoke(stack, 'Do Work', { lambdaFunction: workFunction, payloadResponseOnly: true });
+  const workflow = new ConcurrencyControlledWorkflow(stack, 'Workflow', { body, ...props });
+  return { app, stack, workflow, workFunctionId: logicalId(workFunction.node.defaultChild as CfnElement) };
+}
+
+export function logicalId(element: CfnElement): string {
+  return element.stack.getLogicalId(element);
+}
+
+export function stateMachineLogicalId(sm: sfn.StateMachine): string {
+  return logicalId(sm.node.defaultChild as CfnElement);
+}
+
+/**
+ * Work that takes `seconds` (simulated) and counts how many executions are inside it at once. It
+ * fails when the input says `fail`, and stops early when its execution stops.
+ */
+export class WorkTracker {
+  public inside = 0;
+  public maxInside = 0;
+  public runs = 0;
+  public readonly byExecution = new Map<string, number>();
+
+  constructor(private readonly seconds: (input: any) => number = () => 1) {}
+
+  public handler = async (input: any, context: TaskContext) => {
+    this.runs++;
+    this.byExecution.set(context.execution.arn, (this.byExecution.get(context.execution.arn) ?? 0) + 1);
+    this.inside++;
+    this.maxInside = Math.max(this.maxInside, this.inside);
+    try {
+      await context.simulator.sleep(this.seconds(input), context.signal);
+      if (input?.abortInside) {
+        context.execution.abort();
+        await context.simulator.sleep(1e6, context.signal);
+      }
+      if (input?.fail) {
+        const error = new Error(`work failed for ${context.execution.name}`);
+        error.name = 'WorkFailed';
+        throw error;
+      }
+      return { worked: true, echo: input };
+    } finally {
+      this.inside--;
+    }
+  };
+}
+
+/** The lock items of a table, as plain objects: name, permits in use, holders. */
+export async function lockState(sim: Simulator, table = 'WorkflowLockTable') {
+  const items = await sim.scan(table);
+  return items.map((item) => ({
+    lockName: item[LOCK_KEY].S!,
+    permitsInUse: Number(item[PERMITS_IN_USE]?.N ?? 0),
+    holders: Object.keys(item).filter((k) => item[k].M?.[HOLDER_ACQUIRED_AT] !== undefined),
+  }));
+}
+
+export type LockItem = Record<string, ddb.AttributeValue>;
+
+export function statuses(executions: Execution[]): Record<string, number> {
+  const result: Record<string, number> = {};
+  for (const e of executions) result[e.status] = (result[e.status] ?? 0) + 1;
+  return result;
+}

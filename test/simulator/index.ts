@@ -1,0 +1,4 @@
+export * from './simulator';
+export * from './dynamodb';
+export * from './eventbridge';
+export * from './random';

@@ -1,0 +1,88 @@
+import * as fs from 'fs';
+import { createRequire } from 'module';
+import * as path from 'path';
+import type * as LocalSfn from 'aws-local-stepfunctions' with { 'resolution-mode': 'require' };
+import type { Random } from './random';
+
+/*
+ * aws-local-stepfunctions interprets ASL faithfully enough for our purposes, with five gaps that
+ * matter to a semaphore and that we close here, at load time, on a private copy of the module:
+ *
+ * 1. Time compression. Every duration passes through its `sleep(ms)` (Wait states, Retry intervals)
+ *    or a `setTimeout` (task and execution timeouts); all are multiplied by one factor, so ratios hold.
+ * 2. `States.MathRandom` seeds itself with `Date.now()`, so executions drawing in the same millisecond
+ *    draw the same number; it also includes the end value, which AWS excludes ("between the start
+ *    number (inclusive) and end number (exclusive)"). We draw from the simulation's seeded generator,
+ *    end excluded.
+ * 3. Retry jitter uses `Math.random`; it uses the seeded generator too.
+ * 4. `ResultPath: "$"` should replace the whole state data with the result; the module writes the result
+ *    under a key named "$" instead.
+ * 5. Node 20 lacks `Promise.withResolvers`, which the module calls.
+ *
+ * Each patch must apply exactly once, so an upgrade of the module that moves the code fails loudly
+ * here instead of silently running at full speed.
+ */
+
+if (!(Promise as any).withResolvers) {
+  (Promise as any).withResolvers = function withResolvers<T>() {
+    let resolve!: (value: T | PromiseLike<T>) => void;
+    let reject!: (reason?: unknown) => void;
+    const promise = new Promise<T>((res, rej) => {
+      resolve = res;
+      reject = rej;
+    });
+    return { promise, resolve, reject };
+  };
+}
+
+const PATCHES: Array<[string, string]> = [
+  ['function sleep(ms, abortSignal) {\n', 'function sleep(ms, abortSignal) {\n  ms = ms * __TIME_SCALE__;\n'],
+  [
+    'setTimeout(() => rejectTimeout(new StatesTimeoutError()), timeoutMs)',
+    'setTimeout(() => rejectTimeout(new StatesTimeoutError()), timeoutMs * __TIME_SCALE__)',
+  ],
+  ['}, this.definition.TimeoutSeconds * 1e3);', '}, this.definition.TimeoutSeconds * 1e3 * __TIME_SCALE__);'],
+  [
+    'return getRandomNumber(min, max, rng);',
+    'return seed === void 0 ? getRandomNumber(min, max - 1, __RANDOM__) : getRandomNumber(min, max - 1, rng);',
+  ],
+  ['const sanitizedPath = path.replace("$.", "");', 'if (path === "$") return result;\n  const sanitizedPath = path.replace("$.", "");'],
+  [
+    'waitTimeBeforeRetry = getRandomNumber(0, waitTimeBeforeRetry);',
+    'waitTimeBeforeRetry = getRandomNumber(0, waitTimeBeforeRetry, __RANDOM__);',
+  ],
+];
+
+export type LocalStepFunctions = typeof LocalSfn;
+
+/**
+ * Load a private copy of aws-local-stepfunctions whose clock runs `timeScale` times real time
+ * (0.01: one simulated second takes 10 ms) and whose randomness comes from `random`.
+ */
+export function loadLocalStepFunctions(timeScale: number, random: Random): LocalStepFunctions {
+  const hostRequire = createRequire(__filename);
+  const filename = hostRequire.resolve('aws-local-stepfunctions');
+  let source = fs.readFileSync(filename, 'utf-8');
+  for (const [from, to] of PATCHES) {
+    const count = source.split(from).length - 1;
+    if (count !== 1) {
+      throw new Error(`aws-local-stepfunctions patch expected exactly one match of ${JSON.stringify(from)}, found ${count}`);
+    }
+    source = source.replace(from, to);
+  }
+  // `new Function` compiles in the caller's realm. Under Jest that is the test's sandbox, whose objects
+  // the module must recognize as plain (it checks `Object.getPrototypeOf(x) === Object.prototype`).
+  const wrapper = new Function(
+    'exports',
+    'require',
+    'module',
+    '__filename',
+    '__dirname',
+    '__TIME_SCALE__',
+    '__RANDOM__',
+    `${source}\n//# sourceURL=${filename}`,
+  );
+  const mod = { exports: {} as LocalStepFunctions };
+  wrapper(mod.exports, createRequire(filename), mod, filename, path.dirname(filename), timeScale, random);
+  return mod.exports;
+}
