@@ -37,6 +37,14 @@ const project = new awscdk.AwsCdkConstructLibrary({
   tsconfigDevFile: 'tsconfig.dev.json',
   tsconfigDev: { include: ['src/**/*.ts', 'test/**/*.ts', 'integ/**/*.ts', '.projenrc.ts', 'projenrc/**/*.ts'] },
 
+  // Lint with the dev tsconfig, which includes test/ and integ/ (projen's default, the project service,
+  // looks for a tsconfig.json next to each file).
+  eslintOptions: {
+    dirs: ['src'],
+    devdirs: ['test', 'integ', 'projenrc'],
+    tsconfigPath: './tsconfig.dev.json',
+    projectService: false,
+  },
   experimentalIntegRunner: true,
   devDeps: [
     '@aws-sdk/client-dynamodb@^3',
@@ -70,7 +78,6 @@ project.deps.addDependency('eslint-import-resolver-typescript@~3.8.0', Dependenc
 
 // Integration tests live in integ/ (deployable apps, kept away from Jest); the test command verifies
 // their committed snapshots without deploying, `integ:update` rewrites them.
-project.eslint?.addLintPattern('integ');
 const integTask = project.tasks.tryFind('integ');
 integTask?.reset('integ-runner --language typescript --directory integ --parallel-regions us-east-1', {
   receiveArgs: true,

@@ -405,17 +405,33 @@ export class ConcurrencyControlledWorkflow extends Construct {
       .addCatch(waitForPermit, { errors: [CONDITIONAL_CHECK_FAILED], resultPath: sfn.JsonPath.DISCARD })
       .next(waitForPermit);
 
-    return acquireTask(this, 'Acquire Permit', { ...lockTask, limit })
+    const acquire = acquireTask(this, 'Acquire Permit', { ...lockTask, limit })
       .addRetry(transientRetry(THROTTLING_ERRORS))
       .addCatch(waitForPermit, { errors: [CONDITIONAL_CHECK_FAILED], resultPath: sfn.JsonPath.DISCARD })
       .addCatch(undoAcquire, { errors: SERVER_ERRORS, resultPath: sfn.JsonPath.DISCARD })
       .next(runBody);
+    if (spec.limit.inputPath === undefined) {
+      return acquire;
+    }
+
+    // A limit read from the input is checked before the first acquire: on a lock nobody holds yet the
+    // condition `attribute_not_exists(permits)` would let one execution in whatever the limit, and a
+    // limit below 1 would make every other execution wait forever. One more transition, only here.
+    const invalidLimit = new sfn.Fail(this, 'Runtime Limit Invalid', {
+      error: ConcurrencyControlledWorkflow.INVALID_LIMIT_ERROR,
+      cause: `The concurrency limit read from the execution input at ${spec.limit.inputPath} must be a number of at least 1`,
+    });
+    return new sfn.Choice(this, 'Check Runtime Limit')
+      .when(sfn.Condition.not(sfn.Condition.isPresent(spec.limit.inputPath)), invalidLimit)
+      .when(sfn.Condition.not(sfn.Condition.isNumeric(spec.limit.inputPath)), invalidLimit)
+      .when(sfn.Condition.numberLessThan(spec.limit.inputPath, 1), invalidLimit)
+      .otherwise(acquire);
   }
 
   /**
    * The contended path, a Parallel whose result is discarded:
    *
-   *   [Check Runtime Limit] → Draw Poll Delay → Wait Before First Poll → Poll For Permit ⇄ Wait Before Next Poll
+   *   Draw Poll Delay → Wait Before First Poll → Poll For Permit ⇄ Wait Before Next Poll
    *
    * With an `acquireTimeout`, a second branch waits that long and fails with `SemaphoreAcquireTimeout`;
    * a Parallel ends early only when a branch fails, so the polling branch then ends with the marker
@@ -443,32 +459,10 @@ export class ConcurrencyControlledWorkflow extends Construct {
     // Full jitter on the first wait spreads executions that started together over the interval.
     // States.MathRandom's end is exclusive, so this draws 1..pollInterval.
     const drawDelay = new sfn.Pass(this, 'Draw Poll Delay', {
-      parameters: {
-        delaySeconds: sfn.JsonPath.mathRandom(1, (spec.pollSeconds ?? 1) + 1),
-        ...(spec.limit.inputPath !== undefined
-          ? { limit: sfn.JsonPath.stringAt(pathFromExecutionInput(spec.limit.inputPath)) }
-          : {}),
-      },
+      parameters: { delaySeconds: sfn.JsonPath.mathRandom(1, (spec.pollSeconds ?? 1) + 1) },
     });
     const firstWait = new sfn.Wait(this, 'Wait Before First Poll', { time: sfn.WaitTime.secondsPath('$.delaySeconds') });
-    firstWait.next(poll);
-    const polling = sfn.Chain.start(drawDelay);
-
-    if (spec.limit.inputPath === undefined) {
-      drawDelay.next(firstWait);
-    } else {
-      // Checked here, off the uncontended path: a limit below 1 would make the execution wait forever.
-      const invalidLimit = new sfn.Fail(this, 'Runtime Limit Invalid', {
-        error: ConcurrencyControlledWorkflow.INVALID_LIMIT_ERROR,
-        cause: `The concurrency limit read from the execution input at ${spec.limit.inputPath} must be a number of at least 1`,
-      });
-      drawDelay.next(
-        new sfn.Choice(this, 'Check Runtime Limit')
-          .when(sfn.Condition.not(sfn.Condition.isNumeric('$.limit')), invalidLimit)
-          .when(sfn.Condition.numberLessThan('$.limit', 1), invalidLimit)
-          .otherwise(firstWait),
-      );
-    }
+    const polling = sfn.Chain.start(drawDelay).next(firstWait).next(poll);
 
     if (spec.acquireTimeout === undefined) {
       // Without a timeout the polling branch simply ends once it holds a permit.

@@ -33,52 +33,52 @@ export function physicalResources(template: CfnTemplate, stackName: string): Map
   for (const [logicalId, resource] of Object.entries(template.Resources)) {
     const props = resource.Properties ?? {};
     const generated = `${stackName}-${logicalId}`;
-    let ref = generated;
+    let refValue = generated;
     let attributes: Record<string, string> = {};
     switch (resource.Type) {
       case 'AWS::DynamoDB::Table': {
         const name = literal(props.TableName) ?? generated;
-        ref = name;
+        refValue = name;
         attributes = { Arn: `arn:${PARTITION}:dynamodb:${REGION}:${ACCOUNT}:table/${name}` };
         break;
       }
       case 'AWS::StepFunctions::StateMachine': {
         const name = literal(props.StateMachineName) ?? generated;
-        ref = `arn:${PARTITION}:states:${REGION}:${ACCOUNT}:stateMachine:${name}`;
-        attributes = { Arn: ref, Name: name };
+        refValue = `arn:${PARTITION}:states:${REGION}:${ACCOUNT}:stateMachine:${name}`;
+        attributes = { Arn: refValue, Name: name };
         break;
       }
       case 'AWS::Lambda::Function': {
         const name = literal(props.FunctionName) ?? generated;
-        ref = name;
+        refValue = name;
         attributes = { Arn: `arn:${PARTITION}:lambda:${REGION}:${ACCOUNT}:function:${name}` };
         break;
       }
       case 'AWS::SQS::Queue': {
         const name = literal(props.QueueName) ?? generated;
-        ref = `https://sqs.${REGION}.amazonaws.com/${ACCOUNT}/${name}`;
+        refValue = `https://sqs.${REGION}.amazonaws.com/${ACCOUNT}/${name}`;
         attributes = { Arn: `arn:${PARTITION}:sqs:${REGION}:${ACCOUNT}:${name}`, QueueName: name };
         break;
       }
       case 'AWS::IAM::Role': {
-        ref = generated;
+        refValue = generated;
         attributes = { Arn: `arn:${PARTITION}:iam::${ACCOUNT}:role/${generated}` };
         break;
       }
       case 'AWS::Logs::LogGroup': {
-        ref = generated;
+        refValue = generated;
         attributes = { Arn: `arn:${PARTITION}:logs:${REGION}:${ACCOUNT}:log-group:${generated}:*` };
         break;
       }
       case 'AWS::Events::Rule': {
-        ref = generated;
+        refValue = generated;
         attributes = { Arn: `arn:${PARTITION}:events:${REGION}:${ACCOUNT}:rule/${generated}` };
         break;
       }
       default:
         attributes = { Arn: `arn:${PARTITION}:unknown:${REGION}:${ACCOUNT}:${generated}` };
     }
-    result.set(logicalId, { logicalId, type: resource.Type, ref, attributes });
+    result.set(logicalId, { logicalId, type: resource.Type, ref: refValue, attributes });
   }
   return result;
 }

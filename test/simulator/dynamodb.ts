@@ -85,6 +85,11 @@ export class LocalDynamoDb {
  * them, and counting every call.
  */
 export class DynamoTaskRunner {
+  /** Whether this runner handles a Task resource. */
+  public static handles(resource: string): boolean {
+    return /^arn:aws:states:::(dynamodb:|aws-sdk:dynamodb:)/.test(resource);
+  }
+
   /** Calls made, faulted ones included. */
   public calls = 0;
   /** Calls rejected by injected throttling. */
@@ -95,11 +100,6 @@ export class DynamoTaskRunner {
     private readonly random: Random,
     public faults: DynamoFaults = {},
   ) {}
-
-  /** Whether this runner handles a Task resource. */
-  public static handles(resource: string): boolean {
-    return /^arn:aws:states:::(dynamodb:|aws-sdk:dynamodb:)/.test(resource);
-  }
 
   public async run(resource: string, parameters: Record<string, any>): Promise<unknown> {
     const m = /^arn:aws:states:::(aws-sdk:)?dynamodb:([A-Za-z]+)$/.exec(resource);

@@ -5,7 +5,7 @@ import type * as LocalSfn from 'aws-local-stepfunctions' with { 'resolution-mode
 import type { Random } from './random';
 
 /*
- * aws-local-stepfunctions interprets ASL faithfully enough for our purposes, with five gaps that
+ * aws-local-stepfunctions interprets ASL faithfully enough for our purposes, with these gaps that
  * matter to a semaphore and that we close here, at load time, on a private copy of the module:
  *
  * 1. Time compression. Every duration passes through its `sleep(ms)` (Wait states, Retry intervals)
@@ -15,9 +15,10 @@ import type { Random } from './random';
  *    number (inclusive) and end number (exclusive)"). We draw from the simulation's seeded generator,
  *    end excluded.
  * 3. Retry jitter uses `Math.random`; it uses the seeded generator too.
- * 4. `ResultPath: "$"` should replace the whole state data with the result; the module writes the result
+ * 4. A Task without `TimeoutSeconds` times out after 60 s; on AWS its default is 99999999 s.
+ * 5. `ResultPath: "$"` should replace the whole state data with the result; the module writes the result
  *    under a key named "$" instead.
- * 5. Node 20 lacks `Promise.withResolvers`, which the module calls.
+ * 6. Node 20 lacks `Promise.withResolvers`, which the module calls.
  *
  * Each patch must apply exactly once, so an upgrade of the module that moves the code fails loudly
  * here instead of silently running at full speed.
@@ -37,9 +38,10 @@ if (!(Promise as any).withResolvers) {
 
 const PATCHES: Array<[string, string]> = [
   ['function sleep(ms, abortSignal) {\n', 'function sleep(ms, abortSignal) {\n  ms = ms * __TIME_SCALE__;\n'],
+  ['var DEFAULT_TIMEOUT_SECONDS = 60;', 'var DEFAULT_TIMEOUT_SECONDS = 99999999;'],
   [
     'setTimeout(() => rejectTimeout(new StatesTimeoutError()), timeoutMs)',
-    'setTimeout(() => rejectTimeout(new StatesTimeoutError()), timeoutMs * __TIME_SCALE__)',
+    'setTimeout(() => rejectTimeout(new StatesTimeoutError()), Math.min(timeoutMs * __TIME_SCALE__, 2147483647))',
   ],
   ['}, this.definition.TimeoutSeconds * 1e3);', '}, this.definition.TimeoutSeconds * 1e3 * __TIME_SCALE__);'],
   [

@@ -4,6 +4,8 @@
  */
 export type Random = () => number;
 
+// A PRNG is bit arithmetic by nature.
+/* eslint-disable no-bitwise */
 export function seededRandom(seed: number): Random {
   let a = seed >>> 0;
   return () => {
@@ -14,6 +16,7 @@ export function seededRandom(seed: number): Random {
     return ((t ^ (t >>> 14)) >>> 0) / 4294967296;
   };
 }
+/* eslint-enable no-bitwise */
 
 /** True with probability `p`. */
 export function chance(random: Random, p: number): boolean {

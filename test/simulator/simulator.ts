@@ -1,6 +1,6 @@
+import * as ddb from '@aws-sdk/client-dynamodb';
 import { Stack } from 'aws-cdk-lib';
 import { Template } from 'aws-cdk-lib/assertions';
-import * as ddb from '@aws-sdk/client-dynamodb';
 import { ACCOUNT, CfnTemplate, PhysicalResource, physicalResources, REGION, resolve } from './cfn';
 import { DynamoFaults, DynamoTaskRunner, LocalDynamoDb, TaskError } from './dynamodb';
 import { EventPattern, matchesPattern, TargetInput, targetInput } from './eventbridge';
@@ -85,7 +85,7 @@ export class Execution {
     public readonly input: unknown,
     public readonly startDate: number,
   ) {
-    this.done = new Promise((resolve) => (this.resolveDone = resolve));
+    this.done = new Promise((done) => (this.resolveDone = done));
   }
 
   /** Stop the execution, like `StopExecution`. */
@@ -137,6 +137,7 @@ export class Simulator {
   private readonly rules: SimRule[] = [];
   private readonly pending = new Set<Promise<unknown>>();
   private executionCounter = 0;
+  private readonly interpreters = new Map<string, InstanceType<LocalStepFunctions['StateMachine']>>();
 
   private constructor(
     template: CfnTemplate,
@@ -274,8 +275,7 @@ export class Simulator {
   }
 
   private async run(execution: Execution): Promise<void> {
-    const sm = this.sfn.StateMachine;
-    const machine = new sm(execution.stateMachine.definition, { validationOptions: { checkArn: false } });
+    const machine = this.interpreter(execution.stateMachine);
     const sim = this;
     const run = machine.run(execution.input as any, {
       overrides: { taskResourceLocalHandlers: this.taskOverrides(execution) },
@@ -332,6 +332,19 @@ export class Simulator {
     await counting;
     this.emitStatusChange(execution);
     execution.finish();
+  }
+
+  /**
+   * One interpreter per state machine, built (and its definition validated) once: validation compiles
+   * a JSON schema, far too slow to repeat for every execution.
+   */
+  private interpreter(stateMachine: SimStateMachine): InstanceType<LocalStepFunctions['StateMachine']> {
+    let machine = this.interpreters.get(stateMachine.arn);
+    if (!machine) {
+      machine = new this.sfn.StateMachine(stateMachine.definition, { validationOptions: { checkArn: false } });
+      this.interpreters.set(stateMachine.arn, machine);
+    }
+    return machine;
   }
 
   /** A handler for every Task state of the definition, nested branches included. */
