@@ -1,0 +1,61 @@
+import { App, Duration, Stack } from 'aws-cdk-lib';
+import { Template } from 'aws-cdk-lib/assertions';
+import * as sfn from 'aws-cdk-lib/aws-stepfunctions';
+import { ConcurrencyControlledWorkflow, ConcurrencyControlledWorkflowProps } from '../src';
+import { CfnTemplate, physicalResources, resolve } from './simulator/cfn';
+
+// asl-validator has no type declarations.
+// eslint-disable-next-line @typescript-eslint/no-require-imports
+const aslValidator = require('asl-validator') as (definition: unknown, options?: unknown) => { isValid: boolean; errorsText: (sep?: string) => string };
+
+/** Every state machine definition of a stack, with the template's references resolved. */
+function definitions(stack: Stack): Record<string, unknown> {
+  const template = Template.fromStack(stack).toJSON() as CfnTemplate;
+  const resources = physicalResources(template, stack.stackName);
+  return Object.fromEntries(
+    Object.entries(template.Resources)
+      .filter(([, r]) => r.Type === 'AWS::StepFunctions::StateMachine')
+      .map(([id, r]) => [id, JSON.parse(resolve(r.Properties!.DefinitionString, resources, stack.stackName))]),
+  );
+}
+
+function validate(definition: unknown) {
+  // The validator annotates the definition it reads; give it a copy.
+  return aslValidator(JSON.parse(JSON.stringify(definition)), { checkPaths: true, checkArn: true });
+}
+
+const configurations: Array<[string, Partial<ConcurrencyControlledWorkflowProps>]> = [
+  ['defaults', {}],
+  ['fixed lock, limit and poll interval', { lockName: 'reports', concurrencyLimit: 4, pollInterval: Duration.seconds(10) }],
+  ['lock name and limit from the input', { lockName: sfn.JsonPath.stringAt('$.lock'), concurrencyLimit: sfn.JsonPath.numberAt('$.limit') }],
+  ['acquire timeout and execution timeout', { acquireTimeout: Duration.minutes(5), timeout: Duration.hours(1) }],
+];
+
+describe('every synthesized definition passes asl-validator', () => {
+  test.each(configurations)('%s', (_name, props) => {
+    const stack = new Stack(new App(), 'Stack');
+    new ConcurrencyControlledWorkflow(stack, 'Workflow', {
+      body: new sfn.Pass(stack, 'Work').next(new sfn.Wait(stack, 'Think', { time: sfn.WaitTime.duration(Duration.seconds(1)) })),
+      ...props,
+    });
+
+    const defs = definitions(stack);
+
+    expect(Object.keys(defs)).toHaveLength(2); // the workflow and its cleanup
+    for (const [id, definition] of Object.entries(defs)) {
+      const result = validate(definition);
+      expect({ id, errors: result.errorsText('\n') }).toEqual({ id, errors: '' });
+      expect(result.isValid).toBe(true);
+    }
+  });
+
+  test('the validator does reject a broken definition', () => {
+    const stack = new Stack(new App(), 'Stack');
+    new ConcurrencyControlledWorkflow(stack, 'Workflow', { body: new sfn.Pass(stack, 'Work') });
+    const [definition] = Object.values(definitions(stack)) as any[];
+
+    definition.States['Acquire Permit'].Next = 'No Such State';
+
+    expect(validate(definition).isValid).toBe(false);
+  });
+});

@@ -1,0 +1,356 @@
+import { App, CfnParameter, Duration, RemovalPolicy, Stack } from 'aws-cdk-lib';
+import { Annotations, Match, Template } from 'aws-cdk-lib/assertions';
+import * as iam from 'aws-cdk-lib/aws-iam';
+import * as logs from 'aws-cdk-lib/aws-logs';
+import * as sfn from 'aws-cdk-lib/aws-stepfunctions';
+import { ConcurrencyControlledWorkflow, ConcurrencyControlledWorkflowProps, SemaphoreTable } from '../src';
+import { logicalId } from './helpers';
+
+function newStack() {
+  return new Stack(new App(), 'Stack');
+}
+
+function workflow(props: Partial<ConcurrencyControlledWorkflowProps> = {}, stack = newStack()) {
+  const w = new ConcurrencyControlledWorkflow(stack, 'Workflow', { body: new sfn.Pass(stack, 'Work'), ...props });
+  return {
+    stack,
+    workflow: w,
+    // Synthesis is cached per app: only synthesize once the test has added everything.
+    get template() {
+      return Template.fromStack(stack);
+    },
+  };
+}
+
+/** The state machine definition as JSON, with tokens of the stack left as CloudFormation. */
+function definitionOf(stack: Stack, sm: sfn.StateMachine): any {
+  const cfn = Template.fromStack(stack).toJSON().Resources[logicalId(sm.node.defaultChild as any)];
+  const parts: any[] = cfn.Properties.DefinitionString['Fn::Join'][1];
+  return JSON.parse(parts.map((p) => (typeof p === 'string' ? p : JSON.stringify(p).replace(/"/g, "'"))).join(''));
+}
+
+/** Statements of the default policy of a role, found by the role's logical ID prefix. */
+function policyStatements(template: Template, rolePrefix: string): any[] {
+  const policies = template.findResources('AWS::IAM::Policy');
+  return Object.values(policies)
+    .filter((p: any) => p.Properties.Roles.some((r: any) => r.Ref.startsWith(rolePrefix)))
+    .flatMap((p: any) => p.Properties.PolicyDocument.Statement);
+}
+
+describe('resources', () => {
+  test('creates a table, a Standard state machine, its log group and the cleanup', () => {
+    const { template, workflow: w, stack } = workflow();
+
+    template.resourceCountIs('AWS::DynamoDB::Table', 1);
+    template.resourceCountIs('AWS::StepFunctions::StateMachine', 2);
+    template.hasResourceProperties('AWS::StepFunctions::StateMachine', {
+      StateMachineType: 'STANDARD',
+      TracingConfiguration: { Enabled: true },
+      LoggingConfiguration: { Level: 'ALL', IncludeExecutionData: false },
+    });
+    template.resourceCountIs('AWS::Events::Rule', 1);
+    expect(w.table).toBeInstanceOf(SemaphoreTable);
+    expect(w.cleanupStateMachine).toBe(w.cleanup.stateMachine);
+    expect(w.cleanupRule).toBe(w.cleanup.rule);
+    expect(w.lockName).toBe('Stack/Workflow');
+    expect(stack.resolve(w.stateMachine.stateMachineArn)).toEqual({ Ref: logicalId(w.stateMachine.node.defaultChild as any) });
+  });
+
+  test('uses a given table and creates none', () => {
+    const stack = newStack();
+    const table = SemaphoreTable.fromTableName(stack, 'Locks', 'shared-locks');
+
+    const { template, workflow: w } = workflow({ table }, stack);
+
+    template.resourceCountIs('AWS::DynamoDB::Table', 0);
+    expect(w.table).toBe(table);
+  });
+
+  test('passes name, timeout, logs, tracing, role, removal policy and comment through', () => {
+    const stack = newStack();
+    const logGroup = new logs.LogGroup(stack, 'Logs');
+    const role = new iam.Role(stack, 'MyRole', { assumedBy: new iam.ServicePrincipal('states.amazonaws.com') });
+
+    const { template, workflow: w } = workflow(
+      {
+        stateMachineName: 'guarded',
+        timeout: Duration.minutes(30),
+        logs: { destination: logGroup, level: sfn.LogLevel.ERROR },
+        tracingEnabled: false,
+        role,
+        removalPolicy: RemovalPolicy.RETAIN,
+        comment: 'my comment',
+      },
+      stack,
+    );
+
+    template.hasResource('AWS::StepFunctions::StateMachine', {
+      Properties: {
+        StateMachineName: 'guarded',
+        RoleArn: { 'Fn::GetAtt': [Match.stringLikeRegexp('^MyRole'), 'Arn'] },
+        LoggingConfiguration: { Level: 'ERROR' },
+        TracingConfiguration: Match.absent(),
+      },
+      DeletionPolicy: 'Retain',
+    });
+    expect(definitionOf(stack, w.stateMachine)).toMatchObject({ Comment: 'my comment', TimeoutSeconds: 1800 });
+    // Only the workflow's own log group; no default one was made beside the given one.
+    template.resourceCountIs('AWS::Logs::LogGroup', 2); // the given one and the cleanup's
+  });
+});
+
+describe('definition', () => {
+  test('acquires with one conditional UpdateItem, runs the body in a Parallel and releases', () => {
+    const { stack, workflow: w } = workflow({ concurrencyLimit: 3, lockName: 'db-migrations' });
+    const def = definitionOf(stack, w.stateMachine);
+
+    expect(def.StartAt).toBe('Acquire Permit');
+    const acquire = def.States['Acquire Permit'];
+    expect(acquire).toMatchObject({
+      Type: 'Task',
+      Resource: expect.stringContaining(':states:::dynamodb:updateItem'),
+      ResultPath: null,
+      Next: 'Run Protected Body',
+      Parameters: {
+        Key: { lockName: { S: 'db-migrations' } },
+        ConditionExpression: '(attribute_not_exists(#permits) OR #permits < :limit) AND attribute_not_exists(#holder)',
+        UpdateExpression: 'SET #permits = if_not_exists(#permits, :zero) + :one, #holder = :entry',
+        ExpressionAttributeNames: { '#permits': 'permitsInUse', '#holder.$': '$$.Execution.Id' },
+        ExpressionAttributeValues: {
+          ':limit': { N: '3' },
+          ':entry': { M: { acquiredAt: { 'S.$': '$$.State.EnteredTime' } } },
+        },
+      },
+    });
+    // The full lock is not an error: it is caught and sent to the wait, never retried.
+    expect(acquire.Retry.flatMap((r: any) => r.ErrorEquals)).not.toContain('DynamoDB.ConditionalCheckFailedException');
+    expect(acquire.Retry[0]).toMatchObject({
+      ErrorEquals: expect.arrayContaining(['DynamoDB.ProvisionedThroughputExceededException']),
+      JitterStrategy: 'FULL',
+      MaxDelaySeconds: 8,
+      MaxAttempts: 10,
+    });
+    expect(acquire.Catch).toEqual([
+      { ErrorEquals: ['DynamoDB.ConditionalCheckFailedException'], ResultPath: null, Next: 'Wait For Permit' },
+      { ErrorEquals: ['DynamoDB.InternalServerErrorException'], ResultPath: null, Next: 'Undo Uncertain Acquire' },
+    ]);
+    expect(def.States['Run Protected Body']).toMatchObject({
+      Type: 'Parallel',
+      OutputPath: '$[0]',
+      Next: 'Release Permit',
+      Catch: [{ ErrorEquals: ['States.ALL'], ResultPath: '$', Next: 'Release Permit After Failure' }],
+    });
+    expect(def.States['Run Protected Body'].Branches[0].StartAt).toBe('Work');
+    expect(def.States['Release Permit'].Parameters).toMatchObject({
+      ConditionExpression: 'attribute_exists(#holder)',
+      UpdateExpression: 'SET #permits = #permits - :one REMOVE #holder',
+    });
+    expect(def.States['Fail With Original Error']).toEqual({ Type: 'Fail', ErrorPath: '$.Error', CausePath: '$.Cause' });
+  });
+
+  test('waits a jittered first delay, then polls every pollInterval', () => {
+    const { stack, workflow: w } = workflow({ pollInterval: Duration.seconds(7) });
+    const branch = definitionOf(stack, w.stateMachine).States['Wait For Permit'].Branches[0];
+
+    expect(branch.States['Draw Poll Delay'].Parameters).toEqual({ 'delaySeconds.$': 'States.MathRandom(1, 8)' });
+    expect(branch.States['Wait Before First Poll']).toMatchObject({ SecondsPath: '$.delaySeconds', Next: 'Poll For Permit' });
+    expect(branch.States['Wait Before Next Poll']).toMatchObject({ Seconds: 7, Next: 'Poll For Permit' });
+    expect(branch.States['Poll For Permit'].End).toBe(true);
+  });
+
+  test('reads a runtime lock name and limit from the execution input', () => {
+    const { stack, workflow: w } = workflow({
+      lockName: sfn.JsonPath.stringAt('$.tenant'),
+      concurrencyLimit: sfn.JsonPath.numberAt('$.settings.limit'),
+    });
+    const def = definitionOf(stack, w.stateMachine);
+
+    expect(def.States['Acquire Permit'].Parameters.Key).toEqual({ lockName: { 'S.$': '$$.Execution.Input.tenant' } });
+    expect(def.States['Acquire Permit'].Parameters.ExpressionAttributeValues[':limit']).toEqual({
+      'N.$': "States.Format('{}', $$.Execution.Input.settings.limit)",
+    });
+    // After the body the state data is the body's output, so the release must read the context too.
+    expect(def.States['Release Permit'].Parameters.Key).toEqual({ lockName: { 'S.$': '$$.Execution.Input.tenant' } });
+    // A runtime limit is checked once, before the first acquire.
+    expect(def.StartAt).toBe('Check Runtime Limit');
+    expect(def.States['Check Runtime Limit']).toMatchObject({ Type: 'Choice', Default: 'Acquire Permit' });
+    expect(def.States['Runtime Limit Invalid']).toMatchObject({ Type: 'Fail', Error: 'SemaphoreInvalidLimit' });
+  });
+
+  test('with an acquire timeout, races the poll against a timer', () => {
+    const { stack, workflow: w } = workflow({ acquireTimeout: Duration.minutes(2) });
+    const wait = definitionOf(stack, w.stateMachine).States['Wait For Permit'];
+
+    expect(wait.Branches).toHaveLength(2);
+    expect(wait.Branches[1].States['Wait Until Acquire Timeout']).toMatchObject({ Seconds: 120 });
+    expect(wait.Branches[1].States['Acquire Timed Out']).toMatchObject({ Type: 'Fail', Error: 'SemaphoreAcquireTimeout' });
+    expect(wait.Catch[0]).toEqual({ ErrorEquals: ['SemaphorePermitAcquired'], ResultPath: null, Next: 'Run Protected Body' });
+  });
+
+  test('warns when the acquire timeout is not shorter than the execution timeout', () => {
+    const { stack } = workflow({ acquireTimeout: Duration.minutes(10), timeout: Duration.minutes(5) });
+    Annotations.fromStack(stack).hasWarning('/Stack/Workflow', Match.stringLikeRegexp('acquireTimeout \\(10 minutes\\) is not shorter'));
+  });
+});
+
+describe('cleanup', () => {
+  test('a rule on stopped executions of this state machine starts the cleanup, with retries and an encrypted DLQ', () => {
+    const { template, workflow: w } = workflow();
+    const smId = logicalId(w.stateMachine.node.defaultChild as any);
+
+    template.hasResourceProperties('AWS::Events::Rule', {
+      EventPattern: {
+        'source': ['aws.states'],
+        'detail-type': ['Step Functions Execution Status Change'],
+        'detail': { status: ['FAILED', 'TIMED_OUT', 'ABORTED'], stateMachineArn: [{ Ref: smId }] },
+      },
+      Targets: [
+        Match.objectLike({
+          Arn: { Ref: Match.stringLikeRegexp('^WorkflowCleanupStateMachine') },
+          RetryPolicy: { MaximumRetryAttempts: 185, MaximumEventAgeInSeconds: 86400 },
+          DeadLetterConfig: { Arn: { 'Fn::GetAtt': [Match.stringLikeRegexp('^WorkflowCleanupDeadLetterQueue'), 'Arn'] } },
+        }),
+      ],
+    });
+    template.hasResourceProperties('AWS::SQS::Queue', { SqsManagedSseEnabled: true, MessageRetentionPeriod: 1209600 });
+  });
+
+  test('frees the permit of the stopped execution with one conditional write', () => {
+    const { stack, workflow: w } = workflow({ lockName: 'fixed' });
+    const def = definitionOf(stack, w.cleanupStateMachine);
+
+    expect(def.StartAt).toBe('Release Permit Of Stopped Execution');
+    expect(def.States['Release Permit Of Stopped Execution']).toMatchObject({
+      Parameters: {
+        Key: { lockName: { S: 'fixed' } },
+        ConditionExpression: 'attribute_exists(#holder)',
+        ExpressionAttributeNames: { '#holder.$': '$.detail.executionArn' },
+      },
+      Catch: [{ ErrorEquals: ['DynamoDB.ConditionalCheckFailedException'], Next: 'Permit Not Held', ResultPath: null }],
+    });
+  });
+
+  test('reads a runtime lock name from the event, or from DescribeExecution when the input is not in it', () => {
+    const { stack, workflow: w } = workflow({ lockName: sfn.JsonPath.stringAt('$.tenant') });
+    const def = definitionOf(stack, w.cleanupStateMachine);
+
+    expect(def.States['Read Input From Event'].Parameters).toEqual({
+      'executionArn.$': '$.detail.executionArn',
+      'input.$': 'States.StringToJson($.detail.input)',
+    });
+    expect(def.States['Release Permit Of Stopped Execution'].Parameters.Key).toEqual({ lockName: { 'S.$': '$.input.tenant' } });
+    expect(def.States['Describe Stopped Execution'].Resource).toMatch(/:states:::aws-sdk:sfn:describeExecution$/);
+  });
+});
+
+describe('least privilege', () => {
+  test('the workflow may only UpdateItem, on its table', () => {
+    const { template, workflow: w } = workflow();
+    const tableId = logicalId(w.table.table.node.defaultChild as any);
+
+    const dynamo = policyStatements(template, 'WorkflowStateMachineRole').filter((s) => JSON.stringify(s.Action).includes('dynamodb:'));
+    expect(dynamo).toEqual([
+      {
+        Action: 'dynamodb:UpdateItem',
+        Effect: 'Allow',
+        Resource: {
+          'Fn::Join': ['', ['arn:', { Ref: 'AWS::Partition' }, ':dynamodb:', { Ref: 'AWS::Region' }, ':', { Ref: 'AWS::AccountId' }, ':table/', { Ref: tableId }]],
+        },
+      },
+    ]);
+    const actions = policyStatements(template, 'WorkflowStateMachineRole').flatMap((s) => [s.Action].flat());
+    expect(actions.filter((a) => !a.startsWith('xray:') && !a.startsWith('logs:'))).toEqual(['dynamodb:UpdateItem']);
+  });
+
+  test('the cleanup may only UpdateItem on the table, and DescribeExecution on this workflow when the lock name is in the input', () => {
+    const fixed = workflow();
+    const fixedActions = policyStatements(fixed.template, 'WorkflowCleanupStateMachineRole')
+      .flatMap((s) => [s.Action].flat())
+      .filter((a) => !a.startsWith('xray:') && !a.startsWith('logs:'));
+    expect(fixedActions).toEqual(['dynamodb:UpdateItem']);
+
+    const runtime = workflow({ lockName: sfn.JsonPath.stringAt('$.tenant') });
+    const statements = policyStatements(runtime.template, 'WorkflowCleanupStateMachineRole');
+    const describe = statements.find((s) => s.Action === 'states:DescribeExecution');
+    expect(JSON.stringify(describe.Resource)).toMatch(/:execution:/);
+    expect(statements.flatMap((s) => [s.Action].flat()).filter((a) => !a.startsWith('xray:') && !a.startsWith('logs:')).sort()).toEqual([
+      'dynamodb:UpdateItem',
+      'states:DescribeExecution',
+    ]);
+  });
+
+  test('delegates grants and metrics to the state machine', () => {
+    const { workflow: w, stack } = workflow();
+    const role = new iam.Role(stack, 'Caller', { assumedBy: new iam.AccountRootPrincipal() });
+
+    w.grantStartExecution(role);
+    w.grantRead(role);
+
+    const actions = policyStatements(Template.fromStack(stack), 'Caller').flatMap((s) => [s.Action].flat());
+    expect(actions).toEqual(expect.arrayContaining(['states:StartExecution', 'states:DescribeExecution']));
+    expect(stack.resolve(w.metricFailed().dimensions)).toEqual({ StateMachineArn: { Ref: logicalId(w.stateMachine.node.defaultChild as any) } });
+    expect(w.metricAborted().metricName).toBe('ExecutionsAborted');
+    expect(w.metricTime().metricName).toBe('ExecutionTime');
+  });
+});
+
+describe('bad input fails at synth with the prop, the value and what is allowed', () => {
+  test.each([0, -1, 1.5])('fails for concurrencyLimit %p', (limit) => {
+    expect(() => workflow({ concurrencyLimit: limit })).toThrow(
+      new RegExp(`\`concurrencyLimit\` must be a positive integer \\(1, 2, 3, \\.\\.\\.\\), got: ${String(limit).replace('.', '\\.')}$`),
+    );
+  });
+
+  test('fails for an empty lock name', () => {
+    expect(() => workflow({ lockName: '' })).toThrow("`lockName` must be 1 to 255 characters long, got: '' (0 characters)");
+  });
+
+  test('fails for an over-long lock name', () => {
+    expect(() => workflow({ lockName: 'x'.repeat(256) })).toThrow(/`lockName` must be 1 to 255 characters long, got: 'x{37}\.\.\.' \(256 characters\)/);
+  });
+
+  test('fails for a poll interval under 1 second', () => {
+    expect(() => workflow({ pollInterval: Duration.millis(500) })).toThrow(
+      '`pollInterval` must be a whole number of seconds, at least 1 second, got: 500 millis',
+    );
+  });
+
+  test('fails for a poll interval that is not whole seconds', () => {
+    expect(() => workflow({ pollInterval: Duration.millis(1500) })).toThrow(/`pollInterval` must be a whole number of seconds.*got: 1 second 500 millis/);
+  });
+
+  test('fails for a non-positive acquire timeout', () => {
+    expect(() => workflow({ acquireTimeout: Duration.seconds(0) })).toThrow(
+      '`acquireTimeout` must be a whole number of seconds, at least 1 second, got: 0 seconds',
+    );
+  });
+
+  test('fails for an Express state machine', () => {
+    expect(() => workflow({ stateMachineType: sfn.StateMachineType.EXPRESS })).toThrow(
+      /`stateMachineType` must be STANDARD, got: EXPRESS\. Express executions emit no status-change events/,
+    );
+  });
+
+  test('fails for a lock name that concatenates a JSONPath with text', () => {
+    expect(() => workflow({ lockName: `tenant-${sfn.JsonPath.stringAt('$.tenant')}` })).toThrow(
+      /`lockName` must be either a fixed string or exactly one JsonPath.stringAt/,
+    );
+  });
+
+  test('fails for a lock name read from the context object', () => {
+    expect(() => workflow({ lockName: sfn.JsonPath.stringAt('$$.Execution.Name') })).toThrow(
+      '`lockName` can be read from the execution input only (a path starting with `$.` or `$$.Execution.Input`), got: $$.Execution.Name',
+    );
+  });
+
+  test('does not check values that are only known at deploy time', () => {
+    const stack = newStack();
+    const limit = new CfnParameter(stack, 'Limit', { type: 'Number' }).valueAsNumber;
+    const name = new CfnParameter(stack, 'Name').valueAsString;
+
+    const { stack: s, workflow: w } = workflow({ concurrencyLimit: limit, lockName: name }, stack);
+
+    const def = Template.fromStack(s).toJSON().Resources[logicalId(w.stateMachine.node.defaultChild as any)];
+    expect(JSON.stringify(def.Properties.DefinitionString)).toContain('{"Ref":"Limit"}');
+  });
+});

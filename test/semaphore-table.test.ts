@@ -1,0 +1,115 @@
+import { App, RemovalPolicy, Stack } from 'aws-cdk-lib';
+import { Match, Template } from 'aws-cdk-lib/assertions';
+import * as dynamodb from 'aws-cdk-lib/aws-dynamodb';
+import * as iam from 'aws-cdk-lib/aws-iam';
+import * as kms from 'aws-cdk-lib/aws-kms';
+import { SemaphoreTable } from '../src';
+
+function newStack() {
+  return new Stack(new App(), 'Stack');
+}
+
+describe('SemaphoreTable', () => {
+  test('is on-demand, keyed by lockName, with point-in-time recovery and encryption, retained by default', () => {
+    // GIVEN
+    const stack = newStack();
+
+    // WHEN
+    new SemaphoreTable(stack, 'Locks');
+
+    // THEN
+    const template = Template.fromStack(stack);
+    template.hasResource('AWS::DynamoDB::Table', {
+      Properties: {
+        KeySchema: [{ AttributeName: 'lockName', KeyType: 'HASH' }],
+        AttributeDefinitions: [{ AttributeName: 'lockName', AttributeType: 'S' }],
+        BillingMode: 'PAY_PER_REQUEST',
+        PointInTimeRecoverySpecification: { PointInTimeRecoveryEnabled: true },
+        SSESpecification: { SSEEnabled: true },
+      },
+      DeletionPolicy: 'Retain',
+      UpdateReplacePolicy: 'Retain',
+    });
+    expect(SemaphoreTable.PARTITION_KEY).toBe('lockName');
+  });
+
+  test('takes a removal policy, a name, a customer-managed key and deletion protection', () => {
+    const stack = newStack();
+    const key = new kms.Key(stack, 'Key');
+
+    new SemaphoreTable(stack, 'Locks', {
+      tableName: 'my-locks',
+      removalPolicy: RemovalPolicy.DESTROY,
+      encryptionKey: key,
+      deletionProtection: true,
+      pointInTimeRecovery: false,
+    });
+
+    Template.fromStack(stack).hasResource('AWS::DynamoDB::Table', {
+      Properties: {
+        TableName: 'my-locks',
+        DeletionProtectionEnabled: true,
+        PointInTimeRecoverySpecification: { PointInTimeRecoveryEnabled: false },
+        SSESpecification: { SSEEnabled: true, SSEType: 'KMS', KMSMasterKeyId: Match.anyValue() },
+      },
+      DeletionPolicy: 'Delete',
+    });
+  });
+
+  test('fails for a customer-managed key with another encryption type', () => {
+    const stack = newStack();
+    const key = new kms.Key(stack, 'Key');
+    expect(
+      () => new SemaphoreTable(stack, 'Locks', { encryptionKey: key, encryption: dynamodb.TableEncryption.AWS_MANAGED }),
+    ).toThrow(/`encryptionKey` requires `encryption` to be TableEncryption.CUSTOMER_MANAGED or unset, got: AWS_MANAGED/);
+  });
+
+  test('grants acquire/release as UpdateItem on this table only, and reads as read actions', () => {
+    const stack = newStack();
+    const table = new SemaphoreTable(stack, 'Locks');
+    const role = new iam.Role(stack, 'Role', { assumedBy: new iam.AccountRootPrincipal() });
+
+    table.grantAcquireRelease(role);
+    table.grantReadLocks(role);
+
+    const statements = Template.fromStack(stack).findResources('AWS::IAM::Policy');
+    const [policy] = Object.values(statements);
+    const stmts = policy.Properties.PolicyDocument.Statement;
+    expect(stmts[0]).toEqual({
+      Action: 'dynamodb:UpdateItem',
+      Effect: 'Allow',
+      Resource: [{ 'Fn::GetAtt': [expect.stringMatching(/^LocksTable/), 'Arn'] }, { Ref: 'AWS::NoValue' }],
+    });
+    expect(stmts[1].Action).toEqual(expect.arrayContaining(['dynamodb:GetItem', 'dynamodb:Scan', 'dynamodb:Query']));
+    expect(stmts[1].Action).not.toContain('dynamodb:UpdateItem');
+  });
+
+  test('imports an existing table by name', () => {
+    const stack = newStack();
+    const role = new iam.Role(stack, 'Role', { assumedBy: new iam.AccountRootPrincipal() });
+
+    const table = SemaphoreTable.fromTableName(stack, 'Existing', 'existing-locks');
+    table.grantAcquireRelease(role);
+
+    expect(stack.resolve(table.tableName)).toBe('existing-locks');
+    Template.fromStack(stack).resourceCountIs('AWS::DynamoDB::Table', 0);
+    Template.fromStack(stack).hasResourceProperties('AWS::IAM::Policy', {
+      PolicyDocument: {
+        Statement: [
+          Match.objectLike({
+            Action: 'dynamodb:UpdateItem',
+            Resource: Match.arrayWith([
+              {
+                'Fn::Join': ['', ['arn:', { Ref: 'AWS::Partition' }, ':dynamodb:', { Ref: 'AWS::Region' }, ':', { Ref: 'AWS::AccountId' }, ':table/existing-locks']],
+              },
+            ]),
+          }),
+        ],
+      },
+    });
+  });
+
+  test('fails to import a table without a name', () => {
+    expect(() => SemaphoreTable.fromTableName(newStack(), 'Existing', '')).toThrow(/`tableName` must not be empty/);
+  });
+});

@@ -1,0 +1,360 @@
+import { App, CfnElement, Duration, Stack } from 'aws-cdk-lib';
+import * as lambda from 'aws-cdk-lib/aws-lambda';
+import * as sfn from 'aws-cdk-lib/aws-stepfunctions';
+import * as tasks from 'aws-cdk-lib/aws-stepfunctions-tasks';
+import { ConcurrencyControlledWorkflow, SemaphoreTable } from '../src';
+import { LockMonitor, lockState, logicalId, stateMachineLogicalId, statuses, WorkTracker, workflowStack } from './helpers';
+import { Execution, seededRandom, Simulator, SimulatorOptions } from './simulator';
+
+/*
+ * Executed behaviour: the synthesized workflow and cleanup state machines run in the local simulator
+ * (aws-local-stepfunctions + dynalite), their status-change events routed through the synthesized
+ * EventBridge rule. Durations are simulated seconds; the simulator runs them 100 times faster.
+ */
+
+const BODY_STATES = new Set(['Do Work']);
+
+/** Transitions outside the body. */
+function overhead(e: Execution): number {
+  return [...e.stateTransitions].filter(([name]) => !BODY_STATES.has(name)).reduce((sum, [, n]) => sum + n, 0);
+}
+
+async function simulate(
+  stack: Stack,
+  options: SimulatorOptions,
+  fn: (sim: Simulator) => Promise<void>,
+): Promise<void> {
+  const sim = await Simulator.start(stack, options);
+  try {
+    await fn(sim);
+  } finally {
+    await sim.stop();
+  }
+}
+
+function cleanupExecutions(sim: Simulator, workflow: ConcurrencyControlledWorkflow): Execution[] {
+  const cleanup = sim.stateMachine(stateMachineLogicalId(workflow.cleanupStateMachine));
+  return [...sim.executions.values()].filter((e) => e.stateMachine === cleanup);
+}
+
+describe('one execution', () => {
+  test('uncontended: 3 transitions and 2 DynamoDB calls beside the body, the body output out, no permit left', async () => {
+    const { stack, workflow, workFunctionId } = workflowStack();
+    const work = new WorkTracker();
+    await simulate(stack, { lambdaHandlers: { [workFunctionId]: work.handler } }, async (sim) => {
+      const sm = sim.stateMachine(stateMachineLogicalId(workflow.stateMachine));
+
+      // First use of the lock (no item yet), then once the item exists.
+      for (const run of [1, 2]) {
+        const e = await sim.startExecution(sm, { order: run }).done;
+
+        expect(e.status).toBe('SUCCEEDED');
+        expect(e.output).toEqual({ worked: true, echo: { order: run } });
+        expect(overhead(e)).toBe(3);
+        expect(e.dynamoCalls).toBe(2);
+        expect(await lockState(sim)).toEqual([{ lockName: 'TestStack/Workflow', permitsInUse: 0, holders: [] }]);
+      }
+      await sim.idle();
+      expect(cleanupExecutions(sim, workflow)).toHaveLength(0);
+    });
+  });
+
+  test('a failing body: the permit comes back and the execution fails with the body error and cause', async () => {
+    const { stack, workflow, workFunctionId } = workflowStack();
+    const work = new WorkTracker();
+    await simulate(stack, { lambdaHandlers: { [workFunctionId]: work.handler } }, async (sim) => {
+      const e = await sim.startExecution(sim.stateMachine(stateMachineLogicalId(workflow.stateMachine)), { fail: true }, 'doomed').done;
+
+      expect(e.status).toBe('FAILED');
+      expect(e.error).toBe('WorkFailed');
+      expect(JSON.parse(e.cause!)).toEqual({ errorType: 'WorkFailed', errorMessage: 'work failed for doomed', trace: [] });
+      expect(e.stateTransitions.get('Release Permit After Failure')).toBe(1);
+      expect(await lockState(sim)).toEqual([{ lockName: 'TestStack/Workflow', permitsInUse: 0, holders: [] }]);
+      await sim.idle();
+      // The FAILED event reaches the cleanup, which finds nothing left to free.
+      const [cleanup] = cleanupExecutions(sim, workflow);
+      expect(cleanup.status).toBe('SUCCEEDED');
+      expect(cleanup.stateTransitions.get('Permit Not Held')).toBe(1);
+    });
+  });
+
+  test('a timed-out execution gets its permit freed by the cleanup', async () => {
+    const { stack, workflow, workFunctionId } = workflowStack({ timeout: Duration.seconds(20) });
+    const work = new WorkTracker(() => 100);
+    await simulate(stack, { lambdaHandlers: { [workFunctionId]: work.handler } }, async (sim) => {
+      const e = await sim.startExecution(sim.stateMachine(stateMachineLogicalId(workflow.stateMachine))).done;
+      await sim.idle();
+
+      expect(e.status).toBe('TIMED_OUT');
+      expect(e.stateTransitions.has('Release Permit')).toBe(false);
+      expect(await lockState(sim)).toEqual([{ lockName: 'TestStack/Workflow', permitsInUse: 0, holders: [] }]);
+      // The cleanup found the permit still held, and freed it.
+      const [cleanup] = cleanupExecutions(sim, workflow);
+      expect(cleanup.status).toBe('SUCCEEDED');
+      expect(cleanup.stateTransitions.get('Release Permit Of Stopped Execution')).toBe(1);
+      expect(cleanup.stateTransitions.has('Permit Not Held')).toBe(false);
+    });
+  });
+});
+
+describe('100 executions at limit 5, 10% body failures, 10% aborts inside the body', () => {
+  test.each([1, 2])('seed %i: never more than 5 inside, every failure explained, no permit left', async (seed) => {
+    const { stack, workflow, workFunctionId } = workflowStack({ concurrencyLimit: 5 });
+    const random = seededRandom(seed);
+    const inputs = Array.from({ length: 100 }, (_, i) => {
+      const r = random();
+      return { i, work: 12 + random() * 6, fail: r < 0.1, abortInside: r >= 0.1 && r < 0.2 };
+    });
+    const work = new WorkTracker((input) => input.work);
+    await simulate(stack, { seed, lambdaHandlers: { [workFunctionId]: work.handler } }, async (sim) => {
+      const monitor = new LockMonitor(sim, () => 5).start();
+      const sm = sim.stateMachine(stateMachineLogicalId(workflow.stateMachine));
+
+      const executions = inputs.map((input) => sim.startExecution(sm, input));
+      await Promise.all(executions.map((e) => e.done));
+      await sim.idle();
+      await monitor.stop();
+
+      expect(work.maxInside).toBeLessThanOrEqual(5);
+      expect(work.maxInside).toBe(5); // the lock really was contended
+      expect(monitor.violations).toEqual([]);
+      expect(monitor.samples).toBeGreaterThan(20);
+      const expected = {
+        FAILED: inputs.filter((i) => i.fail).length,
+        ABORTED: inputs.filter((i) => i.abortInside).length,
+        SUCCEEDED: inputs.filter((i) => !i.fail && !i.abortInside).length,
+      };
+      expect(expected.FAILED).toBeGreaterThan(0);
+      expect(expected.ABORTED).toBeGreaterThan(0);
+      expect(statuses(executions)).toEqual(expected);
+      for (const e of executions.filter((x) => x.status === 'FAILED')) {
+        expect([e.error, JSON.parse(e.cause!).errorMessage]).toEqual(['WorkFailed', `work failed for ${e.name}`]);
+      }
+      // Every execution ran the body exactly once.
+      expect([...work.byExecution.values()].every((n) => n === 1)).toBe(true);
+      expect(work.byExecution.size).toBe(100);
+
+      // No permit is left: the aborted executions' permits were freed by the cleanup, started by the
+      // synthesized rule, each one actually releasing.
+      expect(await lockState(sim)).toEqual([{ lockName: 'TestStack/Workflow', permitsInUse: 0, holders: [] }]);
+      const cleanups = cleanupExecutions(sim, workflow);
+      expect(cleanups).toHaveLength(expected.FAILED + expected.ABORTED);
+      const released = cleanups.filter((c) => c.status === 'SUCCEEDED' && !c.stateTransitions.has('Permit Not Held'));
+      expect(released).toHaveLength(expected.ABORTED);
+    });
+  });
+});
+
+test('5% DynamoDB throttling fails no execution', async () => {
+  const { stack, workflow, workFunctionId } = workflowStack({ concurrencyLimit: 5 });
+  const work = new WorkTracker(() => 10);
+  await simulate(stack, { seed: 3, dynamoFaults: { throttleRate: 0.05 }, lambdaHandlers: { [workFunctionId]: work.handler } }, async (sim) => {
+    const sm = sim.stateMachine(stateMachineLogicalId(workflow.stateMachine));
+
+    const executions = Array.from({ length: 50 }, (_, i) => sim.startExecution(sm, { i }));
+    await Promise.all(executions.map((e) => e.done));
+    await sim.idle();
+
+    expect(statuses(executions)).toEqual({ SUCCEEDED: 50 });
+    // Throttling really happened, at about the injected rate.
+    expect(sim.dynamo.throttled).toBeGreaterThan(5);
+    expect(sim.dynamo.throttled / sim.dynamo.calls).toBeGreaterThan(0.02);
+    expect(sim.dynamo.throttled / sim.dynamo.calls).toBeLessThan(0.1);
+    expect(work.maxInside).toBe(5);
+    expect(await lockState(sim)).toEqual([{ lockName: 'TestStack/Workflow', permitsInUse: 0, holders: [] }]);
+  });
+});
+
+test('server errors after the write landed neither leak a permit nor leave an execution waiting for itself', async () => {
+  const { stack, workflow, workFunctionId } = workflowStack({ concurrencyLimit: 3 });
+  const work = new WorkTracker(() => 10);
+  const options = { seed: 4, dynamoFaults: { serverErrorAfterWriteRate: 0.15 }, lambdaHandlers: { [workFunctionId]: work.handler } };
+  await simulate(stack, options, async (sim) => {
+    const sm = sim.stateMachine(stateMachineLogicalId(workflow.stateMachine));
+
+    const executions = Array.from({ length: 30 }, (_, i) => sim.startExecution(sm, { i }));
+    await Promise.all(executions.map((e) => e.done));
+    await sim.idle();
+
+    expect(statuses(executions)).toEqual({ SUCCEEDED: 30 });
+    const undone = executions.filter((e) => e.stateTransitions.has('Undo Uncertain Acquire') || e.stateTransitions.has('Undo Uncertain Poll'));
+    expect(undone.length).toBeGreaterThan(0);
+    expect(work.maxInside).toBeLessThanOrEqual(3);
+    expect(await lockState(sim)).toEqual([{ lockName: 'TestStack/Workflow', permitsInUse: 0, holders: [] }]);
+  });
+});
+
+describe('lock name and limit from the execution input', () => {
+  test('each lock keeps its own limit, and the cleanup frees permits of aborted executions', async () => {
+    const { stack, workflow, workFunctionId } = workflowStack({
+      lockName: sfn.JsonPath.stringAt('$.tenant'),
+      concurrencyLimit: sfn.JsonPath.numberAt('$.limit'),
+    });
+    const insideByLock = new Map<string, { now: number; max: number }>();
+    const work = new WorkTracker(() => 8);
+    const tracked = async (input: any, context: any) => {
+      const s = insideByLock.get(input.tenant) ?? { now: 0, max: 0 };
+      insideByLock.set(input.tenant, s);
+      s.now++;
+      s.max = Math.max(s.max, s.now);
+      try {
+        return await work.handler(input, context);
+      } finally {
+        s.now--;
+      }
+    };
+    await simulate(stack, { lambdaHandlers: { [workFunctionId]: tracked } }, async (sim) => {
+      const limits: Record<string, number> = { alpha: 2, beta: 3 };
+      const monitor = new LockMonitor(sim, (name) => limits[name]).start();
+      const sm = sim.stateMachine(stateMachineLogicalId(workflow.stateMachine));
+
+      const executions = Array.from({ length: 24 }, (_, i) => {
+        const tenant = i % 2 === 0 ? 'alpha' : 'beta';
+        return sim.startExecution(sm, { tenant, limit: limits[tenant], abortInside: i % 6 === 1 });
+      });
+      await Promise.all(executions.map((e) => e.done));
+      await sim.idle();
+      await monitor.stop();
+
+      expect(insideByLock.get('alpha')!.max).toBe(2);
+      expect(insideByLock.get('beta')!.max).toBe(3);
+      expect(monitor.violations).toEqual([]);
+      expect(statuses(executions)).toEqual({ SUCCEEDED: 20, ABORTED: 4 });
+      expect((await lockState(sim)).sort((a, b) => a.lockName.localeCompare(b.lockName))).toEqual([
+        { lockName: 'alpha', permitsInUse: 0, holders: [] },
+        { lockName: 'beta', permitsInUse: 0, holders: [] },
+      ]);
+    });
+  });
+
+  test('the cleanup reads the lock name through DescribeExecution when the event leaves the input out', async () => {
+    const { stack, workflow, workFunctionId } = workflowStack({ lockName: sfn.JsonPath.stringAt('$.tenant') });
+    const work = new WorkTracker(() => 1);
+    await simulate(stack, { lambdaHandlers: { [workFunctionId]: work.handler } }, async (sim) => {
+      // An input above 248 KiB does not fit in the status-change event.
+      const e = await sim.startExecution(sim.stateMachine(stateMachineLogicalId(workflow.stateMachine)), {
+        tenant: 'big',
+        abortInside: true,
+        padding: 'x'.repeat(250 * 1024),
+      }).done;
+      await sim.idle();
+
+      expect(e.status).toBe('ABORTED');
+      const [cleanup] = cleanupExecutions(sim, workflow);
+      expect(cleanup.stateTransitions.get('Describe Stopped Execution')).toBe(1);
+      expect(await lockState(sim)).toEqual([{ lockName: 'big', permitsInUse: 0, holders: [] }]);
+    });
+  });
+
+  test.each([[{ limit: 0 }], [{ limit: -2 }], [{ limit: 'five' }], [{}]])(
+    'a runtime limit that is not a number of at least 1 fails with SemaphoreInvalidLimit: %j',
+    async (input) => {
+      const { stack, workflow, workFunctionId } = workflowStack({ concurrencyLimit: sfn.JsonPath.numberAt('$.limit') });
+      const work = new WorkTracker();
+      await simulate(stack, { lambdaHandlers: { [workFunctionId]: work.handler } }, async (sim) => {
+        const e = await sim.startExecution(sim.stateMachine(stateMachineLogicalId(workflow.stateMachine)), input).done;
+
+        expect([e.status, e.error]).toEqual(['FAILED', 'SemaphoreInvalidLimit']);
+        expect(e.dynamoCalls).toBe(0);
+        expect(work.runs).toBe(0);
+      });
+    },
+  );
+});
+
+test('the acquire timeout fails a waiting execution with SemaphoreAcquireTimeout', async () => {
+  const { stack, workflow, workFunctionId } = workflowStack({ acquireTimeout: Duration.seconds(30) });
+  const work = new WorkTracker((input) => input.seconds);
+  await simulate(stack, { lambdaHandlers: { [workFunctionId]: work.handler } }, async (sim) => {
+    const sm = sim.stateMachine(stateMachineLogicalId(workflow.stateMachine));
+    const holder = sim.startExecution(sm, { seconds: 100 }, 'holder');
+    await sim.sleep(2);
+
+    const waiter = await sim.startExecution(sm, { seconds: 1 }, 'waiter').done;
+
+    expect([waiter.status, waiter.error]).toEqual(['FAILED', 'SemaphoreAcquireTimeout']);
+    const waited = (waiter.stopDate! - waiter.startDate) / 1000;
+    expect(waited).toBeGreaterThanOrEqual(30);
+    expect(waited).toBeLessThan(60);
+    expect(work.byExecution.has(waiter.arn)).toBe(false);
+    expect((await holder.done).status).toBe('SUCCEEDED');
+    await sim.idle();
+    expect(await lockState(sim)).toEqual([{ lockName: 'TestStack/Workflow', permitsInUse: 0, holders: [] }]);
+  });
+});
+
+test('with an acquire timeout, a waiter that gets a permit in time runs normally', async () => {
+  const { stack, workflow, workFunctionId } = workflowStack({ acquireTimeout: Duration.seconds(60), concurrencyLimit: 2 });
+  const work = new WorkTracker(() => 10);
+  await simulate(stack, { lambdaHandlers: { [workFunctionId]: work.handler } }, async (sim) => {
+    const sm = sim.stateMachine(stateMachineLogicalId(workflow.stateMachine));
+
+    const executions = Array.from({ length: 6 }, (_, i) => sim.startExecution(sm, { i }));
+    await Promise.all(executions.map((e) => e.done));
+
+    expect(statuses(executions)).toEqual({ SUCCEEDED: 6 });
+    expect(executions.filter((e) => e.stateTransitions.has('Permit Acquired')).length).toBeGreaterThan(0);
+    expect(executions.map((e) => e.output)).toEqual(executions.map((_, i) => ({ worked: true, echo: { i } })));
+    expect(work.maxInside).toBe(2);
+  });
+});
+
+test('workflows sharing a table and lock name share its permits', async () => {
+  const stack = new Stack(new App(), 'Shared');
+  const table = new SemaphoreTable(stack, 'Locks');
+  const fn = new lambda.Function(stack, 'WorkFunction', {
+    runtime: lambda.Runtime.NODEJS_18_X,
+    handler: 'index.handler',
+    code: lambda.Code.fromInline('exports.handler = async () => ({});'),
+  });
+  const workflows = ['First', 'Second'].map(
+    (id) =>
+      new ConcurrencyControlledWorkflow(stack, id, {
+        table,
+        lockName: 'shared',
+        concurrencyLimit: 2,
+        body: new tasks.LambdaInvoke(stack, `${id} Work`, { lambdaFunction: fn, payloadResponseOnly: true }),
+      }),
+  );
+  const work = new WorkTracker(() => 5);
+  await simulate(stack, { lambdaHandlers: { [logicalId(fn.node.defaultChild as CfnElement)]: work.handler } }, async (sim) => {
+    const monitor = new LockMonitor(sim, () => 2, 'Locks').start();
+
+    const executions = workflows.flatMap((w) =>
+      Array.from({ length: 8 }, (_, i) => sim.startExecution(sim.stateMachine(stateMachineLogicalId(w.stateMachine)), { i })),
+    );
+    await Promise.all(executions.map((e) => e.done));
+    await monitor.stop();
+
+    expect(statuses(executions)).toEqual({ SUCCEEDED: 16 });
+    expect(work.maxInside).toBe(2);
+    expect(monitor.violations).toEqual([]);
+    expect(await lockState(sim, 'Locks')).toEqual([{ lockName: 'shared', permitsInUse: 0, holders: [] }]);
+  });
+});
+
+test('a duplicated status-change event never frees a permit twice', async () => {
+  const { stack, workflow, workFunctionId } = workflowStack({ concurrencyLimit: 2 });
+  const work = new WorkTracker((input) => input.seconds);
+  await simulate(stack, { lambdaHandlers: { [workFunctionId]: work.handler } }, async (sim) => {
+    const sm = sim.stateMachine(stateMachineLogicalId(workflow.stateMachine));
+    sim.eventFaults = { duplicateRate: 1 };
+    const aborted = await sim.startExecution(sm, { seconds: 1, abortInside: true }).done;
+    await sim.idle();
+    expect(cleanupExecutions(sim, workflow)).toHaveLength(2); // delivered twice, freed once
+    expect(await lockState(sim)).toEqual([{ lockName: 'TestStack/Workflow', permitsInUse: 0, holders: [] }]);
+
+    // Two other executions now hold both permits; the stale event arrives again, twice more.
+    const holders = [sim.startExecution(sm, { seconds: 50 }), sim.startExecution(sm, { seconds: 50 })];
+    await sim.sleep(10);
+    const abortEvent = sim.events.find((ev) => ev.detail.executionArn === aborted.arn && ev.detail.status === 'ABORTED')!;
+    sim.putEvent(abortEvent);
+    await sim.sleep(10);
+
+    const state = await lockState(sim);
+    expect(state).toEqual([{ lockName: 'TestStack/Workflow', permitsInUse: 2, holders: expect.arrayContaining(holders.map((h) => h.arn)) }]);
+    expect(work.inside).toBe(2);
+    await Promise.all(holders.map((h) => h.done));
+    expect(await lockState(sim)).toEqual([{ lockName: 'TestStack/Workflow', permitsInUse: 0, holders: [] }]);
+  });
+});
