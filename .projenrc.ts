@@ -63,7 +63,7 @@ const project = new awscdk.AwsCdkConstructLibrary({
       maxWorkers: 2,
     },
   },
-  gitignore: ['cdk.out', 'integ/**/cdk-integ.out.*', 'integ/**/*.snapshot/**/asset.*', '/bench-results/'],
+  gitignore: ['.jsii.tabl.json', 'cdk.out', 'integ/**/cdk-integ.out.*', 'integ/**/*.snapshot/**/asset.*', '/bench-results/'],
 });
 
 // The integ runner adds these two at `latest`; pin them: integ-tests-alpha must match our aws-cdk-lib exactly,
@@ -87,6 +87,15 @@ project.tasks
   ?.reset('integ-runner --language typescript --directory integ --update-on-failed --dry-run', {
     receiveArgs: true,
   });
+
+// The README's and JSDoc's examples must compile (rosetta reads them from the jsii assembly). The test
+// command compiles the assembly first, so that a plain `npm test` checks them too.
+const rosetta = project.addTask('rosetta:extract', {
+  description: 'Compile every example of the README and the JSDoc',
+  exec: 'jsii-rosetta extract --compile --fail --strict .jsii',
+});
+project.testTask.prependSpawn(rosetta);
+project.testTask.prependSpawn(project.compileTask);
 
 // Only the JavaScript package can be built on our machines and in CI (no Python, Java, .NET or Go
 // toolchains); the release workflow packages the other languages.

@@ -1,5 +1,5 @@
-import { Duration } from 'aws-cdk-lib';
 import { ExpectedResult, IApiCall, IntegTest } from '@aws-cdk/integ-tests-alpha';
+import { Duration } from 'aws-cdk-lib';
 import { ConcurrencyControlledWorkflow } from '../src';
 
 /*

@@ -1,6 +1,6 @@
+import { IntegTest } from '@aws-cdk/integ-tests-alpha';
 import { App, Duration, RemovalPolicy, Stack } from 'aws-cdk-lib';
 import * as sfn from 'aws-cdk-lib/aws-stepfunctions';
-import { IntegTest } from '@aws-cdk/integ-tests-alpha';
 import { ConcurrencyControlledWorkflow, SemaphoreTable } from '../src';
 import { executionEnds, noPermitHeld, startExecution } from './assertions';
 

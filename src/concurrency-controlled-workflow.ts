@@ -150,6 +150,9 @@ export interface ConcurrencyControlledWorkflowProps {
  * An uncontended execution costs 3 state transitions and 2 DynamoDB writes beside the body.
  *
  * @example
+ * import * as sfn from 'aws-cdk-lib/aws-stepfunctions';
+ * import { ConcurrencyControlledWorkflow } from 'cdk-sfn-semaphore';
+ *
  * declare const doWork: sfn.IChainable;
  * new ConcurrencyControlledWorkflow(this, 'Workflow', {
  *   body: doWork,

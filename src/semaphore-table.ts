@@ -105,6 +105,8 @@ export interface SemaphoreTableProps {
  * share that lock's permits.
  *
  * @example
+ * import { SemaphoreTable } from 'cdk-sfn-semaphore';
+ *
  * const locks = new SemaphoreTable(this, 'Locks');
  */
 export class SemaphoreTable extends Construct implements ISemaphoreTable {
