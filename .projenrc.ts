@@ -33,15 +33,15 @@ const project = new awscdk.AwsCdkConstructLibrary({
   publishToNuget: { dotNetNamespace: 'CdkSfnSemaphore', packageId: 'CdkSfnSemaphore' },
   publishToGo: { moduleName: 'github.com/cdk-sfn-semaphore/cdk-sfn-semaphore-go' },
 
-  // Users of CDK construct libraries expect the dev tsconfig at the top level.
+  // Users of CDK construct libraries expect the dev tsconfig at the top level; it type-checks every
+  // .ts file of the repository (tests, simulator, demo, bench, integ).
   tsconfigDevFile: 'tsconfig.dev.json',
-  tsconfigDev: { include: ['src/**/*.ts', 'test/**/*.ts', 'integ/**/*.ts', '.projenrc.ts', 'projenrc/**/*.ts'] },
 
   // Lint with the dev tsconfig, which includes test/ and integ/ (projen's default, the project service,
   // looks for a tsconfig.json next to each file).
   eslintOptions: {
     dirs: ['src'],
-    devdirs: ['test', 'integ', 'projenrc'],
+    devdirs: ['test', 'integ', 'simulator', 'demo', 'bench', 'projenrc'],
     tsconfigPath: './tsconfig.dev.json',
     projectService: false,
   },
@@ -74,7 +74,7 @@ project.deps.addDependency(`@aws-cdk/integ-tests-alpha@${CDK_VERSION}-alpha.0`, 
 project.deps.removeDependency('eslint-import-resolver-typescript');
 project.deps.addDependency('eslint-import-resolver-typescript@~3.8.0', DependencyType.BUILD);
 
-['/integ/', '/.ci/', '/bench-results/'].forEach((p) => project.addPackageIgnore(p));
+['/integ/', '/.ci/', '/simulator/', '/demo/', '/bench/', '/bench-results/', '/rosetta/'].forEach((p) => project.addPackageIgnore(p));
 
 // Integration tests live in integ/ (deployable apps, kept away from Jest); the test command verifies
 // their committed snapshots without deploying, `integ:update` rewrites them.

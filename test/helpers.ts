@@ -4,7 +4,7 @@ import * as lambda from 'aws-cdk-lib/aws-lambda';
 import * as sfn from 'aws-cdk-lib/aws-stepfunctions';
 import * as tasks from 'aws-cdk-lib/aws-stepfunctions-tasks';
 import { ConcurrencyControlledWorkflow, ConcurrencyControlledWorkflowProps } from '../src';
-import { Execution, Simulator, TaskContext } from './simulator';
+import { Execution, Simulator, TaskContext } from '../simulator';
 import { HOLDER_ACQUIRED_AT, LOCK_KEY, PERMITS_IN_USE } from '../src/private/lock-schema';
 
 /** A stack with one workflow whose body is a Lambda task ("Do Work") the simulator runs locally. */

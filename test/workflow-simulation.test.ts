@@ -4,7 +4,7 @@ import * as sfn from 'aws-cdk-lib/aws-stepfunctions';
 import * as tasks from 'aws-cdk-lib/aws-stepfunctions-tasks';
 import { ConcurrencyControlledWorkflow, SemaphoreTable } from '../src';
 import { LockMonitor, lockState, logicalId, stateMachineLogicalId, statuses, WorkTracker, workflowStack } from './helpers';
-import { Execution, seededRandom, Simulator, SimulatorOptions } from './simulator';
+import { Execution, seededRandom, Simulator, SimulatorOptions } from '../simulator';
 
 /*
  * Executed behaviour: the synthesized workflow and cleanup state machines run in the local simulator
@@ -63,7 +63,7 @@ describe('one execution', () => {
     const { stack, workflow, workFunctionId } = workflowStack();
     const work = new WorkTracker();
     await simulate(stack, { lambdaHandlers: { [workFunctionId]: work.handler } }, async (sim) => {
-      const e = await sim.startExecution(sim.stateMachine(stateMachineLogicalId(workflow.stateMachine)), { fail: true }, 'doomed').done;
+      const e = await sim.startExecution(sim.stateMachine(stateMachineLogicalId(workflow.stateMachine)), { fail: true }, { name: 'doomed' }).done;
 
       expect(e.status).toBe('FAILED');
       expect(e.error).toBe('WorkFailed');
@@ -267,10 +267,10 @@ test('the acquire timeout fails a waiting execution with SemaphoreAcquireTimeout
   const work = new WorkTracker((input) => input.seconds);
   await simulate(stack, { lambdaHandlers: { [workFunctionId]: work.handler } }, async (sim) => {
     const sm = sim.stateMachine(stateMachineLogicalId(workflow.stateMachine));
-    const holder = sim.startExecution(sm, { seconds: 100 }, 'holder');
+    const holder = sim.startExecution(sm, { seconds: 100 }, { name: 'holder' });
     await sim.sleep(2);
 
-    const waiter = await sim.startExecution(sm, { seconds: 1 }, 'waiter').done;
+    const waiter = await sim.startExecution(sm, { seconds: 1 }, { name: 'waiter' }).done;
 
     expect([waiter.status, waiter.error]).toEqual(['FAILED', 'SemaphoreAcquireTimeout']);
     const waited = (waiter.stopDate! - waiter.startDate) / 1000;

@@ -1,24 +1,26 @@
+import { Stack, Stage } from 'aws-cdk-lib';
 import * as ddb from '@aws-sdk/client-dynamodb';
-import { Stack } from 'aws-cdk-lib';
-import { Template } from 'aws-cdk-lib/assertions';
 import { ACCOUNT, CfnTemplate, PhysicalResource, physicalResources, REGION, resolve } from './cfn';
 import { DynamoFaults, DynamoTaskRunner, LocalDynamoDb, TaskError } from './dynamodb';
 import { EventPattern, matchesPattern, TargetInput, targetInput } from './eventbridge';
+import { LambdaContext, LambdaHandler, loadHandler } from './lambda';
 import { loadLocalStepFunctions, LocalStepFunctions } from './local-sfn';
 import { chance, Random, seededRandom } from './random';
+import { ApiError, StepFunctionsApi } from './sfn-api';
 
 /*
  * Runs the state machines of a synthesized stack on this machine: definitions resolved from the
- * template, executed by aws-local-stepfunctions, DynamoDB tasks on dynalite, status-change events
- * matched against the stack's EventBridge rules and delivered to their targets. No AWS account.
+ * template, executed by aws-local-stepfunctions, DynamoDB tasks on dynalite, Lambda functions from
+ * their synthesized code, status-change events matched against the stack's EventBridge rules and
+ * delivered to their targets, scheduled rules fired on the simulated clock. No AWS account.
  */
 
-/** What a Lambda function or task override receives besides its input. */
+/** What a task handler receives besides its input. */
 export interface TaskContext {
   readonly simulator: Simulator;
   readonly execution: Execution;
   readonly stateName: string;
-  /** Aborted when the execution stops (aborted, timed out, failed). */
+  /** Aborted when the execution stops (succeeds, fails, is aborted or times out). */
   readonly signal: AbortSignal;
 }
 
@@ -41,10 +43,15 @@ export interface SimulatorOptions {
   readonly seed?: number;
   readonly dynamoFaults?: DynamoFaults;
   readonly eventFaults?: EventFaults;
-  /** Lambda functions by logical ID, for `lambda:invoke` and direct function ARN tasks. */
+  /**
+   * Lambda functions by logical ID, in place of their synthesized code, for `lambda:invoke` tasks,
+   * direct function ARN tasks and rule targets.
+   */
   readonly lambdaHandlers?: Record<string, TaskHandler>;
   /** Overrides of any Task state, by state name. */
   readonly taskHandlers?: Record<string, TaskHandler>;
+  /** Fire scheduled rules as simulated time passes. @default true */
+  readonly schedules?: boolean;
 }
 
 export type ExecutionStatus = 'RUNNING' | 'SUCCEEDED' | 'FAILED' | 'TIMED_OUT' | 'ABORTED';
@@ -55,6 +62,14 @@ export interface SimStateMachine {
   readonly name: string;
   readonly arn: string;
   readonly definition: any;
+}
+
+/** Options of one execution. */
+export interface StartOptions {
+  /** Execution name. @default - exec-<n> */
+  readonly name?: string;
+  /** Stop the execution after this many simulated seconds, wherever it is (a StopExecution call). */
+  readonly abortAfterSeconds?: number;
 }
 
 /** One execution, running or finished. */
@@ -89,9 +104,11 @@ export class Execution {
   }
 
   /** Stop the execution, like `StopExecution`. */
-  public abort(): void {
-    if (this.status === 'RUNNING') {
-      this.abortRun?.();
+  public abort(error?: string, cause?: string): void {
+    if (this.status === 'RUNNING' && this.abortRun) {
+      this.error = error;
+      this.cause = cause;
+      this.abortRun();
     }
   }
 
@@ -103,20 +120,24 @@ export class Execution {
 
 interface SimRule {
   readonly logicalId: string;
-  readonly pattern: EventPattern;
+  readonly arn: string;
+  readonly pattern?: EventPattern;
+  readonly scheduleSeconds?: number;
   readonly targets: Array<TargetInput & { Arn: string }>;
 }
 
 export class Simulator {
-  /** Start a simulator for every state machine, table and rule of `stack`. */
+  /** Start a simulator for every state machine, table, function and rule of `stack`. */
   public static async start(stack: Stack, options: SimulatorOptions = {}): Promise<Simulator> {
-    const template = Template.fromStack(stack).toJSON() as CfnTemplate;
+    const assembly = Stage.of(stack)!.synth();
+    const template = assembly.getStackArtifact(stack.artifactId).template as CfnTemplate;
     const db = await LocalDynamoDb.start();
-    const sim = new Simulator(template, stack.stackName, db, options);
+    const sim = new Simulator(template, stack.stackName, assembly.directory, db, options);
     await db.createTables(
       template,
       new Map([...sim.resources].filter(([, r]) => r.type === 'AWS::DynamoDB::Table').map(([id, r]) => [id, r.ref])),
     );
+    await sim.startServices();
     return sim;
   }
 
@@ -128,27 +149,34 @@ export class Simulator {
   public readonly events: Array<Record<string, any>> = [];
   /** Events lost by injected faults. */
   public lostEvents = 0;
+  /** Lambda invocations, by logical ID. */
+  public readonly lambdaInvocations = new Map<string, number>();
   public eventFaults: EventFaults;
   public readonly resources: Map<string, PhysicalResource>;
+  public sfnApi?: StepFunctionsApi;
+  public readonly timeScale: number;
 
   private readonly sfn: LocalStepFunctions;
-  private readonly timeScale: number;
   private readonly realStart = Date.now();
   private readonly rules: SimRule[] = [];
   private readonly pending = new Set<Promise<unknown>>();
+  private readonly timers = new Set<NodeJS.Timeout>();
   private executionCounter = 0;
   private readonly interpreters = new Map<string, InstanceType<LocalStepFunctions['StateMachine']>>();
+  private readonly lambdas = new Map<string, LambdaHandler>();
+  private readonly savedEnv: Record<string, string | undefined> = {};
 
   private constructor(
-    template: CfnTemplate,
-    stackName: string,
+    private readonly template: CfnTemplate,
+    private readonly stackName: string,
+    private readonly assemblyDir: string,
     public readonly db: LocalDynamoDb,
     private readonly options: SimulatorOptions,
   ) {
     this.timeScale = options.timeScale ?? 0.01;
     this.random = seededRandom(options.seed ?? 1);
     this.sfn = loadLocalStepFunctions(this.timeScale, this.random);
-    this.dynamo = new DynamoTaskRunner(db, this.random, options.dynamoFaults);
+    this.dynamo = new DynamoTaskRunner(db, this.random, (s) => this.sleep(s), options.dynamoFaults);
     this.eventFaults = options.eventFaults ?? {};
     this.resources = physicalResources(template, stackName);
 
@@ -165,10 +193,12 @@ export class Simulator {
           definition = JSON.parse(text);
         }
         this.stateMachines.set(logicalId, { logicalId, name: physical.attributes.Name, arn: physical.ref, definition });
-      } else if (resource.Type === 'AWS::Events::Rule' && props.EventPattern && props.State !== 'DISABLED') {
+      } else if (resource.Type === 'AWS::Events::Rule' && props.State !== 'DISABLED') {
         this.rules.push({
           logicalId,
-          pattern: resolve(props.EventPattern, this.resources, stackName),
+          arn: this.resources.get(logicalId)!.attributes.Arn,
+          pattern: props.EventPattern && resolve(props.EventPattern, this.resources, stackName),
+          scheduleSeconds: props.ScheduleExpression ? scheduleSeconds(props.ScheduleExpression) : undefined,
           targets: resolve(props.Targets ?? [], this.resources, stackName),
         });
       }
@@ -182,11 +212,11 @@ export class Simulator {
 
   /** Sleep for simulated seconds. */
   public sleep(seconds: number, signal?: AbortSignal): Promise<void> {
-    return new Promise((resolveSleep) => {
-      const timer = setTimeout(resolveSleep, seconds * 1000 * this.timeScale);
+    return new Promise((done) => {
+      const timer = setTimeout(done, Math.min(seconds * 1000 * this.timeScale, 2147483647));
       signal?.addEventListener('abort', () => {
         clearTimeout(timer);
-        resolveSleep();
+        done();
       });
     });
   }
@@ -202,19 +232,31 @@ export class Simulator {
   }
 
   /** Start an execution, like `StartExecution`. */
-  public startExecution(stateMachine: SimStateMachine, input: unknown = {}, name?: string): Execution {
-    const execName = name ?? `exec-${++this.executionCounter}`;
+  public startExecution(stateMachine: SimStateMachine, input: unknown = {}, options: StartOptions = {}): Execution {
+    const execName = options.name ?? `exec-${++this.executionCounter}`;
     const arn = `arn:aws:states:${REGION}:${ACCOUNT}:execution:${stateMachine.name}:${execName}`;
     if (this.executions.has(arn)) {
-      throw new TaskError('ExecutionAlreadyExists', `Execution Already Exists: '${arn}'`);
+      throw new ApiError('ExecutionAlreadyExists', `Execution Already Exists: '${arn}'`);
     }
     const execution = new Execution(arn, execName, stateMachine, input, this.now());
     this.executions.set(arn, execution);
     this.track(this.run(execution));
+    if (options.abortAfterSeconds !== undefined) {
+      this.track(
+        this.sleep(options.abortAfterSeconds, execution.stopped.signal).then(() =>
+          execution.abort('Simulation.Abort', 'stopped by the simulation'),
+        ),
+      );
+    }
     return execution;
   }
 
-  /** Wait until no execution runs and no event is on its way. */
+  /** Executions of one state machine, in start order. */
+  public executionsOf(stateMachine: SimStateMachine): Execution[] {
+    return [...this.executions.values()].filter((e) => e.stateMachine === stateMachine);
+  }
+
+  /** Wait until no execution runs and no event is on its way (scheduled rules excepted). */
   public async idle(): Promise<void> {
     while (this.pending.size > 0) {
       await Promise.allSettled([...this.pending]);
@@ -229,9 +271,9 @@ export class Simulator {
     const items: Array<Record<string, ddb.AttributeValue>> = [];
     let ExclusiveStartKey: Record<string, ddb.AttributeValue> | undefined;
     do {
-      const page = await this.db.client.send(new ddb.ScanCommand({ TableName: resource?.ref ?? table, ExclusiveStartKey, ConsistentRead: true }));
-      items.push(...(page.Items ?? []));
-      ExclusiveStartKey = page.LastEvaluatedKey;
+      const page = await this.db.call('Scan', { TableName: resource?.ref ?? table, ExclusiveStartKey, ConsistentRead: true });
+      items.push(...((page.Items as Array<Record<string, ddb.AttributeValue>>) ?? []));
+      ExclusiveStartKey = page.LastEvaluatedKey as Record<string, ddb.AttributeValue> | undefined;
     } while (ExclusiveStartKey);
     return items;
   }
@@ -239,25 +281,169 @@ export class Simulator {
   /** Deliver an event to every rule it matches, as EventBridge would (subject to `eventFaults`). */
   public putEvent(event: Record<string, any>): void {
     for (const rule of this.rules) {
-      if (!matchesPattern(rule.pattern, event)) continue;
-      for (const target of rule.targets) {
-        if (chance(this.random, this.eventFaults.lossRate ?? 0)) {
-          this.lostEvents++;
-          continue;
-        }
-        const copies = chance(this.random, this.eventFaults.duplicateRate ?? 0) ? 2 : 1;
-        for (let i = 0; i < copies; i++) {
-          const delay = this.random() * (this.eventFaults.maxDelaySeconds ?? 0);
-          this.track(this.deliver(target, event, delay));
-        }
+      if (!rule.pattern || !matchesPattern(rule.pattern, event)) continue;
+      this.deliverToTargets(rule, event, true);
+    }
+  }
+
+  /** Fire a scheduled rule now (its logical ID or a prefix of it), and wait for its targets. */
+  public async fireScheduledRule(logicalIdPrefix: string): Promise<void> {
+    const rule = this.rules.find((r) => r.scheduleSeconds !== undefined && r.logicalId.startsWith(logicalIdPrefix));
+    if (!rule) throw new Error(`no scheduled rule ${logicalIdPrefix}`);
+    await Promise.all(this.deliverToTargets(rule, this.scheduledEvent(rule), false));
+  }
+
+  /** Invoke a Lambda function of the stack (its logical ID or a prefix of it) and return its result. */
+  public async invokeFunction(logicalIdPrefix: string, event: unknown): Promise<unknown> {
+    const fn = [...this.resources.values()].find((r) => r.type === 'AWS::Lambda::Function' && r.logicalId.startsWith(logicalIdPrefix));
+    if (!fn) throw new Error(`no Lambda function ${logicalIdPrefix}`);
+    return this.invokeLambda(fn, event);
+  }
+
+  public async stop(): Promise<void> {
+    for (const timer of this.timers) clearTimeout(timer);
+    this.timers.clear();
+    for (const execution of this.executions.values()) execution.abort();
+    await this.idle();
+    await this.sfnApi?.stop();
+    await this.db.stop();
+    for (const [k, v] of Object.entries(this.savedEnv)) {
+      if (v === undefined) delete process.env[k];
+      else process.env[k] = v;
+    }
+  }
+
+  // ---- StepFunctionsBackend: what the local Step Functions API serves ----
+
+  public describeExecution(executionArn: string): Record<string, unknown> {
+    const e = this.executions.get(executionArn);
+    if (!e) {
+      throw new ApiError('ExecutionDoesNotExist', `Execution Does Not Exist: '${executionArn}'`);
+    }
+    return {
+      executionArn: e.arn,
+      stateMachineArn: e.stateMachine.arn,
+      name: e.name,
+      status: e.status,
+      startDate: e.startDate / 1000,
+      ...(e.stopDate !== undefined ? { stopDate: e.stopDate / 1000 } : {}),
+      input: JSON.stringify(e.input),
+      inputDetails: { included: true },
+      ...(e.status === 'SUCCEEDED' ? { output: JSON.stringify(e.output), outputDetails: { included: true } } : {}),
+      ...(e.error !== undefined ? { error: e.error } : {}),
+      ...(e.cause !== undefined ? { cause: e.cause } : {}),
+    };
+  }
+
+  public stopExecution(executionArn: string, error?: string, cause?: string): Record<string, unknown> {
+    const e = this.executions.get(executionArn);
+    if (!e) {
+      throw new ApiError('ExecutionDoesNotExist', `Execution Does Not Exist: '${executionArn}'`);
+    }
+    e.abort(error, cause);
+    return { stopDate: this.now() / 1000 };
+  }
+
+  public listExecutions(stateMachineArn: string, statusFilter?: string): Array<Record<string, unknown>> {
+    return [...this.executions.values()]
+      .filter((e) => e.stateMachine.arn === stateMachineArn && (!statusFilter || e.status === statusFilter))
+      .map((e) => ({ executionArn: e.arn, stateMachineArn, name: e.name, status: e.status, startDate: e.startDate / 1000 }));
+  }
+
+  public sendTaskSuccess(_taskToken: string, _output: string): void {
+    throw new ApiError('TaskDoesNotExist', 'the simulator issues no task tokens yet');
+  }
+
+  public sendTaskFailure(_taskToken: string, _error?: string, _cause?: string): void {
+    throw new ApiError('TaskDoesNotExist', 'the simulator issues no task tokens yet');
+  }
+
+  public sendTaskHeartbeat(_taskToken: string): void {
+    throw new ApiError('TaskDoesNotExist', 'the simulator issues no task tokens yet');
+  }
+
+  private startExecutionApi(stateMachineArn: string, input?: string, name?: string): Record<string, unknown> {
+    const sm = [...this.stateMachines.values()].find((s) => s.arn === stateMachineArn);
+    if (!sm) {
+      throw new ApiError('StateMachineDoesNotExist', `State Machine Does Not Exist: '${stateMachineArn}'`);
+    }
+    const e = this.startExecution(sm, input === undefined ? {} : JSON.parse(input), { name });
+    return { executionArn: e.arn, startDate: e.startDate / 1000 };
+  }
+
+  // ---- internals ----
+
+  private async startServices(): Promise<void> {
+    this.sfnApi = await StepFunctionsApi.start({
+      describeExecution: (arn) => this.describeExecution(arn),
+      stopExecution: (arn, error, cause) => this.stopExecution(arn, error, cause),
+      startExecution: (arn, input, name) => this.startExecutionApi(arn, input, name),
+      listExecutions: (arn, status) => this.listExecutions(arn, status),
+      sendTaskSuccess: (token, output) => this.sendTaskSuccess(token, output),
+      sendTaskFailure: (token, error, cause) => this.sendTaskFailure(token, error, cause),
+      sendTaskHeartbeat: (token) => this.sendTaskHeartbeat(token),
+    });
+    // Code under test reaches the simulation through the SDK's standard configuration.
+    this.setEnv({
+      AWS_REGION: REGION,
+      AWS_ACCESS_KEY_ID: 'local',
+      AWS_SECRET_ACCESS_KEY: 'local',
+      AWS_ENDPOINT_URL_DYNAMODB: this.db.endpoint,
+      AWS_ENDPOINT_URL_SFN: this.sfnApi.endpoint,
+      SIM_TIME_SCALE: String(this.timeScale),
+    });
+    if (this.options.schedules ?? true) {
+      for (const rule of this.rules.filter((r) => r.scheduleSeconds !== undefined)) {
+        const tick = () => {
+          const timer = setTimeout(() => {
+            this.timers.delete(timer);
+            this.deliverToTargets(rule, this.scheduledEvent(rule), false);
+            tick();
+          }, rule.scheduleSeconds! * 1000 * this.timeScale);
+          this.timers.add(timer);
+        };
+        tick();
       }
     }
   }
 
-  public async stop(): Promise<void> {
-    for (const execution of this.executions.values()) execution.abort();
-    await this.idle();
-    await this.db.stop();
+  private setEnv(vars: Record<string, string>): void {
+    for (const [k, v] of Object.entries(vars)) {
+      if (!(k in this.savedEnv)) this.savedEnv[k] = process.env[k];
+      process.env[k] = v;
+    }
+  }
+
+  private scheduledEvent(rule: SimRule): Record<string, unknown> {
+    return {
+      'version': '0',
+      'id': `scheduled-${Date.now()}-${Math.floor(this.random() * 1e9)}`,
+      'detail-type': 'Scheduled Event',
+      'source': 'aws.events',
+      'account': ACCOUNT,
+      'time': new Date(this.now()).toISOString(),
+      'region': REGION,
+      'resources': [rule.arn],
+      'detail': {},
+    };
+  }
+
+  private deliverToTargets(rule: SimRule, event: Record<string, unknown>, withFaults: boolean): Array<Promise<void>> {
+    const deliveries: Array<Promise<void>> = [];
+    for (const target of rule.targets) {
+      if (withFaults && chance(this.random, this.eventFaults.lossRate ?? 0)) {
+        this.lostEvents++;
+        continue;
+      }
+      const copies = withFaults && chance(this.random, this.eventFaults.duplicateRate ?? 0) ? 2 : 1;
+      for (let i = 0; i < copies; i++) {
+        const delay = withFaults ? this.random() * (this.eventFaults.maxDelaySeconds ?? 0) : 0;
+        const delivery = this.deliver(target, event, delay);
+        this.track(delivery);
+        deliveries.push(delivery);
+      }
+    }
+    return deliveries;
   }
 
   private track(promise: Promise<unknown>): void {
@@ -265,13 +451,21 @@ export class Simulator {
     void promise.finally(() => this.pending.delete(promise));
   }
 
-  private async deliver(target: TargetInput & { Arn: string }, event: Record<string, any>, delaySeconds: number): Promise<void> {
+  private async deliver(target: TargetInput & { Arn: string }, event: Record<string, unknown>, delaySeconds: number): Promise<void> {
     if (delaySeconds > 0) await this.sleep(delaySeconds);
+    const input = targetInput(target, event);
     const stateMachine = [...this.stateMachines.values()].find((sm) => sm.arn === target.Arn);
-    if (!stateMachine) {
-      throw new Error(`rule target ${target.Arn} is not a state machine of this stack`);
+    if (stateMachine) {
+      await this.startExecution(stateMachine, input).done;
+      return;
     }
-    await this.startExecution(stateMachine, targetInput(target, event)).done;
+    const fn = [...this.resources.values()].find((r) => r.type === 'AWS::Lambda::Function' && r.attributes.Arn === target.Arn);
+    if (fn) {
+      // An asynchronous invocation: its failure is the function's own business (and its logs').
+      await this.invokeLambda(fn, input).catch(() => undefined);
+      return;
+    }
+    throw new Error(`the simulator cannot deliver to rule target ${target.Arn}`);
   }
 
   private async run(execution: Execution): Promise<void> {
@@ -373,27 +567,51 @@ export class Simulator {
       return this.dynamo.run(resource, input);
     }
     if (resource === 'arn:aws:states:::aws-sdk:sfn:describeExecution') {
-      return this.describeExecution(input.ExecutionArn);
+      return sdkIntegrationCall('Sfn', () => pascalKeys(this.describeExecution(input.ExecutionArn)));
+    }
+    if (resource === 'arn:aws:states:::aws-sdk:sfn:stopExecution') {
+      return sdkIntegrationCall('Sfn', () => pascalKeys(this.stopExecution(input.ExecutionArn, input.Error, input.Cause)));
     }
     if (resource === 'arn:aws:states:::lambda:invoke') {
-      const payload = await this.invokeLambda(String(input.FunctionName), input.Payload, context);
+      const payload = await this.invokeLambda(this.functionByArnOrName(String(input.FunctionName)), input.Payload, context);
       return { ExecutedVersion: '$LATEST', Payload: payload, StatusCode: 200 };
     }
     if (resource.startsWith('arn:aws:lambda:')) {
-      return this.invokeLambda(resource, input, context);
+      return this.invokeLambda(this.functionByArnOrName(resource), input, context);
     }
     throw new Error(`the simulator has no handler for task '${stateName}' (${resource})`);
   }
 
-  private async invokeLambda(functionArnOrName: string, payload: unknown, context: TaskContext): Promise<unknown> {
+  private functionByArnOrName(functionArnOrName: string): PhysicalResource {
     const fn = [...this.resources.values()].find(
       (r) => r.type === 'AWS::Lambda::Function' && (r.attributes.Arn === functionArnOrName || r.ref === functionArnOrName),
     );
-    const handler = fn && this.options.lambdaHandlers?.[fn.logicalId];
-    if (!handler) {
-      throw new Error(`no Lambda handler registered for ${functionArnOrName}`);
-    }
+    if (!fn) throw new Error(`no Lambda function ${functionArnOrName} in the stack`);
+    return fn;
+  }
+
+  /** Invoke a function: the registered handler, or its synthesized code. Errors as Step Functions sees them. */
+  private async invokeLambda(fn: PhysicalResource, payload: unknown, taskContext?: TaskContext): Promise<unknown> {
+    this.lambdaInvocations.set(fn.logicalId, (this.lambdaInvocations.get(fn.logicalId) ?? 0) + 1);
+    const registered = this.options.lambdaHandlers?.[fn.logicalId];
     try {
+      if (registered) {
+        if (!taskContext) throw new Error(`registered handler of ${fn.logicalId} needs a task context`);
+        return await registered(payload, taskContext);
+      }
+      const props = this.template.Resources[fn.logicalId].Properties ?? {};
+      this.setEnv(resolve(props.Environment?.Variables ?? {}, this.resources, this.stackName));
+      let handler = this.lambdas.get(fn.logicalId);
+      if (!handler) {
+        handler = loadHandler(this.template.Resources[fn.logicalId], this.assemblyDir);
+        this.lambdas.set(fn.logicalId, handler);
+      }
+      const deadline = this.now() + Number(props.Timeout ?? 3) * 1000;
+      const context: LambdaContext = {
+        functionName: fn.ref,
+        awsRequestId: `req-${Math.floor(this.random() * 1e12)}`,
+        getRemainingTimeInMillis: () => Math.max(0, deadline - this.now()),
+      };
       return await handler(payload, context);
     } catch (e) {
       const err = e as Error;
@@ -401,23 +619,6 @@ export class Simulator {
       // error object as the cause.
       throw new TaskError(err.name || 'Error', JSON.stringify({ errorType: err.name, errorMessage: err.message, trace: [] }));
     }
-  }
-
-  private describeExecution(executionArn: string): unknown {
-    const e = this.executions.get(executionArn);
-    if (!e) {
-      throw new TaskError('Sfn.ExecutionDoesNotExistException', `Execution Does Not Exist: '${executionArn}'`);
-    }
-    return {
-      ExecutionArn: e.arn,
-      StateMachineArn: e.stateMachine.arn,
-      Name: e.name,
-      Status: e.status,
-      StartDate: new Date(e.startDate).toISOString(),
-      ...(e.stopDate !== undefined ? { StopDate: new Date(e.stopDate).toISOString() } : {}),
-      Input: JSON.stringify(e.input),
-      InputDetails: { Included: true },
-    };
   }
 
   /** "Step Functions Execution Status Change", as documented in the Step Functions developer guide. */
@@ -465,4 +666,33 @@ export function allStates(definition: any): Array<[string, any]> {
     if (state.ItemProcessor) result.push(...allStates(state.ItemProcessor));
   }
   return result;
+}
+
+/** `rate(5 minutes)` in seconds. */
+export function scheduleSeconds(expression: string): number {
+  const m = /^rate\((\d+) (minute|minutes|hour|hours|day|days)\)$/.exec(expression);
+  if (!m) {
+    throw new Error(`the simulator runs rate() schedules only, got: ${expression}`);
+  }
+  const unit = { minute: 60, minutes: 60, hour: 3600, hours: 3600, day: 86400, days: 86400 }[m[2]]!;
+  return Number(m[1]) * unit;
+}
+
+/** An AWS SDK integration's result: API field names in PascalCase; its errors prefixed by the service. */
+function sdkIntegrationCall(service: string, call: () => unknown): unknown {
+  try {
+    return call();
+  } catch (e) {
+    const err = e as Error;
+    throw new TaskError(`${service}.${err.name}Exception`.replace(/ExceptionException$/, 'Exception'), err.message);
+  }
+}
+
+function pascalKeys(o: Record<string, unknown>): Record<string, unknown> {
+  return Object.fromEntries(
+    Object.entries(o).map(([k, v]) => [
+      k[0].toUpperCase() + k.slice(1),
+      v !== null && typeof v === 'object' && !Array.isArray(v) ? pascalKeys(v as Record<string, unknown>) : v,
+    ]),
+  );
 }
