@@ -36,6 +36,7 @@ const project = new awscdk.AwsCdkConstructLibrary({
   // Users of CDK construct libraries expect the dev tsconfig at the top level; it type-checks every
   // .ts file of the repository (tests, simulator, demo, bench, integ).
   tsconfigDevFile: 'tsconfig.dev.json',
+  tsconfigDev: { include: ['.projenrc.ts'] }, // `**/*.ts` skips dotfiles
 
   // Lint with the dev tsconfig, which includes test/ and integ/ (projen's default, the project service,
   // looks for a tsconfig.json next to each file).
@@ -48,6 +49,7 @@ const project = new awscdk.AwsCdkConstructLibrary({
   experimentalIntegRunner: true,
   devDeps: [
     '@aws-sdk/client-dynamodb@^3',
+    '@aws-sdk/client-sfn@^3',
     'aws-local-stepfunctions@^3',
     'asl-validator@^4',
     'dynalite@^4',

@@ -1,5 +1,5 @@
-import { Stack, Stage } from 'aws-cdk-lib';
 import * as ddb from '@aws-sdk/client-dynamodb';
+import { Stack, Stage } from 'aws-cdk-lib';
 import { ACCOUNT, CfnTemplate, PhysicalResource, physicalResources, REGION, resolve } from './cfn';
 import { DynamoFaults, DynamoTaskRunner, LocalDynamoDb, TaskError } from './dynamodb';
 import { EventPattern, matchesPattern, TargetInput, targetInput } from './eventbridge';
@@ -282,7 +282,7 @@ export class Simulator {
   public putEvent(event: Record<string, any>): void {
     for (const rule of this.rules) {
       if (!rule.pattern || !matchesPattern(rule.pattern, event)) continue;
-      this.deliverToTargets(rule, event, true);
+      void this.deliverToTargets(rule, event, true);
     }
   }
 
@@ -397,7 +397,7 @@ export class Simulator {
         const tick = () => {
           const timer = setTimeout(() => {
             this.timers.delete(timer);
-            this.deliverToTargets(rule, this.scheduledEvent(rule), false);
+            void this.deliverToTargets(rule, this.scheduledEvent(rule), false);
             tick();
           }, rule.scheduleSeconds! * 1000 * this.timeScale);
           this.timers.add(timer);

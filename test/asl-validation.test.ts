@@ -1,8 +1,8 @@
 import { App, Duration, Stack } from 'aws-cdk-lib';
 import { Template } from 'aws-cdk-lib/assertions';
 import * as sfn from 'aws-cdk-lib/aws-stepfunctions';
-import { ConcurrencyControlledWorkflow, ConcurrencyControlledWorkflowProps } from '../src';
 import { CfnTemplate, physicalResources, resolve } from '../simulator/cfn';
+import { ConcurrencyControlledWorkflow, ConcurrencyControlledWorkflowProps } from '../src';
 
 // asl-validator has no type declarations.
 // eslint-disable-next-line @typescript-eslint/no-require-imports

@@ -3,8 +3,8 @@ import { App, CfnElement, Stack } from 'aws-cdk-lib';
 import * as lambda from 'aws-cdk-lib/aws-lambda';
 import * as sfn from 'aws-cdk-lib/aws-stepfunctions';
 import * as tasks from 'aws-cdk-lib/aws-stepfunctions-tasks';
-import { ConcurrencyControlledWorkflow, ConcurrencyControlledWorkflowProps } from '../src';
 import { Execution, Simulator, TaskContext } from '../simulator';
+import { ConcurrencyControlledWorkflow, ConcurrencyControlledWorkflowProps } from '../src';
 import { HOLDER_ACQUIRED_AT, LOCK_KEY, PERMITS_IN_USE } from '../src/private/lock-schema';
 
 /** A stack with one workflow whose body is a Lambda task ("Do Work") the simulator runs locally. */

@@ -1,0 +1,278 @@
+import * as fs from 'fs';
+import * as os from 'os';
+import * as path from 'path';
+import { DescribeExecutionCommand, ListExecutionsCommand, SFNClient, StopExecutionCommand } from '@aws-sdk/client-sfn';
+import { App, Duration, Stack } from 'aws-cdk-lib';
+import * as dynamodb from 'aws-cdk-lib/aws-dynamodb';
+import * as events from 'aws-cdk-lib/aws-events';
+import * as targets from 'aws-cdk-lib/aws-events-targets';
+import * as lambda from 'aws-cdk-lib/aws-lambda';
+import * as sfn from 'aws-cdk-lib/aws-stepfunctions';
+import * as tasks from 'aws-cdk-lib/aws-stepfunctions-tasks';
+import { jsonPath, matchesPattern, Simulator, targetInput } from '../simulator';
+import { logicalId } from './helpers';
+
+/*
+ * The simulator is only worth what its fidelity is worth: these tests pin the AWS behaviour it
+ * reproduces (EventBridge matching and input, error names, interpreter fixes, Lambda code with the SDK
+ * pointed at the simulation, schedules, the Step Functions API).
+ */
+
+describe('EventBridge pattern matching', () => {
+  const event = {
+    'source': 'aws.states',
+    'detail-type': 'Step Functions Execution Status Change',
+    'resources': ['arn:aws:states:us-east-1:123456789012:execution:sm:one'],
+    'detail': { status: 'ABORTED', stateMachineArn: 'arn:aws:states:us-east-1:123456789012:stateMachine:sm', attempts: 3, error: null },
+  };
+
+  test.each<[string, Record<string, unknown>, boolean]>([
+    ['exact values in arrays', { 'source': ['aws.states'], 'detail-type': ['Step Functions Execution Status Change'] }, true],
+    ['one of several values', { detail: { status: ['FAILED', 'TIMED_OUT', 'ABORTED'] } }, true],
+    ['a value that differs', { detail: { status: ['SUCCEEDED'] } }, false],
+    ['every field must match', { source: ['aws.states'], detail: { status: ['FAILED'] } }, false],
+    ['an event array matches if any element does', { resources: ['arn:aws:states:us-east-1:123456789012:execution:sm:one'] }, true],
+    ['prefix', { detail: { stateMachineArn: [{ prefix: 'arn:aws:states:us-east-1:' }] } }, true],
+    ['prefix that differs', { detail: { stateMachineArn: [{ prefix: 'arn:aws:states:eu-west-1:' }] } }, false],
+    ['suffix', { detail: { stateMachineArn: [{ suffix: ':sm' }] } }, true],
+    ['anything-but a list', { detail: { status: [{ 'anything-but': ['SUCCEEDED', 'RUNNING'] }] } }, true],
+    ['anything-but the value', { detail: { status: [{ 'anything-but': 'ABORTED' }] } }, false],
+    ['anything-but a prefix', { detail: { status: [{ 'anything-but': { prefix: 'ABO' } }] } }, false],
+    ['exists', { detail: { status: [{ exists: true }] } }, true],
+    ['exists: false on a missing field', { detail: { redriveCount: [{ exists: false }] } }, true],
+    ['exists: false on a present field', { detail: { status: [{ exists: false }] } }, false],
+    ['null matches a null value', { detail: { error: [null] } }, true],
+    ['numeric range', { detail: { attempts: [{ numeric: ['>', 0, '<=', 3] }] } }, true],
+    ['numeric range that excludes', { detail: { attempts: [{ numeric: ['>', 3] }] } }, false],
+    ['equals-ignore-case', { detail: { status: [{ 'equals-ignore-case': 'aborted' }] } }, true],
+    ['a missing field never equals a value', { detail: { cause: ['x'] } }, false],
+  ])('%s', (_name, pattern, expected) => {
+    expect(matchesPattern(pattern, event)).toBe(expected);
+  });
+
+  test('rejects a pattern leaf that is not an array, as EventBridge does', () => {
+    expect(() => matchesPattern({ source: 'aws.states' }, event)).toThrow(/must be in an array/);
+  });
+});
+
+describe('EventBridge target input', () => {
+  const event = { 'detail-type': 'X', 'detail': { executionArn: 'arn:1', input: '{"a":1}', count: 2, tags: ['t'] } };
+
+  test('the whole event by default', () => {
+    expect(targetInput({}, event)).toBe(event);
+  });
+
+  test('a constant Input', () => {
+    expect(targetInput({ Input: '{"fixed":true}' }, event)).toEqual({ fixed: true });
+  });
+
+  test('InputPath', () => {
+    expect(targetInput({ InputPath: '$.detail' }, event)).toEqual(event.detail);
+    expect(jsonPath(event, '$.detail.tags[0]')).toBe('t');
+  });
+
+  test('InputTransformer: strings go in as characters, other values as JSON', () => {
+    expect(
+      targetInput(
+        {
+          InputTransformer: {
+            InputPathsMap: { arn: '$.detail.executionArn', input: '$.detail.input', count: '$.detail.count' },
+            InputTemplate: '{"execution": "<arn>", "raw": "<input>", "n": <count>}',
+          },
+        },
+        event,
+      ),
+    ).toEqual({ execution: 'arn:1', raw: '{"a":1}', n: 2 });
+  });
+});
+
+/** A stack whose one state machine is `definition`, and a table. */
+function machineStack(build: (stack: Stack, table: dynamodb.Table) => sfn.IChainable) {
+  const stack = new Stack(new App(), 'Sim');
+  const table = new dynamodb.Table(stack, 'Table', { partitionKey: { name: 'pk', type: dynamodb.AttributeType.STRING } });
+  const sm = new sfn.StateMachine(stack, 'Machine', { definitionBody: sfn.DefinitionBody.fromChainable(build(stack, table)) });
+  return { stack, sm, table };
+}
+
+describe('state machines', () => {
+  test('DynamoDB errors carry the names Step Functions gives them, for both integrations', async () => {
+    const { stack, sm } = machineStack((s, table) => {
+      const conditional = new tasks.DynamoPutItem(s, 'Conditional Put', {
+        table,
+        item: { pk: tasks.DynamoAttributeValue.fromString('k') },
+        conditionExpression: 'attribute_exists(pk)',
+        resultPath: sfn.JsonPath.DISCARD,
+      });
+      const invalid = new tasks.DynamoUpdateItem(s, 'Invalid Update', {
+        table,
+        key: { pk: tasks.DynamoAttributeValue.fromString('k') },
+        updateExpression: 'SET absentCounter = absentCounter + :one',
+        expressionAttributeValues: { ':one': tasks.DynamoAttributeValue.fromNumber(1) },
+        resultPath: sfn.JsonPath.DISCARD,
+      });
+      const sdk = new tasks.CallAwsService(s, 'Sdk Conditional Put', {
+        service: 'dynamodb',
+        action: 'putItem',
+        parameters: { TableName: table.tableName, Item: { pk: { S: 'k' } }, ConditionExpression: 'attribute_exists(pk)' },
+        iamResources: [table.tableArn],
+        resultPath: sfn.JsonPath.DISCARD,
+      });
+      const record = (name: string) => ({ resultPath: `$.${name}` });
+      conditional.addCatch(invalid, { errors: ['DynamoDB.ConditionalCheckFailedException'], ...record('first') });
+      invalid.addCatch(sdk, { errors: ['DynamoDB.AmazonDynamoDBException'], ...record('second') });
+      sdk.addCatch(new sfn.Succeed(s, 'Done'), { errors: ['DynamoDb.ConditionalCheckFailedException'], ...record('third') });
+      return conditional;
+    });
+    const sim = await Simulator.start(stack);
+    try {
+      const e = await sim.startExecution(sim.stateMachine(logicalId(sm.node.defaultChild as any))).done;
+
+      expect(e.status).toBe('SUCCEEDED');
+      expect(e.output).toMatchObject({
+        first: { Error: 'DynamoDB.ConditionalCheckFailedException' },
+        second: { Error: 'DynamoDB.AmazonDynamoDBException', Cause: expect.stringMatching(/attribute that does not exist/) },
+        third: { Error: 'DynamoDb.ConditionalCheckFailedException' },
+      });
+      expect(e.dynamoCalls).toBe(3);
+    } finally {
+      await sim.stop();
+    }
+  });
+
+  test('counts retries as billed transitions', async () => {
+    let calls = 0;
+    const { stack, sm } = machineStack((s) => {
+      const flaky = new sfn.CustomState(s, 'Flaky', {
+        stateJson: {
+          Type: 'Task',
+          Resource: 'arn:aws:states:::flaky',
+          ResultPath: '$.flaky',
+          Retry: [{ ErrorEquals: ['Flaky'], IntervalSeconds: 1, MaxAttempts: 3 }],
+        },
+      });
+      return flaky.next(new sfn.Pass(s, 'After'));
+    });
+    const flakyHandler = () => {
+      if (++calls < 3) throw Object.assign(new Error('not yet'), { name: 'Flaky' });
+      return 'ok';
+    };
+    const sim = await Simulator.start(stack, { taskHandlers: { Flaky: flakyHandler } });
+    try {
+      const e = await sim.startExecution(sim.stateMachine(logicalId(sm.node.defaultChild as any))).done;
+
+      expect(e.output).toEqual({ flaky: 'ok' });
+      expect(e.stateTransitions.get('Flaky')).toBe(3); // entered once, retried twice
+      expect(e.transitions).toBe(4);
+    } finally {
+      await sim.stop();
+    }
+  });
+
+  test('States.MathRandom excludes its end and draws from the seeded generator; ResultPath "$" replaces the data', async () => {
+    const { stack, sm } = machineStack((s) =>
+      new sfn.Pass(s, 'Draw', { parameters: { one: sfn.JsonPath.mathRandom(1, 2), any: sfn.JsonPath.mathRandom(1, 1000) } }).next(
+        new sfn.Pass(s, 'Replace', { parameters: { 'drawn.$': '$' }, resultPath: '$' }),
+      ),
+    );
+    const sim = await Simulator.start(stack);
+    try {
+      const machine = sim.stateMachine(logicalId(sm.node.defaultChild as any));
+      // Started in the same millisecond: the interpreter's own generator would draw the same numbers.
+      const runs = await Promise.all(Array.from({ length: 20 }, () => sim.startExecution(machine).done));
+
+      const outputs = runs.map((r) => r.output as { drawn: { one: number; any: number } });
+      expect(outputs.every((o) => Object.keys(o).join() === 'drawn')).toBe(true);
+      expect(new Set(outputs.map((o) => o.drawn.one))).toEqual(new Set([1]));
+      expect(new Set(outputs.map((o) => o.drawn.any)).size).toBeGreaterThan(15);
+    } finally {
+      await sim.stop();
+    }
+  });
+
+  test('a Task without TimeoutSeconds does not time out after 60 s', async () => {
+    const { stack, sm } = machineStack((s) => new sfn.CustomState(s, 'Slow', { stateJson: { Type: 'Task', Resource: 'arn:aws:states:::slow' } }));
+    const sim = await Simulator.start(stack, {
+      taskHandlers: { Slow: async (_input, context) => context.simulator.sleep(120).then(() => 'done') },
+    });
+    try {
+      const e = await sim.startExecution(sim.stateMachine(logicalId(sm.node.defaultChild as any))).done;
+      expect([e.status, e.output]).toEqual(['SUCCEEDED', 'done']);
+    } finally {
+      await sim.stop();
+    }
+  });
+});
+
+describe('Lambda functions, schedules and the Step Functions API', () => {
+  test('runs a function from its asset directory, with the AWS SDK reaching the simulated DynamoDB', async () => {
+    const code = fs.mkdtempSync(path.join(os.tmpdir(), 'sim-fn-'));
+    fs.writeFileSync(
+      path.join(code, 'index.js'),
+      `const { DynamoDBClient, PutItemCommand } = require('@aws-sdk/client-dynamodb');
+       const client = new DynamoDBClient({});
+       exports.handler = async (event) => {
+         await client.send(new PutItemCommand({ TableName: process.env.TABLE, Item: { pk: { S: event.id } } }));
+         return { stored: event.id };
+       };`,
+    );
+    const { stack, sm } = machineStack((s, table) => {
+      const fn = new lambda.Function(s, 'Store', { runtime: lambda.Runtime.NODEJS_18_X, handler: 'index.handler', code: lambda.Code.fromAsset(code) });
+      fn.addEnvironment('TABLE', table.tableName);
+      return new tasks.LambdaInvoke(s, 'Invoke Store', { lambdaFunction: fn, payloadResponseOnly: true });
+    });
+    const sim = await Simulator.start(stack);
+    try {
+      const e = await sim.startExecution(sim.stateMachine(logicalId(sm.node.defaultChild as any)), { id: 'from-lambda' }).done;
+
+      expect(e.output).toEqual({ stored: 'from-lambda' });
+      expect((await sim.scan('Table')).map((i) => i.pk.S)).toEqual(['from-lambda']);
+    } finally {
+      await sim.stop();
+    }
+  });
+
+  test('fires a rate() rule on the simulated clock; its function sees the Step Functions API', async () => {
+    const stack = new Stack(new App(), 'Sched');
+    const sm = new sfn.StateMachine(stack, 'Machine', {
+      definitionBody: sfn.DefinitionBody.fromChainable(new sfn.Wait(stack, 'Long', { time: sfn.WaitTime.duration(Duration.hours(1)) })),
+    });
+    const fn = new lambda.Function(stack, 'Sweeper', {
+      runtime: lambda.Runtime.NODEJS_18_X,
+      handler: 'index.handler',
+      environment: { STATE_MACHINE: sm.stateMachineArn },
+      code: lambda.Code.fromInline(
+        `const sfn = require('@aws-sdk/client-sfn');
+         const client = new sfn.SFNClient({});
+         exports.handler = async () => {
+           const { executions } = await client.send(new sfn.ListExecutionsCommand({ stateMachineArn: process.env.STATE_MACHINE, statusFilter: 'RUNNING' }));
+           for (const e of executions) await client.send(new sfn.StopExecutionCommand({ executionArn: e.executionArn, error: 'Swept', cause: 'by the schedule' }));
+           return executions.length;
+         };`,
+      ),
+    });
+    new events.Rule(stack, 'Every5Minutes', { schedule: events.Schedule.rate(Duration.minutes(5)), targets: [new targets.LambdaFunction(fn)] });
+    const sim = await Simulator.start(stack);
+    try {
+      const e = sim.startExecution(sim.stateMachine(logicalId(sm.node.defaultChild as any)));
+      await e.done;
+
+      expect([e.status, e.error, e.cause]).toEqual(['ABORTED', 'Swept', 'by the schedule']);
+      const waited = (e.stopDate! - e.startDate) / 1000;
+      expect(waited).toBeGreaterThan(200);
+      expect(waited).toBeLessThan(600);
+      expect(sim.lambdaInvocations.get(logicalId(fn.node.defaultChild as any))).toBeGreaterThanOrEqual(1);
+
+      // The same API, from the test, through the SDK.
+      const client = new SFNClient({ endpoint: sim.sfnApi!.endpoint, region: 'us-east-1', credentials: { accessKeyId: 'a', secretAccessKey: 'b' } });
+      const described = await client.send(new DescribeExecutionCommand({ executionArn: e.arn }));
+      expect(described).toMatchObject({ status: 'ABORTED', error: 'Swept', name: e.name });
+      expect(described.startDate).toBeInstanceOf(Date);
+      await expect(client.send(new StopExecutionCommand({ executionArn: `${e.arn}-missing` }))).rejects.toMatchObject({ name: 'ExecutionDoesNotExist' });
+      const listed = await client.send(new ListExecutionsCommand({ stateMachineArn: e.stateMachine.arn }));
+      expect(listed.executions?.map((x) => x.executionArn)).toEqual([e.arn]);
+      client.destroy();
+    } finally {
+      await sim.stop();
+    }
+  });
+});
