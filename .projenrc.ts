@@ -99,6 +99,25 @@ const rosetta = project.addTask('rosetta:extract', {
 project.testTask.prependSpawn(rosetta);
 project.testTask.prependSpawn(project.compileTask);
 
+// ts-jest runs with isolatedModules and does not type-check: tsc does, for every .ts file of the repo.
+const typecheck = project.addTask('typecheck', {
+  description: 'Type-check src, tests, simulator, demo, bench and integ',
+  exec: 'tsc --noEmit -p tsconfig.dev.json',
+});
+project.testTask.prependSpawn(typecheck);
+
+// The simulator-backed tools (no AWS account needed).
+project.addTask('demo', {
+  description: 'Run the example app in the local simulator: 100 executions at limit 5 (see --help)',
+  exec: 'ts-node --transpile-only --project tsconfig.dev.json demo/run.ts',
+  receiveArgs: true,
+});
+project.addTask('bench', {
+  description: 'Measure our workflow beside the AWS sample in the local simulator (see --help)',
+  exec: 'ts-node --transpile-only --project tsconfig.dev.json bench/run.ts',
+  receiveArgs: true,
+});
+
 // Only the JavaScript package can be built on our machines and in CI (no Python, Java, .NET or Go
 // toolchains); the release workflow packages the other languages.
 project.packageTask.reset();

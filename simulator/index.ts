@@ -4,3 +4,5 @@ export * from './eventbridge';
 export * from './random';
 export * from './sfn-api';
 export * from './lambda';
+export * from './semaphore';
+export * from './scenario';

@@ -165,6 +165,8 @@ export class Simulator {
   private readonly interpreters = new Map<string, InstanceType<LocalStepFunctions['StateMachine']>>();
   private readonly lambdas = new Map<string, LambdaHandler>();
   private readonly savedEnv: Record<string, string | undefined> = {};
+  private readonly stateListeners: Array<(execution: Execution, stateName: string) => void> = [];
+  private readonly stopListeners: Array<(execution: Execution) => void> = [];
 
   private constructor(
     private readonly template: CfnTemplate,
@@ -229,6 +231,16 @@ export class Simulator {
       throw new Error(`expected one state machine ${logicalIdPrefix}, found ${matches.map((m) => m.logicalId).join(', ') || 'none'}`);
     }
     return matches[0];
+  }
+
+  /** Call `listener` each time an execution enters a state (nested branches included). */
+  public onStateEntered(listener: (execution: Execution, stateName: string) => void): void {
+    this.stateListeners.push(listener);
+  }
+
+  /** Call `listener` each time an execution stops. */
+  public onExecutionStopped(listener: (execution: Execution) => void): void {
+    this.stopListeners.push(listener);
   }
 
   /** Start an execution, like `StartExecution`. */
@@ -497,6 +509,7 @@ export class Simulator {
           execution.transitions++;
           const name = event.state.name;
           execution.stateTransitions.set(name, (execution.stateTransitions.get(name) ?? 0) + 1);
+          if (event.type === 'StateEntered') this.stateListeners.forEach((l) => l(execution, name));
         }
       }
     })();
@@ -523,6 +536,7 @@ export class Simulator {
     }
     execution.stopDate = this.now();
     execution.stopped.abort();
+    this.stopListeners.forEach((l) => l(execution));
     await counting;
     this.emitStatusChange(execution);
     execution.finish();

@@ -1,11 +1,9 @@
-import * as ddb from '@aws-sdk/client-dynamodb';
 import { App, CfnElement, Stack } from 'aws-cdk-lib';
 import * as lambda from 'aws-cdk-lib/aws-lambda';
 import * as sfn from 'aws-cdk-lib/aws-stepfunctions';
 import * as tasks from 'aws-cdk-lib/aws-stepfunctions-tasks';
-import { Execution, Simulator, TaskContext } from '../simulator';
+import { Execution, lockStates, Simulator, TaskContext } from '../simulator';
 import { ConcurrencyControlledWorkflow, ConcurrencyControlledWorkflowProps } from '../src';
-import { HOLDER_ACQUIRED_AT, LOCK_KEY, PERMITS_IN_USE } from '../src/private/lock-schema';
 
 /** A stack with one workflow whose body is a Lambda task ("Do Work") the simulator runs locally. */
 export function workflowStack(props: Partial<ConcurrencyControlledWorkflowProps> = {}) {
@@ -65,65 +63,12 @@ export class WorkTracker {
 }
 
 /** The lock items of a table, as plain objects: name, permits in use, holders. */
-export async function lockState(sim: Simulator, table = 'WorkflowLockTable') {
-  const items = await sim.scan(table);
-  return items.map((item) => ({
-    lockName: item[LOCK_KEY].S!,
-    permitsInUse: Number(item[PERMITS_IN_USE]?.N ?? 0),
-    holders: Object.keys(item).filter((k) => item[k].M?.[HOLDER_ACQUIRED_AT] !== undefined),
-  }));
+export function lockState(sim: Simulator, table = 'WorkflowLockTable') {
+  return lockStates(sim, table);
 }
-
-export type LockItem = Record<string, ddb.AttributeValue>;
 
 export function statuses(executions: Execution[]): Record<string, number> {
   const result: Record<string, number> = {};
   for (const e of executions) result[e.status] = (result[e.status] ?? 0) + 1;
   return result;
-}
-
-/**
- * Samples every lock item while a simulation runs and records each moment an invariant did not hold:
- * permits in use equal to the number of holders, never negative, never above the limit.
- */
-export class LockMonitor {
-  public readonly violations: string[] = [];
-  public samples = 0;
-  public maxPermits = 0;
-  private timer?: NodeJS.Timeout;
-  private sampling?: Promise<void>;
-
-  constructor(
-    private readonly sim: Simulator,
-    private readonly limitOf: (lockName: string) => number,
-    private readonly table = 'WorkflowLockTable',
-  ) {}
-
-  public start(intervalMs = 20): this {
-    const tick = async () => {
-      for (const lock of await lockState(this.sim, this.table)) {
-        this.samples++;
-        this.maxPermits = Math.max(this.maxPermits, lock.permitsInUse);
-        if (lock.permitsInUse !== lock.holders.length) {
-          this.violations.push(`${lock.lockName}: ${lock.permitsInUse} permits in use but ${lock.holders.length} holders`);
-        }
-        if (lock.permitsInUse < 0 || lock.permitsInUse > this.limitOf(lock.lockName)) {
-          this.violations.push(`${lock.lockName}: ${lock.permitsInUse} permits in use, limit ${this.limitOf(lock.lockName)}`);
-        }
-      }
-    };
-    const loop = () => {
-      this.sampling = tick().then(() => {
-        if (this.timer !== undefined) this.timer = setTimeout(loop, intervalMs);
-      });
-    };
-    this.timer = setTimeout(loop, 0);
-    return this;
-  }
-
-  public async stop(): Promise<void> {
-    clearTimeout(this.timer);
-    this.timer = undefined;
-    await this.sampling;
-  }
 }

@@ -3,8 +3,8 @@ import * as lambda from 'aws-cdk-lib/aws-lambda';
 import * as sfn from 'aws-cdk-lib/aws-stepfunctions';
 import * as tasks from 'aws-cdk-lib/aws-stepfunctions-tasks';
 import { ConcurrencyControlledWorkflow, SemaphoreTable } from '../src';
-import { LockMonitor, lockState, logicalId, stateMachineLogicalId, statuses, WorkTracker, workflowStack } from './helpers';
-import { Execution, seededRandom, Simulator, SimulatorOptions } from '../simulator';
+import { lockState, logicalId, stateMachineLogicalId, statuses, WorkTracker, workflowStack } from './helpers';
+import { Execution, LockMonitor, seededRandom, Simulator, SimulatorOptions } from '../simulator';
 
 /*
  * Executed behaviour: the synthesized workflow and cleanup state machines run in the local simulator
@@ -107,7 +107,7 @@ describe('100 executions at limit 5, 10% body failures, 10% aborts inside the bo
     });
     const work = new WorkTracker((input) => input.work);
     await simulate(stack, { seed, lambdaHandlers: { [workFunctionId]: work.handler } }, async (sim) => {
-      const monitor = new LockMonitor(sim, () => 5).start();
+      const monitor = new LockMonitor(sim, 'WorkflowLockTable', () => 5).start();
       const sm = sim.stateMachine(stateMachineLogicalId(workflow.stateMachine));
 
       const executions = inputs.map((input) => sim.startExecution(sm, input));
@@ -205,7 +205,7 @@ describe('lock name and limit from the execution input', () => {
     };
     await simulate(stack, { lambdaHandlers: { [workFunctionId]: tracked } }, async (sim) => {
       const limits: Record<string, number> = { alpha: 2, beta: 3 };
-      const monitor = new LockMonitor(sim, (name) => limits[name]).start();
+      const monitor = new LockMonitor(sim, 'WorkflowLockTable', (name) => limits[name]).start();
       const sm = sim.stateMachine(stateMachineLogicalId(workflow.stateMachine));
 
       const executions = Array.from({ length: 24 }, (_, i) => {
@@ -318,7 +318,7 @@ test('workflows sharing a table and lock name share its permits', async () => {
   );
   const work = new WorkTracker(() => 5);
   await simulate(stack, { lambdaHandlers: { [logicalId(fn.node.defaultChild as CfnElement)]: work.handler } }, async (sim) => {
-    const monitor = new LockMonitor(sim, () => 2, 'Locks').start();
+    const monitor = new LockMonitor(sim, 'Locks', () => 2).start();
 
     const executions = workflows.flatMap((w) =>
       Array.from({ length: 8 }, (_, i) => sim.startExecution(sim.stateMachine(stateMachineLogicalId(w.stateMachine)), { i })),

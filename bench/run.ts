@@ -1,0 +1,187 @@
+import * as fs from 'fs';
+import * as path from 'path';
+import { App, CfnElement, Stack } from 'aws-cdk-lib';
+import * as tasks from 'aws-cdk-lib/aws-stepfunctions-tasks';
+import { demoSubject } from '../demo/run';
+import { workFunction } from '../demo/app';
+import { AWS_SAMPLE_LOCK_LAYOUT, runScenario, ScenarioOptions, ScenarioResult, Subject } from '../simulator';
+import { AwsSampleSemaphore } from './aws-sample-baseline';
+
+/*
+ * npm run bench [-- --only contending,throttling --seed 1 --time-scale 0.05 --soak]
+ *
+ * Runs each scenario twice in this one process, with the same seed, body and faults: once for our
+ * workflow, once for the AWS sample's algorithm (bench/aws-sample-baseline.ts). Prints a table of
+ * the figures and their ratios and writes them as JSON to bench-results/.
+ */
+
+interface Scenario {
+  readonly name: string;
+  readonly description: string;
+  readonly options: Omit<ScenarioOptions, 'seed' | 'timeScale'>;
+  /** Overrides --time-scale: a thousand polling executions need more real time per simulated second. */
+  readonly timeScale?: number;
+}
+
+const LIMIT = 5;
+const SCENARIOS: Scenario[] = [
+  { name: 'uncontended', description: 'one execution, first use of the lock', options: { executions: 1, limit: LIMIT } },
+  { name: 'contending', description: '100 executions at once, limit 5, work 15 s ± 20%', options: { executions: 100, limit: LIMIT } },
+  {
+    name: 'faults',
+    description: '100 contending, 10% failing work, 10% stopped inside the body',
+    options: { executions: 100, limit: LIMIT, failureRate: 0.1, abortInsideRate: 0.1 },
+  },
+  {
+    name: 'lost-events',
+    description: '100 contending, 10% stopped inside the body, 30% of status events lost',
+    options: { executions: 100, limit: LIMIT, abortInsideRate: 0.1, lostEventRate: 0.3, horizonFactor: 3 },
+  },
+  {
+    name: 'throttling',
+    description: '100 contending, 5% of DynamoDB calls throttled',
+    options: { executions: 100, limit: LIMIT, dynamoFaults: { throttleRate: 0.05 } },
+  },
+];
+
+const SOAK: Scenario = {
+  name: 'soak',
+  description: '1,000 executions at limit 20, 10% failing, 5% stopped at random, 5% stopped inside, 2% throttled, duplicated events',
+  options: {
+    executions: 1000,
+    limit: 20,
+    failureRate: 0.1,
+    abortRate: 0.05,
+    abortInsideRate: 0.05,
+    duplicateEventRate: 0.1,
+    dynamoFaults: { throttleRate: 0.02 },
+    horizonFactor: 3,
+  },
+  timeScale: 0.25,
+};
+
+/** The AWS sample's semaphore around the same body, as the scenario runner sees it. */
+export function awsSampleSubject(limit: number): Subject {
+  const app = new App();
+  const stack = new Stack(app, 'AwsSampleSemaphore');
+  const body = new tasks.LambdaInvoke(stack, 'Run Work', { lambdaFunction: workFunction(stack), payloadResponseOnly: true });
+  const sample = new AwsSampleSemaphore(stack, 'Sample', { body, lockName: 'demo', limit });
+  const id = (c: CfnElement) => stack.getLogicalId(c);
+  return {
+    name: 'AWS sample',
+    stack,
+    stateMachine: id(sample.stateMachine.node.defaultChild as CfnElement),
+    table: id(sample.table.node.defaultChild as CfnElement),
+    layout: AWS_SAMPLE_LOCK_LAYOUT,
+    enterStates: ['Do Work'],
+    leaveStates: ['Release Lock'],
+    bodyStates: ['Run Work'],
+  };
+}
+
+interface BenchOptions {
+  only?: string[];
+  seed: number;
+  timeScale: number;
+  soak: boolean;
+}
+
+function parseOptions(argv: string[]): BenchOptions {
+  const options: BenchOptions = { seed: 1, timeScale: 0.05, soak: false };
+  for (let i = 0; i < argv.length; i++) {
+    switch (argv[i]) {
+      case '--only':
+        options.only = argv[++i].split(',');
+        break;
+      case '--seed':
+        options.seed = Number(argv[++i]);
+        break;
+      case '--time-scale':
+        options.timeScale = Number(argv[++i]);
+        break;
+      case '--soak':
+        options.soak = true;
+        break;
+      case '--help':
+        console.log(
+          `Usage: npm run bench -- [--only ${SCENARIOS.map((s) => s.name).join(',')},soak] [--seed N] [--time-scale F] [--soak]`,
+        );
+        process.exit(0);
+      default:
+        throw new Error(`unknown option ${argv[i]} (try --help)`);
+    }
+  }
+  return options;
+}
+
+type Row = [string, (r: ScenarioResult) => number, number];
+
+/** Figures shown for each scenario: label, value, decimals. */
+const ROWS: Row[] = [
+  ['transitions / execution', (r) => r.transitionsPerExecution, 1],
+  ['transitions beside the body / execution', (r) => r.overheadTransitionsPerExecution, 1],
+  ['DynamoDB calls / execution', (r) => r.dynamoCallsPerExecution, 1],
+  ['drain time / ideal', (r) => r.drainRatio, 2],
+  ['most inside at once', (r) => r.maxInside, 0],
+  ['permits left held', (r) => r.permitsLeftHeld, 0],
+  ['executions stuck waiting', (r) => r.stuck, 0],
+  ['executions failed, not by their work', (r) => r.failedUnexplained, 0],
+];
+
+function table(results: Array<{ scenario: Scenario; ours: ScenarioResult; sample: ScenarioResult }>): string {
+  const lines = ['| scenario | figure | AWS sample | cdk-sfn-semaphore | ratio |', '|---|---|---:|---:|---:|'];
+  for (const { scenario, ours, sample } of results) {
+    for (const [label, value, decimals] of ROWS) {
+      if (scenario.name === 'uncontended' && ['drain time / ideal', 'executions stuck waiting'].includes(label)) continue;
+      const a = value(sample);
+      const b = value(ours);
+      const ratio = a === 0 ? (b === 0 ? '–' : '∞') : `${(b / a).toFixed(2)}×`;
+      lines.push(`| ${scenario.name} | ${label} | ${a.toFixed(decimals)} | ${b.toFixed(decimals)} | ${ratio} |`);
+    }
+  }
+  return lines.join('\n');
+}
+
+async function main(): Promise<void> {
+  const options = parseOptions(process.argv.slice(2));
+  const scenarios = [...SCENARIOS, ...(options.soak ? [SOAK] : [])].filter((s) => !options.only || options.only.includes(s.name));
+  const results: Array<{ scenario: Scenario; ours: ScenarioResult; sample: ScenarioResult }> = [];
+  for (const scenario of scenarios) {
+    const timeScale = scenario.timeScale ?? options.timeScale;
+    const run = (subject: Subject) => runScenario(subject, { ...scenario.options, seed: options.seed, timeScale });
+    process.stdout.write(`${scenario.name}: ${scenario.description} ...`);
+    const sample = await run(awsSampleSubject(scenario.options.limit));
+    const ours = await run(demoSubject(scenario.options.limit));
+    console.log(` ${(sample.realSeconds + ours.realSeconds).toFixed(0)} s`);
+    results.push({ scenario, ours, sample });
+  }
+
+  const date = new Date().toISOString().slice(0, 10);
+  console.log(`\nMeasured ${date}, seed ${options.seed}, simulated time ${1 / options.timeScale}x (ratio: ours / sample)\n`);
+  console.log(table(results));
+
+  const dir = path.join(__dirname, '..', 'bench-results');
+  fs.mkdirSync(dir, { recursive: true });
+  const file = path.join(dir, `bench-${date}-seed${options.seed}.json`);
+  fs.writeFileSync(
+    file,
+    JSON.stringify(
+      {
+        date,
+        seed: options.seed,
+        timeScale: options.timeScale,
+        scenarios: results.map(({ scenario, ours, sample }) => ({ ...scenario, results: { 'aws-sample': sample, 'cdk-sfn-semaphore': ours } })),
+      },
+      null,
+      2,
+    ),
+  );
+  console.log(`\nFigures written to ${path.relative(process.cwd(), file)}`);
+}
+
+if (require.main === module) {
+  main().catch((e) => {
+    console.error(e instanceof Error ? e.stack : e);
+    process.exit(2);
+  });
+}

@@ -1,0 +1,220 @@
+import { Stack } from 'aws-cdk-lib';
+import { DynamoFaults } from './dynamodb';
+import { seededRandom } from './random';
+import { InsideTracker, LockLayout, LockMonitor, lockStates } from './semaphore';
+import { Execution, Simulator } from './simulator';
+
+/*
+ * One scenario of the demo, the bench and the fault suite: many executions of a semaphore-protected
+ * workflow started at once, with faults injected by seed, and the figures and invariants that come
+ * out. The same scenario runs our workflow and the AWS sample's, so they can be compared.
+ */
+
+/** The system under test: a synthesized stack and where to look in it. */
+export interface Subject {
+  readonly name: string;
+  readonly stack: Stack;
+  /** Logical ID (or prefix) of the protected state machine. */
+  readonly stateMachine: string;
+  /** Logical ID (or prefix) of the lock table. */
+  readonly table: string;
+  readonly layout: LockLayout;
+  /** States whose entry puts an execution inside the protected section... */
+  readonly enterStates: string[];
+  /** ...and whose entry takes it out. */
+  readonly leaveStates: string[];
+  /** States of the user's body, whose transitions are not the semaphore's overhead. */
+  readonly bodyStates: string[];
+}
+
+export interface ScenarioOptions {
+  readonly executions: number;
+  readonly limit: number;
+  /** Mean work time, simulated seconds. @default 15 */
+  readonly workSeconds?: number;
+  /** Work time varies by up to this fraction either way. @default 0.2 */
+  readonly workJitter?: number;
+  /** Probability that an execution's work fails. @default 0 */
+  readonly failureRate?: number;
+  /** Probability that an execution is stopped at a random moment of the run (waiting, acquiring, working...). @default 0 */
+  readonly abortRate?: number;
+  /** Probability that an execution is stopped while inside the protected section. @default 0 */
+  readonly abortInsideRate?: number;
+  /** Probability that a status-change event is lost. @default 0 */
+  readonly lostEventRate?: number;
+  /** Probability that a status-change event is delivered twice. @default 0 */
+  readonly duplicateEventRate?: number;
+  /** Status-change events are delayed by up to this many simulated seconds. @default 0 */
+  readonly maxEventDelaySeconds?: number;
+  readonly dynamoFaults?: DynamoFaults;
+  /** @default 1 */
+  readonly seed?: number;
+  /** @default 0.02 */
+  readonly timeScale?: number;
+  /** Executions still running after this multiple of the ideal drain time are stuck. @default 4 */
+  readonly horizonFactor?: number;
+  /** Called about every 250 ms of real time. */
+  readonly onProgress?: (progress: Progress) => void;
+  /** Called after the executions, before the simulator stops (to run a reconciler, for example). */
+  readonly afterRun?: (sim: Simulator) => Promise<void>;
+}
+
+export interface Progress {
+  readonly simulatedSeconds: number;
+  readonly waiting: number;
+  readonly inside: number;
+  readonly done: number;
+  readonly permitsInUse: number;
+}
+
+export interface ScenarioResult {
+  readonly subject: string;
+  readonly executions: number;
+  readonly succeeded: number;
+  readonly failed: number;
+  readonly aborted: number;
+  readonly timedOut: number;
+  /** Still running at the horizon (then stopped): waiting for a permit that never came back. */
+  readonly stuck: number;
+  /** Failed with an error other than the work's own (for example throttling). */
+  readonly failedUnexplained: number;
+  readonly maxInside: number;
+  readonly permitsLeftHeld: number;
+  readonly invariantViolations: string[];
+  readonly transitionsPerExecution: number;
+  readonly overheadTransitionsPerExecution: number;
+  readonly dynamoCallsPerExecution: number;
+  readonly cleanupExecutions: number;
+  readonly cleanupTransitions: number;
+  readonly cleanupDynamoCalls: number;
+  readonly lostEvents: number;
+  readonly drainSeconds: number;
+  readonly idealSeconds: number;
+  readonly drainRatio: number;
+  readonly realSeconds: number;
+}
+
+/** Run one scenario against one subject. */
+export async function runScenario(subject: Subject, options: ScenarioOptions): Promise<ScenarioResult> {
+  const seed = options.seed ?? 1;
+  const random = seededRandom(seed * 7919 + 17);
+  const workSeconds = options.workSeconds ?? 15;
+  const jitter = options.workJitter ?? 0.2;
+  const idealSeconds = Math.ceil(options.executions / options.limit) * workSeconds;
+  const realStart = Date.now();
+
+  const sim = await Simulator.start(subject.stack, {
+    seed,
+    timeScale: options.timeScale ?? 0.02,
+    dynamoFaults: options.dynamoFaults,
+    eventFaults: {
+      lossRate: options.lostEventRate,
+      duplicateRate: options.duplicateEventRate,
+      maxDelaySeconds: options.maxEventDelaySeconds,
+    },
+  });
+  try {
+    const sm = sim.stateMachine(subject.stateMachine);
+    const tracker = new InsideTracker(sim, subject.enterStates, subject.leaveStates);
+    const monitor = new LockMonitor(sim, subject.table, () => options.limit, subject.layout).start(25);
+    let permitsInUse = 0;
+
+    // Decide every execution's fate up front, so that both subjects get the same ones.
+    const plans = Array.from({ length: options.executions }, (_, id) => ({
+      input: { id, workSeconds: workSeconds * (1 + jitter * (2 * random() - 1)), fail: random() < (options.failureRate ?? 0) },
+      abortAfter: random() < (options.abortRate ?? 0) ? random() * idealSeconds : undefined,
+      abortInside: random() < (options.abortInsideRate ?? 0),
+      abortInsideAfter: random(),
+    }));
+    const abortInside = new Map<string, number>();
+    sim.onStateEntered((execution, stateName) => {
+      const fraction = abortInside.get(execution.arn);
+      if (fraction !== undefined && subject.enterStates.includes(stateName)) {
+        abortInside.delete(execution.arn);
+        void sim.sleep(fraction * workSeconds, execution.stopped.signal).then(() => execution.abort('Demo.Stopped', 'stopped inside the body'));
+      }
+    });
+
+    const executions: Execution[] = plans.map((plan) => {
+      const e = sim.startExecution(sm, plan.input, { abortAfterSeconds: plan.abortAfter });
+      if (plan.abortInside) abortInside.set(e.arn, plan.abortInsideAfter);
+      return e;
+    });
+    const simStart = sim.now();
+
+    const progress = setInterval(() => {
+      void lockStates(sim, subject.table, subject.layout).then((locks) => {
+        permitsInUse = locks.reduce((n, l) => n + l.permitsInUse, 0);
+      });
+      const done = executions.filter((e) => e.status !== 'RUNNING').length;
+      options.onProgress?.({
+        simulatedSeconds: (sim.now() - simStart) / 1000,
+        waiting: executions.length - done - tracker.inside,
+        inside: tracker.inside,
+        done,
+        permitsInUse,
+      });
+    }, 250);
+
+    // Run until every execution has stopped, or the horizon.
+    const horizon = sim.sleep(idealSeconds * (options.horizonFactor ?? 4));
+    await Promise.race([Promise.all(executions.map((e) => e.done)), horizon]);
+    const running = executions.filter((e) => e.status === 'RUNNING');
+    const lastStop = Math.max(simStart, ...executions.filter((e) => e.stopDate !== undefined).map((e) => e.stopDate!));
+    for (const e of running) e.abort('Demo.Stuck', 'still waiting at the horizon');
+    await sim.idle();
+    clearInterval(progress);
+    await options.afterRun?.(sim);
+    await sim.idle();
+    await monitor.stop();
+
+    const locks = await lockStates(sim, subject.table, subject.layout);
+    const protectedRuns = executions;
+    const cleanups = [...sim.executions.values()].filter((e) => e.stateMachine !== sm);
+    const mean = (f: (e: Execution) => number) => protectedRuns.reduce((n, e) => n + f(e), 0) / protectedRuns.length;
+    const drainSeconds = (lastStop - simStart) / 1000;
+    return {
+      subject: subject.name,
+      executions: executions.length,
+      succeeded: executions.filter((e) => e.status === 'SUCCEEDED').length,
+      failed: executions.filter((e) => e.status === 'FAILED').length,
+      aborted: executions.filter((e) => e.status === 'ABORTED' && e.error !== 'Demo.Stuck').length,
+      timedOut: executions.filter((e) => e.status === 'TIMED_OUT').length,
+      stuck: running.length,
+      failedUnexplained: executions.filter((e) => e.status === 'FAILED' && e.error !== 'WorkFailed').length,
+      maxInside: tracker.maxInside,
+      permitsLeftHeld: locks.reduce((n, l) => n + l.permitsInUse, 0),
+      invariantViolations: [...new Set(monitor.violations)],
+      transitionsPerExecution: mean((e) => e.transitions),
+      overheadTransitionsPerExecution: mean((e) =>
+        [...e.stateTransitions].filter(([name]) => !subject.bodyStates.includes(name)).reduce((n, [, c]) => n + c, 0),
+      ),
+      dynamoCallsPerExecution: mean((e) => e.dynamoCalls),
+      cleanupExecutions: cleanups.length,
+      cleanupTransitions: cleanups.reduce((n, e) => n + e.transitions, 0),
+      cleanupDynamoCalls: cleanups.reduce((n, e) => n + e.dynamoCalls, 0),
+      lostEvents: sim.lostEvents,
+      drainSeconds,
+      idealSeconds,
+      drainRatio: drainSeconds / idealSeconds,
+      realSeconds: (Date.now() - realStart) / 1000,
+    };
+  } finally {
+    await sim.stop();
+  }
+}
+
+/**
+ * The invariants every scenario must keep, as sentences; an empty list means all held: never more
+ * than the limit inside, no permit left held, nobody stuck waiting, every failure explained by the
+ * work, and the lock item's count equal to its holders at every sample.
+ */
+export function brokenInvariants(result: ScenarioResult, limit: number): string[] {
+  const broken: string[] = [];
+  if (result.maxInside > limit) broken.push(`${result.maxInside} executions were inside at once, limit ${limit}`);
+  if (result.permitsLeftHeld > 0) broken.push(`${result.permitsLeftHeld} permits are still held after every execution stopped`);
+  if (result.stuck > 0) broken.push(`${result.stuck} executions were still waiting at the horizon`);
+  if (result.failedUnexplained > 0) broken.push(`${result.failedUnexplained} executions failed with an error other than their work's`);
+  broken.push(...result.invariantViolations.slice(0, 5));
+  return broken;
+}

@@ -1,0 +1,135 @@
+import type { AttributeValue } from '@aws-sdk/client-dynamodb';
+import { HOLDER_ACQUIRED_AT, LOCK_KEY, PERMITS_IN_USE } from '../src/private/lock-schema';
+import { Execution, Simulator } from './simulator';
+
+/*
+ * Watching a semaphore while it runs in the simulator: the lock items, the invariants over them, and
+ * who is inside the protected section. Shared by the tests, the demo and the bench, for our workflow
+ * and for the AWS sample's.
+ */
+
+/** How a lock item is laid out. */
+export interface LockLayout {
+  /** Partition key attribute. */
+  readonly key: string;
+  /** Permit count attribute. */
+  readonly count: string;
+  /** Whether an attribute is a holder entry. */
+  isHolder(name: string, value: AttributeValue): boolean;
+}
+
+/** Our lock items (src/private/lock-schema.ts). */
+export const LOCK_LAYOUT: LockLayout = {
+  key: LOCK_KEY,
+  count: PERMITS_IN_USE,
+  isHolder: (_name, value) => value.M?.[HOLDER_ACQUIRED_AT] !== undefined,
+};
+
+/** The AWS sample's lock items: `LockName`, `currentlockcount`, one attribute per execution ARN. */
+export const AWS_SAMPLE_LOCK_LAYOUT: LockLayout = {
+  key: 'LockName',
+  count: 'currentlockcount',
+  isHolder: (name) => name.startsWith('arn:aws:states:'),
+};
+
+export interface LockState {
+  readonly lockName: string;
+  readonly permitsInUse: number;
+  readonly holders: string[];
+}
+
+/** Every lock item of a table (by logical ID prefix), as plain objects. */
+export async function lockStates(sim: Simulator, table: string, layout: LockLayout = LOCK_LAYOUT): Promise<LockState[]> {
+  const items = await sim.scan(table);
+  return items.map((item) => ({
+    lockName: item[layout.key].S!,
+    permitsInUse: Number(item[layout.count]?.N ?? 0),
+    holders: Object.keys(item).filter((k) => layout.isHolder(k, item[k])),
+  }));
+}
+
+/**
+ * Samples every lock item while a simulation runs and records each moment an invariant did not hold:
+ * permits in use equal to the number of holders, never negative, never above the limit.
+ */
+export class LockMonitor {
+  public readonly violations: string[] = [];
+  public samples = 0;
+  public maxPermits = 0;
+  private timer?: NodeJS.Timeout;
+  private sampling?: Promise<void>;
+
+  constructor(
+    private readonly sim: Simulator,
+    private readonly table: string,
+    private readonly limitOf: (lockName: string) => number,
+    private readonly layout: LockLayout = LOCK_LAYOUT,
+  ) {}
+
+  public start(intervalMs = 20): this {
+    const tick = async () => {
+      for (const lock of await lockStates(this.sim, this.table, this.layout)) {
+        this.samples++;
+        this.maxPermits = Math.max(this.maxPermits, lock.permitsInUse);
+        if (lock.permitsInUse < lock.holders.length) {
+          this.violations.push(`${lock.lockName}: ${lock.permitsInUse} permits in use but ${lock.holders.length} holders`);
+        } else if (lock.permitsInUse !== lock.holders.length) {
+          this.violations.push(`${lock.lockName}: ${lock.permitsInUse} permits in use for ${lock.holders.length} holders`);
+        }
+        if (lock.permitsInUse < 0 || lock.permitsInUse > this.limitOf(lock.lockName)) {
+          this.violations.push(`${lock.lockName}: ${lock.permitsInUse} permits in use, limit ${this.limitOf(lock.lockName)}`);
+        }
+      }
+    };
+    const loop = () => {
+      this.sampling = tick().then(() => {
+        if (this.timer !== undefined) this.timer = setTimeout(loop, intervalMs);
+      });
+    };
+    this.timer = setTimeout(loop, 0);
+    return this;
+  }
+
+  public async stop(): Promise<void> {
+    clearTimeout(this.timer);
+    this.timer = undefined;
+    await this.sampling;
+  }
+}
+
+/**
+ * Counts the executions inside the protected section, from the states they enter: inside from
+ * entering one of `enter` until entering one of `leave` or stopping.
+ */
+export class InsideTracker {
+  public inside = 0;
+  public maxInside = 0;
+  private readonly insideNow = new Set<string>();
+
+  constructor(
+    sim: Simulator,
+    private readonly enter: string[],
+    private readonly leave: string[],
+  ) {
+    sim.onStateEntered((execution, stateName) => {
+      if (this.enter.includes(stateName)) this.add(execution);
+      else if (this.leave.includes(stateName)) this.remove(execution);
+    });
+    sim.onExecutionStopped((execution) => this.remove(execution));
+  }
+
+  private add(e: Execution): void {
+    if (this.insideNow.has(e.arn)) return;
+    this.insideNow.add(e.arn);
+    this.inside++;
+    this.maxInside = Math.max(this.maxInside, this.inside);
+  }
+
+  private remove(e: Execution): void {
+    if (this.insideNow.delete(e.arn)) this.inside--;
+  }
+}
+
+/** Where our workflow's protected section starts and ends. */
+export const BODY_ENTER = ['Run Protected Body'];
+export const BODY_LEAVE = ['Release Permit', 'Release Permit After Failure'];
