@@ -98,6 +98,7 @@ const rosetta = project.addTask('rosetta:extract', {
 });
 project.testTask.prependSpawn(rosetta);
 project.testTask.prependSpawn(project.compileTask);
+project.testTask.prependSpawn(project.preCompileTask);
 
 // ts-jest runs with isolatedModules and does not type-check: tsc does, for every .ts file of the repo.
 const typecheck = project.addTask('typecheck', {
