@@ -42,14 +42,17 @@ const project = new awscdk.AwsCdkConstructLibrary({
   // looks for a tsconfig.json next to each file).
   eslintOptions: {
     dirs: ['src'],
-    devdirs: ['test', 'integ', 'simulator', 'demo', 'bench', 'projenrc'],
+    devdirs: ['test', 'integ', 'simulator', 'demo', 'bench', 'lambda', 'projenrc'],
     tsconfigPath: './tsconfig.dev.json',
     projectService: false,
   },
   experimentalIntegRunner: true,
+  lambdaAutoDiscover: false, // the one handler lives in lambda/, registered below
   devDeps: [
     '@aws-sdk/client-dynamodb@^3',
     '@aws-sdk/client-sfn@^3',
+    '@aws-sdk/lib-dynamodb@^3',
+    'aws-sdk-client-mock@^4',
     'aws-local-stepfunctions@^3',
     'asl-validator@^4',
     'dynalite@^4',
@@ -77,6 +80,18 @@ project.deps.removeDependency('eslint-import-resolver-typescript');
 project.deps.addDependency('eslint-import-resolver-typescript@~3.8.0', DependencyType.BUILD);
 
 ['/integ/', '/.ci/', '/simulator/', '/demo/', '/bench/', '/bench-results/', '/rosetta/'].forEach((p) => project.addPackageIgnore(p));
+
+// The reconciler's handler lives in lambda/ (outside src/, so jsii never compiles it); esbuild bundles
+// it, with the lock schema it imports from src/private, and leaves the AWS SDK to the Lambda runtime.
+new awscdk.LambdaFunction(project, {
+  entrypoint: 'lambda/reconciler.lambda.ts',
+  constructFile: 'src/private/reconciler-function.ts',
+  constructName: 'ReconcilerFunction',
+  cdkDeps: project.cdkDeps,
+  // Node.js 18 can no longer be deployed; projen writes `new lambda.Runtime('nodejs22.x', ...)`,
+  // which our aws-cdk-lib floor accepts although it predates Runtime.NODEJS_22_X.
+  runtime: awscdk.LambdaRuntime.NODEJS_22_X,
+});
 
 // Integration tests live in integ/ (deployable apps, kept away from Jest); the test command verifies
 // their committed snapshots without deploying, `integ:update` rewrites them.

@@ -1,0 +1,394 @@
+import { DynamoDBClient } from '@aws-sdk/client-dynamodb';
+import { DescribeExecutionCommand, GetExecutionHistoryCommand, HistoryEvent, SFNClient, StopExecutionCommand } from '@aws-sdk/client-sfn';
+import { DynamoDBDocumentClient, GetCommand, ScanCommand, ScanCommandOutput, UpdateCommand } from '@aws-sdk/lib-dynamodb';
+import {
+  ACQUIRE_CONDITION,
+  ACQUIRE_UPDATE,
+  HOLDER_ACQUIRED_AT,
+  HOLDER_LEASE_EXPIRES_AT,
+  HOLDER_LEASE_SECONDS,
+  isExecutionHolder,
+  LOCK_KEY,
+  NAMES,
+  PERMITS_IN_USE,
+  RELEASE_CONDITION,
+  RELEASE_EXPIRED_LEASE_CONDITION,
+  RELEASE_UPDATE,
+  VALUES,
+} from '../src/private/lock-schema';
+import { OUTSIDE_BODY_STATES } from '../src/private/state-names';
+
+/*
+ * The reconciler: the third layer of cleanup. EventBridge delivers Step Functions status-change events
+ * "best effort", a cleanup can fail, and an acquire can land after its execution was stopped (after
+ * the cleanup ran). Each of these leaves a permit held by nobody alive. The reconciler sweeps the lock
+ * table and, for every holder:
+ *
+ * - an execution of a protected state machine that is not RUNNING (or does not exist) is released
+ *   with the same conditional write as the cleanup;
+ * - a RUNNING execution past its lease is stopped (SemaphoreLeaseExpired) and only then released, so
+ *   that two holders never overlap;
+ * - a holder that is not an execution (a script's lease) is released once its lease has expired,
+ *   conditional on the lease not having been renewed meanwhile.
+ *
+ * Safe while executions acquire and release concurrently: every write is conditional on the holder
+ * entry it read, and a RUNNING execution within its lease is never touched. A failure on one holder
+ * is counted and the sweep goes on. The sweep stops early, and says so, when the function is about to
+ * run out of time.
+ */
+
+/**
+ * What the function may be invoked with: a scheduled event, `{}` (or `{ dryRun: true }`) on demand,
+ * or the status-change event of a redriven execution (the redrive guard).
+ */
+export interface ReconcilerEvent {
+  /** Report what would be released, change nothing. */
+  readonly 'dryRun'?: boolean;
+  readonly 'detail-type'?: string;
+  readonly 'detail'?: StatusChangeDetail;
+}
+
+/** The fields of a "Step Functions Execution Status Change" event the redrive guard reads. */
+export interface StatusChangeDetail {
+  readonly executionArn: string;
+  readonly status: string;
+  readonly redriveCount?: number;
+  readonly input?: string | null;
+}
+
+/** What the redrive guard did. */
+export interface RedriveGuardResult {
+  readonly executionArn: string;
+  /** The state the execution resumed at. */
+  readonly resumedAt?: string;
+  readonly action: 'not ours' | 'outside the body' | 'permit taken again' | 'still holds its permit' | 'stopped';
+}
+
+/** A permit the sweep released (or, in a dry run, would release). */
+export interface Reclaimed {
+  readonly lockName: string;
+  readonly holder: string;
+  readonly reason: string;
+}
+
+/** What one sweep did. */
+export interface ReconcilerResult {
+  locks: number;
+  holders: number;
+  reclaimed: Reclaimed[];
+  /** Executions stopped because their lease expired. */
+  stopped: string[];
+  errors: Array<{ lockName: string; holder: string; error: string }>;
+  /** True if the sweep stopped early for lack of time; the next one continues. */
+  truncated: boolean;
+  dryRun: boolean;
+}
+
+interface Context {
+  getRemainingTimeInMillis(): number;
+}
+
+/** Leave this much time for the last holder and the metrics. */
+const TIME_MARGIN_MS = 10_000;
+/** At most this many holders are checked at once (DescribeExecution is rate-limited per account). */
+const PARALLELISM = 4;
+/** A lease counts as expired only this long after its end, to absorb clock skew between machines. */
+const CLOCK_SKEW_MS = Number(process.env.CLOCK_SKEW_SECONDS ?? '30') * 1000;
+
+const ddb = DynamoDBDocumentClient.from(new DynamoDBClient({}));
+const sfn = new SFNClient({});
+
+export async function handler(event: ReconcilerEvent = {}, context?: Context): Promise<ReconcilerResult | RedriveGuardResult> {
+  if (event['detail-type'] === 'Step Functions Execution Status Change' && event.detail) {
+    return guardRedrive(event.detail);
+  }
+  return sweep(event, context);
+}
+
+/** Executions of these state machines are ours to describe, stop and release. */
+function executionPrefixes(): string[] {
+  return (process.env.STATE_MACHINE_ARNS ?? '')
+    .split(',')
+    .filter((arn) => arn !== '')
+    .map((arn) => `${arn.replace(':stateMachine:', ':execution:')}:`);
+}
+
+async function sweep(event: ReconcilerEvent, context?: Context): Promise<ReconcilerResult> {
+  const table = requiredEnv('TABLE_NAME');
+  const prefixes = executionPrefixes();
+  const dryRun = event.dryRun === true;
+  const outOfTime = () => context !== undefined && context.getRemainingTimeInMillis() < TIME_MARGIN_MS;
+
+  const result: ReconcilerResult = { locks: 0, holders: 0, reclaimed: [], stopped: [], errors: [], truncated: false, dryRun };
+  const permitsInUse = new Map<string, number>();
+  let startKey: Record<string, unknown> | undefined;
+  scan: do {
+    const page: ScanCommandOutput = await ddb.send(new ScanCommand({ TableName: table, ConsistentRead: true, ExclusiveStartKey: startKey }));
+    for (const item of page.Items ?? []) {
+      if (outOfTime()) {
+        result.truncated = true;
+        break scan;
+      }
+      const lockName = String(item[LOCK_KEY]);
+      result.locks++;
+      let held = Number(item[PERMITS_IN_USE] ?? 0);
+      const holders = Object.entries(item).filter(([, v]) => isHolderEntry(v));
+      result.holders += holders.length;
+      const queue = [...holders];
+      const worker = async () => {
+        for (let next = queue.shift(); next; next = queue.shift()) {
+          const [holder, entry] = next;
+          try {
+            const reason = await reconcileHolder(table, lockName, holder, entry as HolderEntry, prefixes, dryRun, result);
+            if (reason !== undefined) {
+              result.reclaimed.push({ lockName, holder, reason });
+              if (!dryRun) held--;
+            }
+          } catch (e) {
+            result.errors.push({ lockName, holder, error: e instanceof Error ? `${e.name}: ${e.message}` : String(e) });
+          }
+        }
+      };
+      await Promise.all(Array.from({ length: PARALLELISM }, worker));
+      permitsInUse.set(lockName, held);
+    }
+    startKey = page.LastEvaluatedKey;
+  } while (startKey);
+
+  emitMetrics(table, permitsInUse, result);
+  return result;
+}
+
+interface HolderEntry {
+  readonly [HOLDER_ACQUIRED_AT]: string;
+  readonly [HOLDER_LEASE_SECONDS]?: number;
+  readonly [HOLDER_LEASE_EXPIRES_AT]?: number;
+}
+
+function isHolderEntry(value: unknown): boolean {
+  return typeof value === 'object' && value !== null && typeof (value as Record<string, unknown>)[HOLDER_ACQUIRED_AT] === 'string';
+}
+
+/** Decide about one holder; release it if it must go. Returns why it was released, or undefined. */
+async function reconcileHolder(
+  table: string,
+  lockName: string,
+  holder: string,
+  entry: HolderEntry,
+  ownPrefixes: string[],
+  dryRun: boolean,
+  result: ReconcilerResult,
+): Promise<string | undefined> {
+  const now = Date.now();
+  if (!isExecutionHolder(holder)) {
+    const expiresAt = entry[HOLDER_LEASE_EXPIRES_AT];
+    if (expiresAt === undefined || now <= expiresAt + CLOCK_SKEW_MS) {
+      return undefined;
+    }
+    if (!dryRun && !(await release(table, lockName, holder, expiresAt))) return undefined;
+    return `lease expired at ${new Date(expiresAt).toISOString()}`;
+  }
+
+  if (!ownPrefixes.some((prefix) => holder.startsWith(prefix))) {
+    // Another state machine's execution: its own reconciler, with its own permissions, sweeps it.
+    return undefined;
+  }
+  let status: string;
+  try {
+    status = (await sfn.send(new DescribeExecutionCommand({ executionArn: holder }))).status ?? 'UNKNOWN';
+  } catch (e) {
+    if ((e as Error).name !== 'ExecutionDoesNotExist') throw e;
+    status = 'DOES_NOT_EXIST';
+  }
+  if (status !== 'RUNNING') {
+    if (!dryRun && !(await release(table, lockName, holder))) return undefined;
+    return `execution ${status}`;
+  }
+
+  const leaseSeconds = entry[HOLDER_LEASE_SECONDS];
+  if (leaseSeconds === undefined) return undefined;
+  const leaseEnd = Date.parse(entry[HOLDER_ACQUIRED_AT]) + leaseSeconds * 1000;
+  if (now <= leaseEnd) return undefined;
+  if (dryRun) return `lease of ${leaseSeconds} s expired at ${new Date(leaseEnd).toISOString()}`;
+  // Stop first, release after: the permit is never free while its execution still runs.
+  await sfn.send(
+    new StopExecutionCommand({
+      executionArn: holder,
+      error: 'SemaphoreLeaseExpired',
+      cause: `Held a permit of lock '${lockName}' for more than its lease of ${leaseSeconds} s (since ${entry[HOLDER_ACQUIRED_AT]})`,
+    }),
+  );
+  result.stopped.push(holder);
+  if (!(await release(table, lockName, holder))) return undefined;
+  return `lease of ${leaseSeconds} s expired at ${new Date(leaseEnd).toISOString()}; execution stopped`;
+}
+
+/**
+ * The cleanup's conditional release. False if the holder was already gone (released by the cleanup
+ * or by the workflow meanwhile, or a lease renewed): nothing to do.
+ */
+async function release(table: string, lockName: string, holder: string, leaseExpiresAt?: number): Promise<boolean> {
+  try {
+    await ddb.send(
+      new UpdateCommand({
+        TableName: table,
+        Key: { [LOCK_KEY]: lockName },
+        UpdateExpression: RELEASE_UPDATE,
+        ConditionExpression: leaseExpiresAt === undefined ? RELEASE_CONDITION : RELEASE_EXPIRED_LEASE_CONDITION,
+        ExpressionAttributeNames: { [NAMES.permits]: PERMITS_IN_USE, [NAMES.holder]: holder },
+        ExpressionAttributeValues: { [VALUES.one]: 1, ...(leaseExpiresAt === undefined ? {} : { [VALUES.expiresAt]: leaseExpiresAt }) },
+      }),
+    );
+    return true;
+  } catch (e) {
+    if ((e as Error).name === 'ConditionalCheckFailedException') return false;
+    throw e;
+  }
+}
+
+/**
+ * The redrive guard. `RedriveExecution` resumes an execution at the state where it stopped; stopped
+ * inside the body, it resumes inside the body, and its permit was freed by the cleanup meanwhile. On
+ * its RUNNING status-change event, take a permit for it again; if every permit is taken, stop it
+ * (error `SemaphoreRedriveRejected`). Redriven outside the body, it takes and gives back its own.
+ */
+async function guardRedrive(detail: StatusChangeDetail): Promise<RedriveGuardResult> {
+  const executionArn = detail.executionArn;
+  if (!executionPrefixes().some((prefix) => executionArn.startsWith(prefix))) {
+    return { executionArn, action: 'not ours' };
+  }
+  const resumedAt = await resumedState(executionArn);
+  if (resumedAt === undefined || OUTSIDE_BODY_STATES.includes(resumedAt)) {
+    return { executionArn, resumedAt, action: 'outside the body' };
+  }
+  const input = JSON.parse(detail.input ?? (await sfn.send(new DescribeExecutionCommand({ executionArn }))).input ?? '{}');
+  const lockName = String(fromEnvOrInput('LOCK_NAME', input));
+  const limit = Number(fromEnvOrInput('CONCURRENCY_LIMIT', input));
+  const table = requiredEnv('TABLE_NAME');
+  const leaseSeconds = process.env.LEASE_SECONDS ? Number(process.env.LEASE_SECONDS) : undefined;
+  try {
+    await ddb.send(
+      new UpdateCommand({
+        TableName: table,
+        Key: { [LOCK_KEY]: lockName },
+        UpdateExpression: ACQUIRE_UPDATE,
+        ConditionExpression: ACQUIRE_CONDITION,
+        ExpressionAttributeNames: { [NAMES.permits]: PERMITS_IN_USE, [NAMES.holder]: executionArn },
+        ExpressionAttributeValues: {
+          [VALUES.zero]: 0,
+          [VALUES.one]: 1,
+          [VALUES.limit]: limit,
+          [VALUES.entry]: {
+            [HOLDER_ACQUIRED_AT]: new Date().toISOString(),
+            ...(leaseSeconds === undefined ? {} : { [HOLDER_LEASE_SECONDS]: leaseSeconds }),
+          },
+        },
+      }),
+    );
+    return { executionArn, resumedAt, action: 'permit taken again' };
+  } catch (e) {
+    if ((e as Error).name !== 'ConditionalCheckFailedException') throw e;
+  }
+  // Full, or it still holds its permit (its cleanup never ran): only the first is a reason to stop.
+  const item = await ddb.send(
+    new GetCommand({
+      TableName: table,
+      Key: { [LOCK_KEY]: lockName },
+      ProjectionExpression: NAMES.holder,
+      ExpressionAttributeNames: { [NAMES.holder]: executionArn },
+      ConsistentRead: true,
+    }),
+  );
+  if (item.Item?.[executionArn] !== undefined) {
+    return { executionArn, resumedAt, action: 'still holds its permit' };
+  }
+  await sfn.send(
+    new StopExecutionCommand({
+      executionArn,
+      error: 'SemaphoreRedriveRejected',
+      cause: `Redriven at '${resumedAt}', inside the protected body, while every permit of lock '${lockName}' was taken`,
+    }),
+  );
+  return { executionArn, resumedAt, action: 'stopped' };
+}
+
+/** The last state the execution entered before its latest redrive: where it resumes. */
+async function resumedState(executionArn: string): Promise<string | undefined> {
+  let seenRedrive = false;
+  let nextToken: string | undefined;
+  do {
+    const page = await sfn.send(
+      new GetExecutionHistoryCommand({ executionArn, reverseOrder: true, maxResults: 100, nextToken, includeExecutionData: false }),
+    );
+    for (const event of page.events ?? ([] as HistoryEvent[])) {
+      if (event.type === 'ExecutionRedriven') {
+        seenRedrive = true;
+      } else if (seenRedrive && event.stateEnteredEventDetails?.name) {
+        return event.stateEnteredEventDetails.name;
+      }
+    }
+    nextToken = page.nextToken;
+  } while (nextToken);
+  return undefined;
+}
+
+/** `NAME` from the environment, or read from the input at the path `NAME_PATH` (`$.a.b`). */
+function fromEnvOrInput(name: string, input: unknown): unknown {
+  if (process.env[name] !== undefined) return process.env[name];
+  const path = requiredEnv(`${name}_PATH`);
+  return path
+    .replace(/^\$\.?/, '')
+    .split('.')
+    .filter((part) => part !== '')
+    .reduce<unknown>((value, key) => (value as Record<string, unknown> | undefined)?.[key], input);
+}
+
+/**
+ * CloudWatch metrics in the Embedded Metric Format: log lines that CloudWatch turns into metrics, so
+ * the function needs no cloudwatch:PutMetricData permission.
+ */
+function emitMetrics(table: string, permitsInUse: Map<string, number>, result: ReconcilerResult): void {
+  const namespace = process.env.METRICS_NAMESPACE ?? 'CdkSfnSemaphore';
+  const timestamp = Date.now();
+  for (const [lockName, permits] of permitsInUse) {
+    console.log(
+      JSON.stringify({
+        _aws: { Timestamp: timestamp, CloudWatchMetrics: [{ Namespace: namespace, Dimensions: [['TableName', 'LockName']], Metrics: [{ Name: 'PermitsInUse', Unit: 'Count' }] }] },
+        TableName: table,
+        LockName: lockName,
+        PermitsInUse: permits,
+      }),
+    );
+  }
+  console.log(
+    JSON.stringify({
+      _aws: {
+        Timestamp: timestamp,
+        CloudWatchMetrics: [
+          {
+            Namespace: namespace,
+            Dimensions: [['TableName']],
+            Metrics: [
+              { Name: 'PermitsReclaimed', Unit: 'Count' },
+              { Name: 'LeasesExpired', Unit: 'Count' },
+              { Name: 'ReconcilerErrors', Unit: 'Count' },
+            ],
+          },
+        ],
+      },
+      TableName: table,
+      PermitsReclaimed: result.dryRun ? 0 : result.reclaimed.length,
+      LeasesExpired: result.stopped.length,
+      ReconcilerErrors: result.errors.length,
+      reclaimed: result.reclaimed,
+      errors: result.errors,
+      truncated: result.truncated,
+    }),
+  );
+}
+
+function requiredEnv(name: string): string {
+  const value = process.env[name];
+  if (!value) throw new Error(`environment variable ${name} is not set`);
+  return value;
+}

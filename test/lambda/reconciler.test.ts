@@ -1,0 +1,273 @@
+import { ConditionalCheckFailedException } from '@aws-sdk/client-dynamodb';
+import { DescribeExecutionCommand, ExecutionDoesNotExist, GetExecutionHistoryCommand, SFNClient, StopExecutionCommand } from '@aws-sdk/client-sfn';
+import { DynamoDBDocumentClient, GetCommand, ScanCommand, UpdateCommand } from '@aws-sdk/lib-dynamodb';
+import { mockClient } from 'aws-sdk-client-mock';
+import { handler, ReconcilerResult, RedriveGuardResult } from '../../lambda/reconciler.lambda';
+
+/*
+ * The reconciler's handler with the AWS SDK mocked: the decisions it takes for each kind of holder.
+ * Its behaviour against real DynamoDB semantics and executions runs in the simulator
+ * (test/reconciler-simulation.test.ts).
+ */
+
+const ddb = mockClient(DynamoDBDocumentClient);
+const sfn = mockClient(SFNClient);
+const SM = 'arn:aws:states:us-east-1:123456789012:stateMachine:Guarded';
+const exec = (name: string, sm = 'Guarded') => `arn:aws:states:us-east-1:123456789012:execution:${sm}:${name}`;
+const entry = (acquiredAt = new Date().toISOString(), extra: Record<string, unknown> = {}) => ({ acquiredAt, ...extra });
+
+const sweep = (...args: Parameters<typeof handler>) => handler(...args) as Promise<ReconcilerResult>;
+const guard = (...args: Parameters<typeof handler>) => handler(...args) as Promise<RedriveGuardResult>;
+
+beforeEach(() => {
+  ddb.reset();
+  sfn.reset();
+  process.env.TABLE_NAME = 'locks';
+  process.env.STATE_MACHINE_ARNS = SM;
+  jest.spyOn(console, 'log').mockImplementation(() => undefined);
+});
+
+afterEach(() => jest.restoreAllMocks());
+
+function statuses(byExecution: Record<string, string | Error>) {
+  for (const [arn, status] of Object.entries(byExecution)) {
+    const stub = sfn.on(DescribeExecutionCommand, { executionArn: arn });
+    if (status instanceof Error) stub.rejects(status);
+    else stub.resolves({ status: status as any });
+  }
+}
+
+function releasedHolders(): string[] {
+  return ddb.commandCalls(UpdateCommand).map((c) => c.args[0].input.ExpressionAttributeNames!['#holder']);
+}
+
+test('releases holders whose execution is no longer running or does not exist, leaves running ones', async () => {
+  ddb.on(ScanCommand).resolves({
+    Items: [{ lockName: 'db', permitsInUse: 3, [exec('done')]: entry(), [exec('gone')]: entry(), [exec('busy')]: entry() }],
+  });
+  statuses({
+    [exec('done')]: 'ABORTED',
+    [exec('gone')]: new ExecutionDoesNotExist({ message: 'no such execution', $metadata: {} }),
+    [exec('busy')]: 'RUNNING',
+  });
+  ddb.on(UpdateCommand).resolves({});
+
+  const result = await sweep({});
+
+  expect(releasedHolders().sort()).toEqual([exec('done'), exec('gone')]);
+  expect(ddb.commandCalls(UpdateCommand)[0].args[0].input).toMatchObject({
+    TableName: 'locks',
+    Key: { lockName: 'db' },
+    UpdateExpression: 'SET #permits = #permits - :one REMOVE #holder',
+    ConditionExpression: 'attribute_exists(#holder)',
+  });
+  expect(result.reclaimed.map((r) => r.reason).sort()).toEqual(['execution ABORTED', 'execution DOES_NOT_EXIST']);
+  expect(result).toMatchObject({ locks: 1, holders: 3, errors: [], truncated: false });
+});
+
+test('stops a running execution past its lease, and only then releases it', async () => {
+  const acquiredAt = new Date(Date.now() - 120_000).toISOString();
+  ddb.on(ScanCommand).resolves({ Items: [{ lockName: 'db', permitsInUse: 1, [exec('slow')]: entry(acquiredAt, { leaseSeconds: 60 }) }] });
+  statuses({ [exec('slow')]: 'RUNNING' });
+  const order: string[] = [];
+  sfn.on(StopExecutionCommand).callsFake(() => order.push('stop'));
+  ddb.on(UpdateCommand).callsFake(() => order.push('release'));
+
+  const result = await sweep({});
+
+  expect(order).toEqual(['stop', 'release']);
+  expect(sfn.commandCalls(StopExecutionCommand)[0].args[0].input).toMatchObject({
+    executionArn: exec('slow'),
+    error: 'SemaphoreLeaseExpired',
+    cause: expect.stringContaining("lock 'db' for more than its lease of 60 s"),
+  });
+  expect(result.stopped).toEqual([exec('slow')]);
+});
+
+test('leaves a running execution within its lease', async () => {
+  ddb.on(ScanCommand).resolves({ Items: [{ lockName: 'db', permitsInUse: 1, [exec('ok')]: entry(new Date().toISOString(), { leaseSeconds: 60 }) }] });
+  statuses({ [exec('ok')]: 'RUNNING' });
+
+  const result = await sweep({});
+
+  expect(sfn.commandCalls(StopExecutionCommand)).toHaveLength(0);
+  expect(ddb.commandCalls(UpdateCommand)).toHaveLength(0);
+  expect(result.reclaimed).toEqual([]);
+});
+
+test('releases an expired lease of a holder that is not an execution, conditional on it not being renewed', async () => {
+  const expired = Date.now() - 60_000;
+  const live = Date.now() + 60_000;
+  const withinSkew = Date.now() - 5_000;
+  ddb.on(ScanCommand).resolves({
+    Items: [
+      {
+        'lockName': 'deploy',
+        'permitsInUse': 3,
+        'lease:expired': entry(undefined, { leaseExpiresAt: expired }),
+        'lease:live': entry(undefined, { leaseExpiresAt: live }),
+        'lease:skew': entry(undefined, { leaseExpiresAt: withinSkew }),
+      },
+    ],
+  });
+  ddb.on(UpdateCommand).resolves({});
+
+  await sweep({});
+
+  expect(releasedHolders()).toEqual(['lease:expired']);
+  expect(ddb.commandCalls(UpdateCommand)[0].args[0].input).toMatchObject({
+    ConditionExpression: 'attribute_exists(#holder) AND #holder.leaseExpiresAt = :expiresAt',
+    ExpressionAttributeValues: { ':one': 1, ':expiresAt': expired },
+  });
+  expect(sfn.commandCalls(DescribeExecutionCommand)).toHaveLength(0);
+});
+
+test("leaves other state machines' executions to their own reconcilers", async () => {
+  ddb.on(ScanCommand).resolves({ Items: [{ lockName: 'shared', permitsInUse: 1, [exec('x', 'Other')]: entry() }] });
+
+  const result = await sweep({});
+
+  expect(sfn.commandCalls(DescribeExecutionCommand)).toHaveLength(0);
+  expect(result.reclaimed).toEqual([]);
+});
+
+test('a holder released meanwhile (condition fails) is not counted; a failure on one holder does not stop the sweep', async () => {
+  ddb.on(ScanCommand).resolves({
+    Items: [{ lockName: 'db', permitsInUse: 3, [exec('raced')]: entry(), [exec('broken')]: entry(), [exec('fine')]: entry() }],
+  });
+  statuses({ [exec('raced')]: 'FAILED', [exec('broken')]: new Error('throttled to death'), [exec('fine')]: 'SUCCEEDED' });
+  ddb
+    .on(UpdateCommand, { ExpressionAttributeNames: { '#permits': 'permitsInUse', '#holder': exec('raced') } })
+    .rejects(new ConditionalCheckFailedException({ message: 'The conditional request failed', $metadata: {} }));
+  ddb.on(UpdateCommand, { ExpressionAttributeNames: { '#permits': 'permitsInUse', '#holder': exec('fine') } }).resolves({});
+
+  const result = await sweep({});
+
+  expect(result.reclaimed.map((r) => r.holder)).toEqual([exec('fine')]);
+  expect(result.errors).toEqual([{ lockName: 'db', holder: exec('broken'), error: 'Error: throttled to death' }]);
+});
+
+test('follows the scan pages, stops early when out of time, and says so', async () => {
+  ddb
+    .on(ScanCommand)
+    .resolvesOnce({ Items: [{ lockName: 'a', permitsInUse: 0 }], LastEvaluatedKey: { lockName: 'a' } })
+    .resolvesOnce({ Items: [{ lockName: 'b', permitsInUse: 0 }, { lockName: 'c', permitsInUse: 0 }] });
+  let remaining = 60_000;
+
+  const result = await sweep({}, { getRemainingTimeInMillis: () => (remaining -= 20_000) });
+
+  expect(ddb.commandCalls(ScanCommand).map((c) => c.args[0].input.ExclusiveStartKey)).toEqual([undefined, { lockName: 'a' }]);
+  expect(result.locks).toBe(2);
+  expect(result.truncated).toBe(true);
+});
+
+test('a dry run changes nothing and reports what it would release', async () => {
+  ddb.on(ScanCommand).resolves({ Items: [{ lockName: 'db', permitsInUse: 1, [exec('done')]: entry() }] });
+  statuses({ [exec('done')]: 'TIMED_OUT' });
+
+  const result = await sweep({ dryRun: true });
+
+  expect(ddb.commandCalls(UpdateCommand)).toHaveLength(0);
+  expect(result).toMatchObject({ dryRun: true, reclaimed: [{ lockName: 'db', holder: exec('done'), reason: 'execution TIMED_OUT' }] });
+});
+
+test('publishes permits in use per lock and reclaimed permits in the Embedded Metric Format', async () => {
+  ddb.on(ScanCommand).resolves({ Items: [{ lockName: 'db', permitsInUse: 2, [exec('done')]: entry(), [exec('busy')]: entry() }] });
+  statuses({ [exec('done')]: 'FAILED', [exec('busy')]: 'RUNNING' });
+  ddb.on(UpdateCommand).resolves({});
+  const log = console.log as jest.Mock;
+
+  await sweep({});
+
+  const lines = log.mock.calls.map(([line]) => JSON.parse(line));
+  expect(lines).toContainEqual(
+    expect.objectContaining({
+      _aws: expect.objectContaining({ CloudWatchMetrics: [expect.objectContaining({ Namespace: 'CdkSfnSemaphore', Dimensions: [['TableName', 'LockName']] })] }),
+      TableName: 'locks',
+      LockName: 'db',
+      PermitsInUse: 1,
+    }),
+  );
+  expect(lines).toContainEqual(expect.objectContaining({ TableName: 'locks', PermitsReclaimed: 1, LeasesExpired: 0, ReconcilerErrors: 0 }));
+});
+
+describe('redrive guard', () => {
+  const redriven = (name: string, input = { tenant: 'acme' }) => ({
+    'detail-type': 'Step Functions Execution Status Change',
+    'detail': { executionArn: exec(name), status: 'RUNNING', redriveCount: 1, input: JSON.stringify(input) },
+  });
+  const history = (name: string, lastState: string) =>
+    sfn.on(GetExecutionHistoryCommand, { executionArn: exec(name) }).resolves({
+      events: [
+        { id: 9, timestamp: new Date(), type: 'ExecutionRedriven' },
+        { id: 8, timestamp: new Date(), type: 'ExecutionAborted' },
+        { id: 7, timestamp: new Date(), type: 'TaskStateEntered', stateEnteredEventDetails: { name: lastState } },
+        { id: 6, timestamp: new Date(), type: 'ParallelStateEntered', stateEnteredEventDetails: { name: 'Run Protected Body' } },
+      ],
+    });
+
+  beforeEach(() => {
+    process.env.LOCK_NAME = 'db';
+    process.env.CONCURRENCY_LIMIT = '2';
+    delete process.env.LOCK_NAME_PATH;
+  });
+
+  test('takes a permit again for an execution redriven inside the body', async () => {
+    history('r1', 'Do Work');
+    ddb.on(UpdateCommand).resolves({});
+
+    const result = await guard(redriven('r1'));
+
+    expect(result).toEqual({ executionArn: exec('r1'), resumedAt: 'Do Work', action: 'permit taken again' });
+    expect(ddb.commandCalls(UpdateCommand)[0].args[0].input).toMatchObject({
+      Key: { lockName: 'db' },
+      ConditionExpression: '(attribute_not_exists(#permits) OR #permits < :limit) AND attribute_not_exists(#holder)',
+      ExpressionAttributeNames: { '#holder': exec('r1') },
+      ExpressionAttributeValues: { ':limit': 2 },
+    });
+    expect(sfn.commandCalls(StopExecutionCommand)).toHaveLength(0);
+  });
+
+  test('stops it when every permit is taken', async () => {
+    history('r2', 'Do Work');
+    ddb.on(UpdateCommand).rejects(new ConditionalCheckFailedException({ message: 'The conditional request failed', $metadata: {} }));
+    ddb.on(GetCommand).resolves({ Item: {} });
+
+    const result = await guard(redriven('r2'));
+
+    expect(result.action).toBe('stopped');
+    expect(sfn.commandCalls(StopExecutionCommand)[0].args[0].input).toMatchObject({
+      executionArn: exec('r2'),
+      error: 'SemaphoreRedriveRejected',
+      cause: expect.stringContaining("Redriven at 'Do Work'"),
+    });
+  });
+
+  test('leaves it alone when it still holds its permit, or resumes outside the body', async () => {
+    history('r3', 'Do Work');
+    history('r4', 'Poll For Permit');
+    ddb.on(UpdateCommand).rejects(new ConditionalCheckFailedException({ message: 'The conditional request failed', $metadata: {} }));
+    ddb.on(GetCommand).resolves({ Item: { [exec('r3')]: { acquiredAt: 'x' } } });
+
+    expect((await guard(redriven('r3'))).action).toBe('still holds its permit');
+    expect((await guard(redriven('r4'))).action).toBe('outside the body');
+    expect(sfn.commandCalls(StopExecutionCommand)).toHaveLength(0);
+  });
+
+  test('reads a runtime lock name from the execution input', async () => {
+    delete process.env.LOCK_NAME;
+    process.env.LOCK_NAME_PATH = '$.tenant';
+    history('r5', 'Do Work');
+    ddb.on(UpdateCommand).resolves({});
+
+    await guard(redriven('r5', { tenant: 'globex' }));
+
+    expect(ddb.commandCalls(UpdateCommand)[0].args[0].input.Key).toEqual({ lockName: 'globex' });
+  });
+
+  test("ignores other state machines' executions", async () => {
+    const result = await guard({ 'detail-type': 'Step Functions Execution Status Change', 'detail': { executionArn: exec('x', 'Other'), status: 'RUNNING' } });
+    expect(result.action).toBe('not ours');
+    expect(sfn.commandCalls(GetExecutionHistoryCommand)).toHaveLength(0);
+  });
+});
