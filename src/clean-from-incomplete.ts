@@ -1,10 +1,11 @@
-import { Arn, ArnFormat, Duration, Stack, Token } from 'aws-cdk-lib';
+import { Duration, Token } from 'aws-cdk-lib';
 import * as events from 'aws-cdk-lib/aws-events';
 import * as targets from 'aws-cdk-lib/aws-events-targets';
 import * as sqs from 'aws-cdk-lib/aws-sqs';
 import * as sfn from 'aws-cdk-lib/aws-stepfunctions';
 import * as tasks from 'aws-cdk-lib/aws-stepfunctions-tasks';
 import { Construct } from 'constructs';
+import { executionArnPattern } from './private/arns';
 import { CONDITIONAL_CHECK_FAILED, SERVER_ERRORS, THROTTLING_ERRORS, transientRetry } from './private/dynamodb-errors';
 import { releaseTask } from './private/lock-tasks';
 import { pathFromParsedInput, stringValue } from './private/runtime-value';
@@ -217,15 +218,4 @@ export class CleanFromIncomplete extends Construct {
       )
       .otherwise(fromEvent.next(checkLockName));
   }
-}
-
-/** ARN pattern of every execution of a state machine: `arn:...:execution:<state machine name>:*`. */
-function executionArnPattern(scope: Construct, stateMachine: sfn.IStateMachine): string {
-  const name = Arn.split(stateMachine.stateMachineArn, ArnFormat.COLON_RESOURCE_NAME).resourceName;
-  return Stack.of(scope).formatArn({
-    service: 'states',
-    resource: 'execution',
-    resourceName: `${name}:*`,
-    arnFormat: ArnFormat.COLON_RESOURCE_NAME,
-  });
 }

@@ -2,6 +2,7 @@ import { Annotations, Duration, Names, RemovalPolicy } from 'aws-cdk-lib';
 import * as cloudwatch from 'aws-cdk-lib/aws-cloudwatch';
 import * as events from 'aws-cdk-lib/aws-events';
 import * as iam from 'aws-cdk-lib/aws-iam';
+import * as logs from 'aws-cdk-lib/aws-logs';
 import * as sfn from 'aws-cdk-lib/aws-stepfunctions';
 import * as tasks from 'aws-cdk-lib/aws-stepfunctions-tasks';
 import { Construct } from 'constructs';
@@ -11,7 +12,9 @@ import { MAX_LOCK_NAME_LENGTH } from './private/lock-schema';
 import { acquireTask, LockTaskProps, releaseTask } from './private/lock-tasks';
 import { numberValue, pathFromExecutionInput, RuntimeValue, stringValue } from './private/runtime-value';
 import { stateMachineLogs } from './private/state-machine-defaults';
+import { STATE } from './private/state-names';
 import { validateConcurrencyLimit, validateLockName, validateWholeSeconds } from './private/validation';
+import { SemaphoreReconciler } from './semaphore-reconciler';
 import { ISemaphoreTable, SemaphoreTable } from './semaphore-table';
 
 /**
@@ -132,6 +135,38 @@ export interface ConcurrencyControlledWorkflowProps {
    * @default - a comment that names the lock
    */
   readonly comment?: string;
+
+  /**
+   * How long an execution may hold a permit. An execution still holding one past its lease is stopped
+   * by the reconciler (error `SemaphoreLeaseExpired`), and only then is its permit released. The
+   * lease is enforced when the reconciler runs, so up to `reconcileEvery` late.
+   *
+   * @default - no lease: an execution holds its permit for as long as it runs
+   */
+  readonly leaseDuration?: Duration;
+
+  /**
+   * How often the reconciler sweeps the lock table for permits no running execution holds.
+   *
+   * @default Duration.minutes(5)
+   */
+  readonly reconcileEvery?: Duration;
+
+  /**
+   * Whether the reconciler runs on its schedule. Disable it to run sweeps only on demand (invoke
+   * `reconciler.reconcilerFunction`).
+   *
+   * @default true
+   */
+  readonly reconcilerScheduleEnabled?: boolean;
+
+  /**
+   * Whether to create a CloudWatch dashboard of the workflow: executions, acquisitions, waits,
+   * acquire timeouts, permits in use and permits reclaimed.
+   *
+   * @default false
+   */
+  readonly dashboard?: boolean;
 }
 
 /**
@@ -200,6 +235,21 @@ export class ConcurrencyControlledWorkflow extends Construct {
    */
   public readonly cleanupRule: events.Rule;
 
+  /**
+   * The sweep that frees permits the cleanup missed, and enforces leases.
+   */
+  public readonly reconciler: SemaphoreReconciler;
+
+  /**
+   * Where the state machine logs (the metrics of acquisitions, waits and timeouts are read from it).
+   */
+  public readonly logGroup: logs.ILogGroup;
+
+  /**
+   * CloudWatch namespace of the workflow's own metrics (acquisitions, waits, acquire timeouts).
+   */
+  public readonly metricsNamespace: string;
+
   constructor(scope: Construct, id: string, props: ConcurrencyControlledWorkflowProps) {
     super(scope, id);
 
@@ -213,6 +263,10 @@ export class ConcurrencyControlledWorkflow extends Construct {
     const limit = props.concurrencyLimit ?? 1;
     validateConcurrencyLimit(limit);
     const pollSeconds = validateWholeSeconds('pollInterval', props.pollInterval ?? Duration.seconds(3), 1);
+    const leaseSeconds = props.leaseDuration && validateWholeSeconds('leaseDuration', props.leaseDuration, 1);
+    if (props.leaseDuration && props.reconcilerScheduleEnabled === false) {
+      Annotations.of(this).addWarning('leaseDuration is set but the reconciler schedule is disabled: leases are enforced only by on-demand sweeps');
+    }
     if (props.acquireTimeout) {
       validateWholeSeconds('acquireTimeout', props.acquireTimeout, 1);
     }
@@ -231,14 +285,16 @@ export class ConcurrencyControlledWorkflow extends Construct {
       pollInterval: props.pollInterval ?? Duration.seconds(3),
       pollSeconds,
       acquireTimeout: props.acquireTimeout,
+      leaseSeconds,
     });
 
+    const logOptions = stateMachineLogs(this, props.logs);
     this.stateMachine = new sfn.StateMachine(this, 'StateMachine', {
       definitionBody: sfn.DefinitionBody.fromChainable(definition),
       stateMachineName: props.stateMachineName,
       stateMachineType: sfn.StateMachineType.STANDARD,
       timeout: props.timeout,
-      logs: stateMachineLogs(this, props.logs),
+      logs: logOptions,
       tracingEnabled: props.tracingEnabled ?? true,
       role: props.role,
       removalPolicy: props.removalPolicy,
@@ -253,6 +309,28 @@ export class ConcurrencyControlledWorkflow extends Construct {
     });
     this.cleanupStateMachine = this.cleanup.stateMachine;
     this.cleanupRule = this.cleanup.rule;
+
+    this.reconciler = new SemaphoreReconciler(this, 'Reconciler', {
+      table: this.table,
+      stateMachines: [this.stateMachine],
+      schedule: props.reconcileEvery,
+      scheduleEnabled: props.reconcilerScheduleEnabled,
+      lockName: this.lockName,
+      concurrencyLimit: limit,
+      leaseDuration: props.leaseDuration,
+    });
+
+    this.logGroup = logOptions.destination;
+    this.metricsNamespace = `CdkSfnSemaphore/${this.stateMachine.stateMachineName}`;
+    if ((logOptions.level ?? sfn.LogLevel.ERROR) !== sfn.LogLevel.ALL) {
+      Annotations.of(this).addWarning(
+        'the state machine does not log at level ALL: metricAcquisitions(), metricWaits() and metricAcquireTimeouts() will stay empty',
+      );
+    }
+    this.addMetricFilters();
+    if (props.dashboard) {
+      this.addDashboard();
+    }
   }
 
   /**
@@ -347,6 +425,83 @@ export class ConcurrencyControlledWorkflow extends Construct {
   }
 
   /**
+   * Executions that got a permit (entered the protected body), from the state machine's log.
+   */
+  public metricAcquisitions(props?: cloudwatch.MetricOptions): cloudwatch.Metric {
+    return this.logMetric('Acquisitions', props);
+  }
+
+  /**
+   * Executions that found the lock full and had to wait, from the state machine's log.
+   */
+  public metricWaits(props?: cloudwatch.MetricOptions): cloudwatch.Metric {
+    return this.logMetric('Waits', props);
+  }
+
+  /**
+   * Executions that failed with `SemaphoreAcquireTimeout`, from the state machine's log.
+   */
+  public metricAcquireTimeouts(props?: cloudwatch.MetricOptions): cloudwatch.Metric {
+    return this.logMetric('AcquireTimeouts', props);
+  }
+
+  private logMetric(metricName: string, props?: cloudwatch.MetricOptions): cloudwatch.Metric {
+    return new cloudwatch.Metric({ namespace: this.metricsNamespace, metricName, statistic: 'Sum', ...props });
+  }
+
+  /**
+   * Metric filters on the state machine's log (level ALL): its state-entered and execution-failed
+   * events name the state and the error, which is all these metrics need.
+   */
+  private addMetricFilters(): void {
+    const filters: Record<string, logs.IFilterPattern> = {
+      Acquisitions: logs.FilterPattern.all(
+        logs.FilterPattern.stringValue('$.type', '=', 'ParallelStateEntered'),
+        logs.FilterPattern.stringValue('$.details.name', '=', STATE.runBody),
+      ),
+      Waits: logs.FilterPattern.all(
+        logs.FilterPattern.stringValue('$.type', '=', 'ParallelStateEntered'),
+        logs.FilterPattern.stringValue('$.details.name', '=', STATE.waitForPermit),
+      ),
+      AcquireTimeouts: logs.FilterPattern.all(
+        logs.FilterPattern.stringValue('$.type', '=', 'ExecutionFailed'),
+        logs.FilterPattern.stringValue('$.details.error', '=', ConcurrencyControlledWorkflow.ACQUIRE_TIMEOUT_ERROR),
+      ),
+    };
+    for (const [metricName, filterPattern] of Object.entries(filters)) {
+      new logs.MetricFilter(this, `${metricName}Filter`, {
+        logGroup: this.logGroup,
+        filterPattern,
+        metricNamespace: this.metricsNamespace,
+        metricName,
+        metricValue: '1',
+      });
+    }
+  }
+
+  private addDashboard(): void {
+    const lockName = stringValue('lockName', this.lockName).fixed;
+    new cloudwatch.Dashboard(this, 'Dashboard', {
+      widgets: [
+        [
+          new cloudwatch.GraphWidget({
+            title: 'Executions',
+            left: [this.metricStarted(), this.metricSucceeded(), this.metricFailed(), this.metricAborted(), this.metricTimedOut()],
+          }),
+          new cloudwatch.GraphWidget({
+            title: 'Permits',
+            left: [this.metricAcquisitions(), this.metricWaits(), this.metricAcquireTimeouts()],
+            right: [
+              this.reconciler.metricPermitsReclaimed(),
+              ...(lockName === undefined ? [] : [this.reconciler.metricPermitsInUse(lockName)]),
+            ],
+          }),
+        ],
+      ],
+    });
+  }
+
+  /**
    * The definition:
    *
    *   Acquire Permit ──ok──▶ Run Protected Body ──ok──▶ Release Permit
@@ -377,21 +532,21 @@ export class ConcurrencyControlledWorkflow extends Construct {
     const idempotentWriteRetry = transientRetry([...THROTTLING_ERRORS, ...SERVER_ERRORS]);
 
     // Failure path: give the permit back if we hold it, then fail with the error that brought us here.
-    const failWithError = new sfn.Fail(this, 'Fail With Original Error', { errorPath: '$.Error', causePath: '$.Cause' });
-    const releaseAfterFailure = releaseTask(this, 'Release Permit After Failure', lockTask)
+    const failWithError = new sfn.Fail(this, STATE.failWithError, { errorPath: '$.Error', causePath: '$.Cause' });
+    const releaseAfterFailure = releaseTask(this, STATE.releaseAfterFailure, lockTask)
       .addRetry(idempotentWriteRetry)
       .addCatch(failWithError, { errors: [CONDITIONAL_CHECK_FAILED], resultPath: sfn.JsonPath.DISCARD })
       .next(failWithError);
 
     // Success path. The Parallel wraps the body's output in an array; `$[0]` unwraps it.
-    const release = releaseTask(this, 'Release Permit', lockTask)
+    const release = releaseTask(this, STATE.release, lockTask)
       .addRetry(idempotentWriteRetry)
       // Already given back (for example by an operator): the body still succeeded.
-      .addCatch(new sfn.Succeed(this, 'Permit Already Released'), {
+      .addCatch(new sfn.Succeed(this, STATE.alreadyReleased), {
         errors: [CONDITIONAL_CHECK_FAILED],
         resultPath: sfn.JsonPath.DISCARD,
       });
-    const runBody = new sfn.Parallel(this, 'Run Protected Body', { outputPath: '$[0]' })
+    const runBody = new sfn.Parallel(this, STATE.runBody, { outputPath: '$[0]' })
       .branch(spec.body)
       // resultPath '$': the failure path needs only the error, and the lock name comes from the context.
       .addCatch(releaseAfterFailure, { errors: [sfn.Errors.ALL], resultPath: '$' });
@@ -403,12 +558,12 @@ export class ConcurrencyControlledWorkflow extends Construct {
 
     // A server error leaves it open whether the write landed. Retrying would then fail on our own
     // holder entry and wait forever, so give back whatever we may hold and wait for a permit instead.
-    const undoAcquire = releaseTask(this, 'Undo Uncertain Acquire', lockTask)
+    const undoAcquire = releaseTask(this, STATE.undoAcquire, lockTask)
       .addRetry(idempotentWriteRetry)
       .addCatch(waitForPermit, { errors: [CONDITIONAL_CHECK_FAILED], resultPath: sfn.JsonPath.DISCARD })
       .next(waitForPermit);
 
-    const acquire = acquireTask(this, 'Acquire Permit', { ...lockTask, limit })
+    const acquire = acquireTask(this, STATE.acquire, { ...lockTask, limit, leaseSeconds: spec.leaseSeconds })
       .addRetry(transientRetry(THROTTLING_ERRORS))
       .addCatch(waitForPermit, { errors: [CONDITIONAL_CHECK_FAILED], resultPath: sfn.JsonPath.DISCARD })
       .addCatch(undoAcquire, { errors: SERVER_ERRORS, resultPath: sfn.JsonPath.DISCARD })
@@ -420,11 +575,11 @@ export class ConcurrencyControlledWorkflow extends Construct {
     // A limit read from the input is checked before the first acquire: on a lock nobody holds yet the
     // condition `attribute_not_exists(permits)` would let one execution in whatever the limit, and a
     // limit below 1 would make every other execution wait forever. One more transition, only here.
-    const invalidLimit = new sfn.Fail(this, 'Runtime Limit Invalid', {
+    const invalidLimit = new sfn.Fail(this, STATE.runtimeLimitInvalid, {
       error: ConcurrencyControlledWorkflow.INVALID_LIMIT_ERROR,
       cause: `The concurrency limit read from the execution input at ${spec.limit.inputPath} must be a number of at least 1`,
     });
-    return new sfn.Choice(this, 'Check Runtime Limit')
+    return new sfn.Choice(this, STATE.checkRuntimeLimit)
       .when(sfn.Condition.not(sfn.Condition.isPresent(spec.limit.inputPath)), invalidLimit)
       .when(sfn.Condition.not(sfn.Condition.isNumeric(spec.limit.inputPath)), invalidLimit)
       .when(sfn.Condition.numberLessThan(spec.limit.inputPath, 1), invalidLimit)
@@ -446,14 +601,14 @@ export class ConcurrencyControlledWorkflow extends Construct {
     limit: tasks.DynamoAttributeValue,
     runBody: sfn.State,
   ): sfn.Parallel {
-    const waitForPermit = new sfn.Parallel(this, 'Wait For Permit', { resultPath: sfn.JsonPath.DISCARD });
+    const waitForPermit = new sfn.Parallel(this, STATE.waitForPermit, { resultPath: sfn.JsonPath.DISCARD });
 
-    const nextWait = new sfn.Wait(this, 'Wait Before Next Poll', { time: sfn.WaitTime.duration(spec.pollInterval) });
-    const undoPoll = releaseTask(this, 'Undo Uncertain Poll', lockTask)
+    const nextWait = new sfn.Wait(this, STATE.nextWait, { time: sfn.WaitTime.duration(spec.pollInterval) });
+    const undoPoll = releaseTask(this, STATE.undoPoll, lockTask)
       .addRetry(transientRetry([...THROTTLING_ERRORS, ...SERVER_ERRORS]))
       .addCatch(nextWait, { errors: [CONDITIONAL_CHECK_FAILED], resultPath: sfn.JsonPath.DISCARD })
       .next(nextWait);
-    const poll = acquireTask(this, 'Poll For Permit', { ...lockTask, limit })
+    const poll = acquireTask(this, STATE.poll, { ...lockTask, limit, leaseSeconds: spec.leaseSeconds })
       .addRetry(transientRetry(THROTTLING_ERRORS))
       .addCatch(nextWait, { errors: [CONDITIONAL_CHECK_FAILED], resultPath: sfn.JsonPath.DISCARD })
       .addCatch(undoPoll, { errors: SERVER_ERRORS, resultPath: sfn.JsonPath.DISCARD });
@@ -461,10 +616,10 @@ export class ConcurrencyControlledWorkflow extends Construct {
 
     // Full jitter on the first wait spreads executions that started together over the interval.
     // States.MathRandom's end is exclusive, so this draws 1..pollInterval.
-    const drawDelay = new sfn.Pass(this, 'Draw Poll Delay', {
+    const drawDelay = new sfn.Pass(this, STATE.drawPollDelay, {
       parameters: { delaySeconds: sfn.JsonPath.mathRandom(1, (spec.pollSeconds ?? 1) + 1) },
     });
-    const firstWait = new sfn.Wait(this, 'Wait Before First Poll', { time: sfn.WaitTime.secondsPath('$.delaySeconds') });
+    const firstWait = new sfn.Wait(this, STATE.firstWait, { time: sfn.WaitTime.secondsPath('$.delaySeconds') });
     const polling = sfn.Chain.start(drawDelay).next(firstWait).next(poll);
 
     if (spec.acquireTimeout === undefined) {
@@ -473,13 +628,13 @@ export class ConcurrencyControlledWorkflow extends Construct {
     }
 
     poll.next(
-      new sfn.Fail(this, 'Permit Acquired', {
+      new sfn.Fail(this, STATE.permitAcquired, {
         error: PERMIT_ACQUIRED,
         cause: 'Not an error: ends the Parallel early so that the body can start',
       }),
     );
-    const timer = new sfn.Wait(this, 'Wait Until Acquire Timeout', { time: sfn.WaitTime.duration(spec.acquireTimeout) }).next(
-      new sfn.Fail(this, 'Acquire Timed Out', {
+    const timer = new sfn.Wait(this, STATE.acquireTimer, { time: sfn.WaitTime.duration(spec.acquireTimeout) }).next(
+      new sfn.Fail(this, STATE.acquireTimedOut, {
         error: ConcurrencyControlledWorkflow.ACQUIRE_TIMEOUT_ERROR,
         cause: `No permit became free within the acquire timeout of ${spec.acquireTimeout.toHumanString()}`,
       }),
@@ -503,6 +658,7 @@ interface DefinitionSpec {
   readonly pollInterval: Duration;
   readonly pollSeconds?: number;
   readonly acquireTimeout?: Duration;
+  readonly leaseSeconds?: number;
 }
 
 /** The construct path, or a unique name of the right length when the path is too long. */

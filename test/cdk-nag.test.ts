@@ -36,11 +36,11 @@ function suppressJustifiedFindings(workflow: ConcurrencyControlledWorkflow): voi
     );
   }
   NagSuppressions.addResourceSuppressions(
-    workflow.cleanupStateMachine.role,
+    [workflow.cleanupStateMachine.role, workflow.reconciler.reconcilerFunction.role!],
     [
       {
         id: 'AwsSolutions-IAM5',
-        reason: 'DescribeExecution of a stopped execution of the protected state machine, whose name is known at run time only',
+        reason: 'Describe (and stop) executions of the protected state machine, whose names are known at run time only',
         appliesTo: [{ regex: '/^Resource::arn:<AWS::Partition>:states:<AWS::Region>:<AWS::AccountId>:execution:.*:\\*$/' }],
       },
     ],
@@ -58,6 +58,7 @@ test('the defaults leave only findings that cannot be fixed', () => {
     '/Stack/Workflow/Cleanup/DeadLetterQueue/Resource: AwsSolutions-SQS3',
     '/Stack/Workflow/Cleanup/StateMachine/Role/DefaultPolicy/Resource: AwsSolutions-IAM5[Resource::*]',
     expect.stringMatching(/^\/Stack\/Workflow\/Cleanup\/StateMachine\/Role\/DefaultPolicy\/Resource: AwsSolutions-IAM5\[Resource::arn:.*:execution:.*:\*\]$/),
+    expect.stringMatching(/^\/Stack\/Workflow\/Reconciler\/Role\/DefaultPolicy\/Resource: AwsSolutions-IAM5\[Resource::arn:.*:execution:.*:\*\]$/),
     '/Stack/Workflow/StateMachine/Role/DefaultPolicy/Resource: AwsSolutions-IAM5[Resource::*]',
   ]);
 });

@@ -48,7 +48,7 @@ describe('resources', () => {
       TracingConfiguration: { Enabled: true },
       LoggingConfiguration: { Level: 'ALL', IncludeExecutionData: false },
     });
-    template.resourceCountIs('AWS::Events::Rule', 1);
+    template.resourceCountIs('AWS::Events::Rule', 3); // the cleanup's, the reconciler's schedule and the redrive guard's
     expect(w.table).toBeInstanceOf(SemaphoreTable);
     expect(w.cleanupStateMachine).toBe(w.cleanup.stateMachine);
     expect(w.cleanupRule).toBe(w.cleanup.rule);
@@ -94,8 +94,9 @@ describe('resources', () => {
       DeletionPolicy: 'Retain',
     });
     expect(definitionOf(stack, w.stateMachine)).toMatchObject({ Comment: 'my comment', TimeoutSeconds: 1800 });
-    // Only the workflow's own log group; no default one was made beside the given one.
-    template.resourceCountIs('AWS::Logs::LogGroup', 2); // the given one and the cleanup's
+    // No default log group was made beside the given one: the given one, the cleanup's, the reconciler's.
+    template.resourceCountIs('AWS::Logs::LogGroup', 3);
+    expect(w.logGroup).toBe(logGroup);
   });
 });
 
@@ -240,6 +241,148 @@ describe('cleanup', () => {
     });
     expect(def.States['Release Permit Of Stopped Execution'].Parameters.Key).toEqual({ lockName: { 'S.$': '$.input.tenant' } });
     expect(def.States['Describe Stopped Execution'].Resource).toMatch(/:states:::aws-sdk:sfn:describeExecution$/);
+  });
+});
+
+describe('reconciler, leases and metrics', () => {
+  test('a reconciler sweeps the table every 5 minutes, with an alarm when it reclaims a permit', () => {
+    const { template, workflow: w } = workflow();
+    const fnId = logicalId(w.reconciler.reconcilerFunction.node.defaultChild as any);
+
+    template.hasResourceProperties('AWS::Lambda::Function', {
+      Runtime: 'nodejs22.x',
+      Timeout: 300,
+      Environment: {
+        Variables: Match.objectLike({
+          TABLE_NAME: { Ref: logicalId(w.table.table.node.defaultChild as any) },
+          STATE_MACHINE_ARNS: { Ref: logicalId(w.stateMachine.node.defaultChild as any) },
+          CLOCK_SKEW_SECONDS: '30',
+        }),
+      },
+    });
+    template.hasResourceProperties('AWS::Events::Rule', {
+      ScheduleExpression: 'rate(5 minutes)',
+      Targets: [Match.objectLike({ Arn: { 'Fn::GetAtt': [fnId, 'Arn'] }, RetryPolicy: { MaximumRetryAttempts: 2 } })],
+    });
+    template.hasResourceProperties('AWS::CloudWatch::Alarm', {
+      MetricName: 'PermitsReclaimed',
+      Namespace: 'CdkSfnSemaphore',
+      Threshold: 1,
+      ComparisonOperator: 'GreaterThanOrEqualToThreshold',
+      TreatMissingData: 'notBreaching',
+    });
+    // Its own log group, and no managed policy.
+    template.hasResourceProperties('AWS::Logs::LogGroup', {
+      LogGroupName: { 'Fn::Join': ['', ['/aws/lambda/', { Ref: fnId }]] },
+    });
+    const role = template.toJSON().Resources[logicalId(w.reconciler.reconcilerFunction.role!.node.defaultChild as any)];
+    expect(role.Properties.ManagedPolicyArns).toBeUndefined();
+  });
+
+  test('the reconciler may read and update its table, and describe, stop and read the history of this workflow\'s executions, nothing else', () => {
+    const { template, workflow: w } = workflow();
+
+    const statements = policyStatements(template, 'WorkflowReconcilerRole');
+    const actions = statements.flatMap((s) => [s.Action].flat()).sort();
+    expect(actions).toEqual([
+      'dynamodb:GetItem', // the redrive guard's
+      'dynamodb:Scan',
+      'dynamodb:UpdateItem',
+      'logs:CreateLogStream',
+      'logs:PutLogEvents',
+      'states:DescribeExecution',
+      'states:GetExecutionHistory', // the redrive guard's
+      'states:StopExecution',
+    ]);
+    for (const action of ['states:StopExecution', 'states:GetExecutionHistory']) {
+      const states = statements.find((s) => [s.Action].flat().includes(action));
+      expect(JSON.stringify(states.Resource)).toContain(logicalId(w.stateMachine.node.defaultChild as any));
+      expect(JSON.stringify(states.Resource)).toContain(':execution:');
+    }
+    const table = statements.find((s) => [s.Action].flat().includes('dynamodb:Scan'));
+    expect(JSON.stringify(table.Resource)).toContain(logicalId(w.table.table.node.defaultChild as any));
+  });
+
+  test('the redrive guard listens to RUNNING events of redriven executions of this workflow', () => {
+    const { template, workflow: w } = workflow();
+    template.hasResourceProperties('AWS::Events::Rule', {
+      EventPattern: {
+        'source': ['aws.states'],
+        'detail-type': ['Step Functions Execution Status Change'],
+        'detail': {
+          status: ['RUNNING'],
+          stateMachineArn: [{ Ref: logicalId(w.stateMachine.node.defaultChild as any) }],
+          redriveCount: [{ numeric: ['>', 0] }],
+        },
+      },
+    });
+    expect(w.reconciler.redriveRule).toBeDefined();
+  });
+
+  test('the schedule can be changed or disabled', () => {
+    workflow({ reconcileEvery: Duration.minutes(15) }).template.hasResourceProperties('AWS::Events::Rule', { ScheduleExpression: 'rate(15 minutes)' });
+    const disabled = workflow({ reconcilerScheduleEnabled: false });
+    expect(disabled.workflow.reconciler.rule).toBeUndefined();
+    disabled.template.resourceCountIs('AWS::Events::Rule', 2); // the cleanup's and the redrive guard's
+  });
+
+  test('fails for a reconcile period under a minute', () => {
+    expect(() => workflow({ reconcileEvery: Duration.seconds(30) })).toThrow(
+      '`schedule` must be a whole number of seconds, at least 60 seconds, got: 30 seconds',
+    );
+  });
+
+  test('a lease is written into the holder entry', () => {
+    const { stack, workflow: w } = workflow({ leaseDuration: Duration.minutes(10) });
+    const def = definitionOf(stack, w.stateMachine);
+
+    expect(def.States['Acquire Permit'].Parameters.ExpressionAttributeValues[':entry']).toEqual({
+      M: { acquiredAt: { 'S.$': '$$.State.EnteredTime' }, leaseSeconds: { N: '600' } },
+    });
+    expect(def.States['Wait For Permit'].Branches[0].States['Poll For Permit'].Parameters.ExpressionAttributeValues[':entry'].M.leaseSeconds).toEqual({
+      N: '600',
+    });
+  });
+
+  test('fails for a lease under a second', () => {
+    expect(() => workflow({ leaseDuration: Duration.millis(200) })).toThrow(/`leaseDuration` must be a whole number of seconds, at least 1 second/);
+  });
+
+  test('metrics of acquisitions, waits and acquire timeouts come from metric filters on the log', () => {
+    const { template, workflow: w } = workflow();
+
+    template.hasResourceProperties('AWS::Logs::MetricFilter', {
+      FilterPattern: '{ ($.type = "ParallelStateEntered") && ($.details.name = "Run Protected Body") }',
+      MetricTransformations: [Match.objectLike({ MetricName: 'Acquisitions', MetricValue: '1' })],
+    });
+    template.hasResourceProperties('AWS::Logs::MetricFilter', {
+      FilterPattern: '{ ($.type = "ParallelStateEntered") && ($.details.name = "Wait For Permit") }',
+      MetricTransformations: [Match.objectLike({ MetricName: 'Waits' })],
+    });
+    template.hasResourceProperties('AWS::Logs::MetricFilter', {
+      FilterPattern: '{ ($.type = "ExecutionFailed") && ($.details.error = "SemaphoreAcquireTimeout") }',
+      MetricTransformations: [Match.objectLike({ MetricName: 'AcquireTimeouts' })],
+    });
+    expect(w.metricAcquisitions().metricName).toBe('Acquisitions');
+    expect(w.metricWaits().namespace).toBe(w.metricsNamespace);
+    expect(w.metricAcquireTimeouts().metricName).toBe('AcquireTimeouts');
+  });
+
+  test('warns that the log metrics stay empty when the state machine does not log at level ALL', () => {
+    const stack = newStack();
+    const { stack: s } = workflow({ logs: { destination: new logs.LogGroup(stack, 'Quiet'), level: sfn.LogLevel.ERROR } }, stack);
+    Annotations.fromStack(s).hasWarning('/Stack/Workflow', Match.stringLikeRegexp('does not log at level ALL'));
+  });
+
+  test('an optional dashboard shows executions, permits and reclaims', () => {
+    workflow().template.resourceCountIs('AWS::CloudWatch::Dashboard', 0);
+
+    const body = JSON.stringify(workflow({ dashboard: true, lockName: 'db' }).template.findResources('AWS::CloudWatch::Dashboard'));
+
+    expect(body).toContain('ExecutionsStarted');
+    expect(body).toContain('Acquisitions');
+    expect(body).toContain('PermitsReclaimed');
+    expect(body).toContain('PermitsInUse');
   });
 });
 

@@ -7,7 +7,9 @@
  *   lockName     (S, partition key)  the lock's name
  *   permitsInUse (N)                 how many permits are held
  *   <holder id>  (M)                 one top-level attribute per holder, named by its id (for a
- *                                    workflow, the execution ARN): { acquiredAt: S (ISO-8601) }
+ *                                    workflow, the execution ARN): { acquiredAt: S (ISO-8601),
+ *                                    leaseSeconds?: N (workflow leases), leaseExpiresAt?: N (epoch
+ *                                    ms, leases of holders that are not executions), owner?: S }
  *
  * Holders are top-level attributes rather than entries of a map because `SET holders.#h = ...` fails
  * when the map does not exist yet, which would need a separate "initialize the item" step (the AWS
@@ -23,6 +25,17 @@ export const PERMITS_IN_USE = 'permitsInUse';
 /** Field of a holder entry (a map) with the time the permit was taken, ISO-8601. */
 export const HOLDER_ACQUIRED_AT = 'acquiredAt';
 
+/** Field of a holder entry: how long a workflow execution may hold the permit, in seconds. */
+export const HOLDER_LEASE_SECONDS = 'leaseSeconds';
+
+/** Field of a holder entry that is not an execution: when its lease ends, epoch milliseconds. */
+export const HOLDER_LEASE_EXPIRES_AT = 'leaseExpiresAt';
+
+/** Whether a holder id is a Step Functions execution (else it is a lease id of a script or an operator). */
+export function isExecutionHolder(holderId: string): boolean {
+  return /^arn:aws[a-z-]*:states:[^:]*:\d*:execution:/.test(holderId);
+}
+
 /** Expression attribute names used by every expression below. */
 export const NAMES = {
   permits: '#permits',
@@ -35,6 +48,7 @@ export const VALUES = {
   one: ':one',
   limit: ':limit',
   entry: ':entry',
+  expiresAt: ':expiresAt',
 } as const;
 
 /**
@@ -50,6 +64,12 @@ export const ACQUIRE_UPDATE = `SET ${NAMES.permits} = if_not_exists(${NAMES.perm
  */
 export const RELEASE_CONDITION = `attribute_exists(${NAMES.holder})`;
 export const RELEASE_UPDATE = `SET ${NAMES.permits} = ${NAMES.permits} - ${VALUES.one} REMOVE ${NAMES.holder}`;
+
+/**
+ * Release of an expired lease: as RELEASE_CONDITION, and only if the lease was not renewed since it
+ * was read, so that a sweep never frees a permit its holder just extended.
+ */
+export const RELEASE_EXPIRED_LEASE_CONDITION = `attribute_exists(${NAMES.holder}) AND ${NAMES.holder}.${HOLDER_LEASE_EXPIRES_AT} = ${VALUES.expiresAt}`;
 
 /** Longest lock name we accept; far below DynamoDB's 2,048-byte partition key limit. */
 export const MAX_LOCK_NAME_LENGTH = 255;

@@ -5,6 +5,7 @@ import {
   ACQUIRE_CONDITION,
   ACQUIRE_UPDATE,
   HOLDER_ACQUIRED_AT,
+  HOLDER_LEASE_SECONDS,
   LOCK_KEY,
   NAMES,
   PERMITS_IN_USE,
@@ -27,6 +28,8 @@ export interface LockTaskProps {
 export interface AcquireTaskProps extends LockTaskProps {
   /** The concurrency limit, literal or JSONPath. */
   readonly limit: tasks.DynamoAttributeValue;
+  /** How long the holder may keep the permit before the reconciler stops it. @default - no lease */
+  readonly leaseSeconds?: number;
 }
 
 /**
@@ -46,6 +49,7 @@ export function acquireTask(scope: Construct, id: string, props: AcquireTaskProp
       [VALUES.limit]: props.limit,
       [VALUES.entry]: tasks.DynamoAttributeValue.fromMap({
         [HOLDER_ACQUIRED_AT]: tasks.DynamoAttributeValue.fromString(sfn.JsonPath.stringAt('$$.State.EnteredTime')),
+        ...(props.leaseSeconds === undefined ? {} : { [HOLDER_LEASE_SECONDS]: tasks.DynamoAttributeValue.fromNumber(props.leaseSeconds) }),
       }),
     },
     // The write's response carries nothing we need; the state data passes through unchanged.

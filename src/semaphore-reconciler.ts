@@ -1,0 +1,260 @@
+import { Duration } from 'aws-cdk-lib';
+import * as cloudwatch from 'aws-cdk-lib/aws-cloudwatch';
+import * as events from 'aws-cdk-lib/aws-events';
+import * as targets from 'aws-cdk-lib/aws-events-targets';
+import * as iam from 'aws-cdk-lib/aws-iam';
+import * as lambda from 'aws-cdk-lib/aws-lambda';
+import * as logs from 'aws-cdk-lib/aws-logs';
+import * as sfn from 'aws-cdk-lib/aws-stepfunctions';
+import { Construct } from 'constructs';
+import { executionArnPattern } from './private/arns';
+import { ReconcilerFunction } from './private/reconciler-function';
+import { numberValue, stringValue } from './private/runtime-value';
+import { validateWholeSeconds } from './private/validation';
+import { ISemaphoreTable } from './semaphore-table';
+
+/**
+ * Properties of a `SemaphoreReconciler`.
+ */
+export interface SemaphoreReconcilerProps {
+  /**
+   * The table to sweep.
+   */
+  readonly table: ISemaphoreTable;
+
+  /**
+   * State machines whose executions the reconciler may describe, stop and release. Holders that are
+   * executions of other state machines are left to their own reconcilers.
+   *
+   * @default - none: only holders that are not executions (leases of scripts) are swept
+   */
+  readonly stateMachines?: sfn.IStateMachine[];
+
+  /**
+   * How often the sweep runs.
+   *
+   * @default Duration.minutes(5)
+   */
+  readonly schedule?: Duration;
+
+  /**
+   * Whether the sweep runs on its schedule. Without it, invoke `reconcilerFunction` on demand.
+   *
+   * @default true
+   */
+  readonly scheduleEnabled?: boolean;
+
+  /**
+   * A lease of a holder that is not an execution counts as expired only this long after its end, to
+   * absorb the clock skew between the machine that took it and the reconciler.
+   *
+   * @default Duration.seconds(30)
+   */
+  readonly clockSkew?: Duration;
+
+  /**
+   * The lock the `stateMachines` take, for the redrive guard: a redriven execution that resumes inside
+   * the body (its permit freed by the cleanup meanwhile) takes a permit again, or is stopped with the
+   * error `SemaphoreRedriveRejected` when every permit is taken. A `JsonPath.stringAt('$.path')` reads
+   * it from the execution's input.
+   *
+   * @default - no redrive guard
+   */
+  readonly lockName?: string;
+
+  /**
+   * The concurrency limit of `lockName`, for the redrive guard. A `JsonPath.numberAt('$.path')` reads
+   * it from the execution's input.
+   *
+   * @default 1
+   */
+  readonly concurrencyLimit?: number;
+
+  /**
+   * The lease of a permit the redrive guard takes.
+   *
+   * @default - no lease
+   */
+  readonly leaseDuration?: Duration;
+
+  /**
+   * Namespace of the metrics the sweep publishes.
+   *
+   * @default 'CdkSfnSemaphore'
+   */
+  readonly metricsNamespace?: string;
+}
+
+/**
+ * The third layer of cleanup: a Lambda function that sweeps the lock table on a schedule and frees
+ * the permits that no one alive holds.
+ *
+ * EventBridge delivers Step Functions status-change events "best effort", a cleanup execution can
+ * fail, and an acquire can land after its execution was stopped. For every holder the sweep finds,
+ * it releases executions that are no longer RUNNING (or do not exist), stops and then releases
+ * RUNNING executions past their lease (error `SemaphoreLeaseExpired`), and releases expired leases of
+ * holders that are not executions. Every release is the same conditional write as the cleanup's.
+ *
+ * It publishes, in the Embedded Metric Format, `PermitsInUse` per lock and `PermitsReclaimed`,
+ * `LeasesExpired` and `ReconcilerErrors` per table. A reclaimed permit means that events were lost or
+ * a cleanup failed: `reclaimAlarm` goes off.
+ */
+export class SemaphoreReconciler extends Construct {
+  /** The function that sweeps; invoke it with `{}` for an on-demand sweep, `{"dryRun": true}` to look only. */
+  public readonly reconcilerFunction: lambda.Function;
+
+  /** The schedule, unless disabled. */
+  public readonly rule?: events.Rule;
+
+  /** The rule on redriven executions, when the redrive guard is on (`lockName` given). */
+  public readonly redriveRule?: events.Rule;
+
+  /** Alarm raised when a sweep had to reclaim a permit. */
+  public readonly reclaimAlarm: cloudwatch.Alarm;
+
+  private readonly namespace: string;
+  private readonly tableName: string;
+
+  constructor(scope: Construct, id: string, props: SemaphoreReconcilerProps) {
+    super(scope, id);
+    const schedule = props.schedule ?? Duration.minutes(5);
+    validateWholeSeconds('schedule', schedule, 60);
+    const clockSkew = props.clockSkew ?? Duration.seconds(30);
+    validateWholeSeconds('clockSkew', clockSkew, 0);
+    this.namespace = props.metricsNamespace ?? 'CdkSfnSemaphore';
+    this.tableName = props.table.tableName;
+    const stateMachines = props.stateMachines ?? [];
+
+    // Its own role and log group, rather than the managed AWSLambdaBasicExecutionRole: write access
+    // to exactly its log group, nothing else.
+    const role = new iam.Role(this, 'Role', { assumedBy: new iam.ServicePrincipal('lambda.amazonaws.com') });
+    this.reconcilerFunction = new ReconcilerFunction(this, 'Function', {
+      role,
+      timeout: Duration.minutes(5),
+      memorySize: 256,
+      description: 'Frees semaphore permits that no running execution or live lease holds (cdk-sfn-semaphore)',
+      environment: {
+        TABLE_NAME: props.table.tableName,
+        STATE_MACHINE_ARNS: stateMachines.map((sm) => sm.stateMachineArn).join(','),
+        CLOCK_SKEW_SECONDS: String(clockSkew.toSeconds()),
+        METRICS_NAMESPACE: this.namespace,
+      },
+    });
+    const logGroup = new logs.LogGroup(this, 'LogGroup', {
+      logGroupName: `/aws/lambda/${this.reconcilerFunction.functionName}`,
+      retention: logs.RetentionDays.THREE_MONTHS,
+    });
+    // A policy of its own: in the role's default policy, which the function depends on, it would
+    // close a cycle (policy -> log group -> function name -> function -> policy).
+    new iam.Policy(this, 'LogPolicy', {
+      roles: [role],
+      statements: [new iam.PolicyStatement({ actions: ['logs:CreateLogStream', 'logs:PutLogEvents'], resources: [logGroup.logGroupArn] })],
+    });
+    props.table.table.grant(role, 'dynamodb:Scan', 'dynamodb:UpdateItem');
+    if (stateMachines.length > 0) {
+      role.addToPrincipalPolicy(
+        new iam.PolicyStatement({
+          actions: ['states:DescribeExecution', 'states:StopExecution'],
+          resources: stateMachines.map((sm) => executionArnPattern(this, sm)),
+        }),
+      );
+    }
+
+    if (props.scheduleEnabled ?? true) {
+      this.rule = new events.Rule(this, 'Schedule', {
+        description: 'Sweeps the semaphore table for permits that no one alive holds',
+        schedule: events.Schedule.rate(schedule),
+        targets: [new targets.LambdaFunction(this.reconcilerFunction, { retryAttempts: 2 })],
+      });
+    }
+
+    if (props.lockName !== undefined && stateMachines.length > 0) {
+      this.redriveRule = this.addRedriveGuard(props, stateMachines, role);
+    }
+
+    this.reclaimAlarm = new cloudwatch.Alarm(this, 'ReclaimAlarm', {
+      alarmDescription:
+        'The semaphore reconciler freed a permit that no running execution held: status-change events were lost or a cleanup failed',
+      metric: this.metricPermitsReclaimed({ period: Duration.minutes(5), statistic: 'Sum' }),
+      threshold: 1,
+      evaluationPeriods: 1,
+      comparisonOperator: cloudwatch.ComparisonOperator.GREATER_THAN_OR_EQUAL_TO_THRESHOLD,
+      treatMissingData: cloudwatch.TreatMissingData.NOT_BREACHING,
+    });
+  }
+
+  private addRedriveGuard(props: SemaphoreReconcilerProps, stateMachines: sfn.IStateMachine[], role: iam.IRole): events.Rule {
+    const lockName = stringValue('lockName', props.lockName!);
+    const limit = numberValue('concurrencyLimit', props.concurrencyLimit ?? 1);
+    const fn = this.reconcilerFunction;
+    if (lockName.inputPath !== undefined) fn.addEnvironment('LOCK_NAME_PATH', lockName.inputPath);
+    else fn.addEnvironment('LOCK_NAME', lockName.fixed!);
+    if (limit.inputPath !== undefined) fn.addEnvironment('CONCURRENCY_LIMIT_PATH', limit.inputPath);
+    else fn.addEnvironment('CONCURRENCY_LIMIT', String(limit.fixed));
+    if (props.leaseDuration) {
+      fn.addEnvironment('LEASE_SECONDS', String(validateWholeSeconds('leaseDuration', props.leaseDuration, 1) ?? props.leaseDuration.toSeconds()));
+    }
+    props.table.table.grant(role, 'dynamodb:GetItem');
+    role.addToPrincipalPolicy(
+      new iam.PolicyStatement({
+        actions: ['states:GetExecutionHistory'],
+        resources: stateMachines.map((sm) => executionArnPattern(this, sm)),
+      }),
+    );
+    // A redrive emits a RUNNING status-change event whose redriveCount is at least 1.
+    return new events.Rule(this, 'RedriveRule', {
+      description: 'Takes a permit again for executions redriven inside the protected body, or stops them',
+      eventPattern: {
+        source: ['aws.states'],
+        detailType: ['Step Functions Execution Status Change'],
+        detail: {
+          status: ['RUNNING'],
+          stateMachineArn: stateMachines.map((sm) => sm.stateMachineArn),
+          redriveCount: [{ numeric: ['>', 0] }],
+        },
+      },
+      targets: [new targets.LambdaFunction(fn, { retryAttempts: 8 })],
+    });
+  }
+
+  /** Permit the principal to run a sweep on demand. */
+  public grantInvoke(grantee: iam.IGrantable): iam.Grant {
+    return this.reconcilerFunction.grantInvoke(grantee);
+  }
+
+  /** Permits the sweeps freed (each one a lost event, a failed cleanup or a late acquire). */
+  public metricPermitsReclaimed(props?: cloudwatch.MetricOptions): cloudwatch.Metric {
+    return this.tableMetric('PermitsReclaimed', props);
+  }
+
+  /** Executions the sweeps stopped because they held a permit past their lease. */
+  public metricLeasesExpired(props?: cloudwatch.MetricOptions): cloudwatch.Metric {
+    return this.tableMetric('LeasesExpired', props);
+  }
+
+  /** Holders a sweep could not check or release. */
+  public metricErrors(props?: cloudwatch.MetricOptions): cloudwatch.Metric {
+    return this.tableMetric('ReconcilerErrors', props);
+  }
+
+  /** Permits of a lock in use, as the last sweep saw them. */
+  public metricPermitsInUse(lockName: string, props?: cloudwatch.MetricOptions): cloudwatch.Metric {
+    return new cloudwatch.Metric({
+      namespace: this.namespace,
+      metricName: 'PermitsInUse',
+      dimensionsMap: { TableName: this.tableName, LockName: lockName },
+      statistic: 'Maximum',
+      ...props,
+    });
+  }
+
+  private tableMetric(metricName: string, props?: cloudwatch.MetricOptions): cloudwatch.Metric {
+    return new cloudwatch.Metric({
+      namespace: this.namespace,
+      metricName,
+      dimensionsMap: { TableName: this.tableName },
+      statistic: 'Sum',
+      ...props,
+    });
+  }
+}
