@@ -1,4 +1,5 @@
 import * as fs from 'fs';
+import { createRequire } from 'module';
 import * as os from 'os';
 import * as path from 'path';
 import { CfnResource } from './cfn';
@@ -21,8 +22,33 @@ export interface LambdaContext {
 
 const REPO_NODE_MODULES = path.resolve(__dirname, '..', 'node_modules');
 
+/**
+ * Load a CommonJS module whose `Date` is the simulation's clock (`Date.now()` and `new Date()` give
+ * simulated time), so that code comparing timestamps written by state machines sees one clock, and
+ * whose `console` writes to `log` (as a function's output goes to its log group).
+ */
+function loadWithClock(file: string, clock: () => number, log: (line: string) => void): Record<string, unknown> {
+  const RealDate = Date;
+  class SimulatedDate extends RealDate {
+    public static now(): number {
+      return clock();
+    }
+    constructor(...args: unknown[]) {
+      if (args.length === 0) super(clock());
+      else super(...(args as [number]));
+    }
+  }
+  const format = (args: unknown[]) => args.map((a) => (typeof a === 'string' ? a : JSON.stringify(a))).join(' ');
+  const write = (...a: unknown[]) => log(format(a));
+  const logConsole = { log: write, info: write, warn: write, error: write, debug: write };
+  const wrapper = new Function('exports', 'require', 'module', '__filename', '__dirname', 'Date', 'console', fs.readFileSync(file, 'utf-8'));
+  const mod = { exports: {} as Record<string, unknown> };
+  wrapper(mod.exports, createRequire(file), mod, file, path.dirname(file), SimulatedDate, logConsole);
+  return mod.exports;
+}
+
 /** Load the handler of an `AWS::Lambda::Function` from the cloud assembly in `assemblyDir`. */
-export function loadHandler(resource: CfnResource, assemblyDir: string): LambdaHandler {
+export function loadHandler(resource: CfnResource, assemblyDir: string, clock: () => number, log: (line: string) => void): LambdaHandler {
   const props = resource.Properties ?? {};
   const [file, exportName] = splitHandler(String(props.Handler));
   let codeDir: string;
@@ -32,19 +58,20 @@ export function loadHandler(resource: CfnResource, assemblyDir: string): LambdaH
   } else {
     const key = String(props.Code?.S3Key ?? '');
     const hash = key.replace(/\.zip$/, '');
-    codeDir = path.join(assemblyDir, `asset.${hash}`);
-    if (!fs.existsSync(codeDir)) {
-      throw new Error(`the simulator found no asset directory ${codeDir} for the Lambda function code ${key}`);
+    // Staged as asset.<hash>, plus the source directory's extension if it has one.
+    const staged = fs.readdirSync(assemblyDir).find((name) => name === `asset.${hash}` || name.startsWith(`asset.${hash}.`));
+    if (!staged) {
+      throw new Error(`the simulator found no asset directory asset.${hash}* in ${assemblyDir} for the Lambda function code ${key}`);
     }
+    codeDir = path.join(assemblyDir, staged);
   }
   // The runtime provides the AWS SDK; here it comes from the repository's node_modules.
   const modules = path.join(codeDir, 'node_modules');
   if (!fs.existsSync(modules)) {
     fs.symlinkSync(REPO_NODE_MODULES, modules, 'dir');
   }
-  // eslint-disable-next-line @typescript-eslint/no-require-imports
-  const mod = require(path.join(codeDir, file));
-  const handler = mod[exportName];
+  const mod = loadWithClock(path.join(codeDir, `${file}.js`), clock, log);
+  const handler = mod[exportName] as LambdaHandler;
   if (typeof handler !== 'function') {
     throw new Error(`${props.Handler} does not export a function`);
   }

@@ -23,6 +23,8 @@ export interface Subject {
   readonly enterStates: string[];
   /** ...and whose entry takes it out. */
   readonly leaveStates: string[];
+  /** States that write a permit (acquire, poll). */
+  readonly acquireStates: string[];
   /** States of the user's body, whose transitions are not the semaphore's overhead. */
   readonly bodyStates: string[];
 }
@@ -40,6 +42,12 @@ export interface ScenarioOptions {
   readonly abortRate?: number;
   /** Probability that an execution is stopped while inside the protected section. @default 0 */
   readonly abortInsideRate?: number;
+  /**
+   * Probability, at each entry into an acquire state, that the execution is stopped within the next
+   * simulated second: while its write is on its way. With `dynamoFaults.maxLatencySeconds` this is
+   * the late-acquire race. @default 0
+   */
+  readonly abortAcquiringRate?: number;
   /** Probability that a status-change event is lost. @default 0 */
   readonly lostEventRate?: number;
   /** Probability that a status-change event is delivered twice. @default 0 */
@@ -55,8 +63,12 @@ export interface ScenarioOptions {
   readonly horizonFactor?: number;
   /** Called about every 250 ms of real time. */
   readonly onProgress?: (progress: Progress) => void;
-  /** Called after the executions, before the simulator stops (to run a reconciler, for example). */
-  readonly afterRun?: (sim: Simulator) => Promise<void>;
+  /**
+   * After the last execution stops, fire every scheduled rule once (the subject's reconciler, if it
+   * has one), as its schedule would within one period, before the permits left are counted.
+   * @default true
+   */
+  readonly sweepAfterRun?: boolean;
 }
 
 export interface Progress {
@@ -88,6 +100,8 @@ export interface ScenarioResult {
   readonly cleanupTransitions: number;
   readonly cleanupDynamoCalls: number;
   readonly lostEvents: number;
+  /** Permits the subject's reconciler reclaimed (from its metrics), during and after the run. */
+  readonly reclaimedByReconciler: number;
   readonly drainSeconds: number;
   readonly idealSeconds: number;
   readonly drainRatio: number;
@@ -127,7 +141,11 @@ export async function runScenario(subject: Subject, options: ScenarioOptions): P
       abortInsideAfter: random(),
     }));
     const abortInside = new Map<string, number>();
+    const acquireRandom = seededRandom(seed * 104729 + 3);
     sim.onStateEntered((execution, stateName) => {
+      if (subject.acquireStates.includes(stateName) && acquireRandom() < (options.abortAcquiringRate ?? 0)) {
+        void sim.sleep(acquireRandom(), execution.stopped.signal).then(() => execution.abort('Demo.Stopped', 'stopped while acquiring'));
+      }
       const fraction = abortInside.get(execution.arn);
       if (fraction !== undefined && subject.enterStates.includes(stateName)) {
         abortInside.delete(execution.arn);
@@ -164,8 +182,10 @@ export async function runScenario(subject: Subject, options: ScenarioOptions): P
     for (const e of running) e.abort('Demo.Stuck', 'still waiting at the horizon');
     await sim.idle();
     clearInterval(progress);
-    await options.afterRun?.(sim);
-    await sim.idle();
+    if (options.sweepAfterRun ?? true) {
+      await sim.fireScheduledRules();
+      await sim.idle();
+    }
     await monitor.stop();
 
     const locks = await lockStates(sim, subject.table, subject.layout);
@@ -194,6 +214,7 @@ export async function runScenario(subject: Subject, options: ScenarioOptions): P
       cleanupTransitions: cleanups.reduce((n, e) => n + e.transitions, 0),
       cleanupDynamoCalls: cleanups.reduce((n, e) => n + e.dynamoCalls, 0),
       lostEvents: sim.lostEvents,
+      reclaimedByReconciler: emittedMetricSum(sim, 'PermitsReclaimed'),
       drainSeconds,
       idealSeconds,
       drainRatio: drainSeconds / idealSeconds,
@@ -202,6 +223,19 @@ export async function runScenario(subject: Subject, options: ScenarioOptions): P
   } finally {
     await sim.stop();
   }
+}
+
+/** The sum of one metric over every embedded-metric-format record the stack's Lambda functions logged. */
+export function emittedMetricSum(sim: Simulator, metric: string): number {
+  let sum = 0;
+  for (const lines of sim.lambdaLogs.values()) {
+    for (const line of lines) {
+      if (!line.startsWith('{') || !line.includes('"_aws"')) continue;
+      const value = (JSON.parse(line) as Record<string, unknown>)[metric];
+      if (typeof value === 'number') sum += value;
+    }
+  }
+  return sum;
 }
 
 /**

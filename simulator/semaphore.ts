@@ -1,6 +1,7 @@
 import type { AttributeValue } from '@aws-sdk/client-dynamodb';
-import { HOLDER_ACQUIRED_AT, LOCK_KEY, PERMITS_IN_USE } from '../src/private/lock-schema';
 import { Execution, Simulator } from './simulator';
+import { HOLDER_ACQUIRED_AT, LOCK_KEY, PERMITS_IN_USE } from '../src/private/lock-schema';
+import { STATE } from '../src/private/state-names';
 
 /*
  * Watching a semaphore while it runs in the simulator: the lock items, the invariants over them, and
@@ -131,5 +132,7 @@ export class InsideTracker {
 }
 
 /** Where our workflow's protected section starts and ends. */
-export const BODY_ENTER = ['Run Protected Body'];
-export const BODY_LEAVE = ['Release Permit', 'Release Permit After Failure'];
+export const BODY_ENTER: string[] = [STATE.runBody];
+export const BODY_LEAVE: string[] = [STATE.release, STATE.releaseAfterFailure];
+/** The states of our workflow that write a permit. */
+export const ACQUIRE_STATES: string[] = [STATE.acquire, STATE.poll];

@@ -16,6 +16,7 @@ export interface StepFunctionsBackend {
   sendTaskSuccess(taskToken: string, output: string): void;
   sendTaskFailure(taskToken: string, error?: string, cause?: string): void;
   sendTaskHeartbeat(taskToken: string): void;
+  getExecutionHistory(executionArn: string, reverseOrder: boolean): Array<Record<string, unknown>>;
 }
 
 /** An API error, named as Step Functions names it (`ExecutionDoesNotExist`, `TaskTimedOut`, ...). */
@@ -87,6 +88,12 @@ export class StepFunctionsApi {
         const size = input.maxResults || 100;
         const page = all.slice(start, start + size);
         return { executions: page, ...(start + size < all.length ? { nextToken: String(start + size) } : {}) };
+      }
+      case 'GetExecutionHistory': {
+        const all = this.backend.getExecutionHistory(input.executionArn, input.reverseOrder === true);
+        const start = Number(input.nextToken ?? 0);
+        const size = input.maxResults || 1000;
+        return { events: all.slice(start, start + size), ...(start + size < all.length ? { nextToken: String(start + size) } : {}) };
       }
       case 'SendTaskSuccess':
         this.backend.sendTaskSuccess(input.taskToken, input.output);

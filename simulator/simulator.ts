@@ -85,10 +85,14 @@ export class Execution {
   public readonly stateTransitions = new Map<string, number>();
   /** DynamoDB calls made by this execution's tasks. */
   public dynamoCalls = 0;
-  /** Resolves when the execution has stopped and its events are counted. */
-  public readonly done: Promise<Execution>;
-  /** Aborted when the execution stops, whatever the reason. */
-  public readonly stopped = new AbortController();
+  /** Resolves when the execution has stopped and its events are counted (a redrive gives a new one). */
+  public done: Promise<Execution>;
+  /** Aborted when the execution stops, whatever the reason (a redrive gives a new one). */
+  public stopped = new AbortController();
+  /** How many times it was redriven. */
+  public redriveCount = 0;
+  /** Its history: execution events, and every state entered with its input. */
+  public readonly history: Array<{ type: string; name?: string; input?: unknown; timestamp: number }> = [];
   /** @internal */
   public abortRun?: () => void;
   private resolveDone!: (e: Execution) => void;
@@ -116,6 +120,16 @@ export class Execution {
   public finish(): void {
     this.resolveDone(this);
   }
+
+  /** @internal */
+  public restart(now: number): void {
+    this.status = 'RUNNING';
+    this.output = this.error = this.cause = this.stopDate = undefined;
+    this.redriveCount++;
+    this.stopped = new AbortController();
+    this.done = new Promise((done) => (this.resolveDone = done));
+    this.history.push({ type: 'ExecutionRedriven', timestamp: now });
+  }
 }
 
 interface SimRule {
@@ -127,18 +141,31 @@ interface SimRule {
 }
 
 export class Simulator {
-  /** Start a simulator for every state machine, table, function and rule of `stack`. */
+  /** Whether a simulator runs in this process: Lambda code reads `process.env`, so one at a time. */
+  private static running = false;
+
+  /**
+   * Start a simulator for every state machine, table, function and rule of `stack`. One runs at a
+   * time in a process (functions' environments are the process's): stop it before starting another.
+   */
   public static async start(stack: Stack, options: SimulatorOptions = {}): Promise<Simulator> {
-    const assembly = Stage.of(stack)!.synth();
-    const template = assembly.getStackArtifact(stack.artifactId).template as CfnTemplate;
-    const db = await LocalDynamoDb.start();
-    const sim = new Simulator(template, stack.stackName, assembly.directory, db, options);
-    await db.createTables(
-      template,
-      new Map([...sim.resources].filter(([, r]) => r.type === 'AWS::DynamoDB::Table').map(([id, r]) => [id, r.ref])),
-    );
-    await sim.startServices();
-    return sim;
+    if (Simulator.running) throw new Error('a simulator is already running in this process: stop it first (Lambda code shares process.env)');
+    Simulator.running = true;
+    try {
+      const assembly = Stage.of(stack)!.synth();
+      const template = assembly.getStackArtifact(stack.artifactId).template as CfnTemplate;
+      const db = await LocalDynamoDb.start();
+      const sim = new Simulator(template, stack.stackName, assembly.directory, db, options);
+      await db.createTables(
+        template,
+        new Map([...sim.resources].filter(([, r]) => r.type === 'AWS::DynamoDB::Table').map(([id, r]) => [id, r.ref])),
+      );
+      await sim.startServices();
+      return sim;
+    } catch (e) {
+      Simulator.running = false;
+      throw e;
+    }
   }
 
   public readonly random: Random;
@@ -151,6 +178,8 @@ export class Simulator {
   public lostEvents = 0;
   /** Lambda invocations, by logical ID. */
   public readonly lambdaInvocations = new Map<string, number>();
+  /** What each function's code logged, by logical ID (its log group). */
+  public readonly lambdaLogs = new Map<string, string[]>();
   public eventFaults: EventFaults;
   public readonly resources: Map<string, PhysicalResource>;
   public sfnApi?: StepFunctionsApi;
@@ -305,6 +334,13 @@ export class Simulator {
     await Promise.all(this.deliverToTargets(rule, this.scheduledEvent(rule), false));
   }
 
+  /** Fire every scheduled rule now, and wait for their targets. */
+  public async fireScheduledRules(): Promise<void> {
+    await Promise.all(
+      this.rules.filter((r) => r.scheduleSeconds !== undefined).flatMap((rule) => this.deliverToTargets(rule, this.scheduledEvent(rule), false)),
+    );
+  }
+
   /** Invoke a Lambda function of the stack (its logical ID or a prefix of it) and return its result. */
   public async invokeFunction(logicalIdPrefix: string, event: unknown): Promise<unknown> {
     const fn = [...this.resources.values()].find((r) => r.type === 'AWS::Lambda::Function' && r.logicalId.startsWith(logicalIdPrefix));
@@ -323,6 +359,7 @@ export class Simulator {
       if (v === undefined) delete process.env[k];
       else process.env[k] = v;
     }
+    Simulator.running = false;
   }
 
   // ---- StepFunctionsBackend: what the local Step Functions API serves ----
@@ -354,6 +391,53 @@ export class Simulator {
     }
     e.abort(error, cause);
     return { stopDate: this.now() / 1000 };
+  }
+
+  /**
+   * `RedriveExecution`: resume a failed, aborted or timed-out execution at the state it last entered,
+   * with that state's input, inside the Parallel branches that enclose it. Resolves when the
+   * redriven execution stops. (For a state that is not the first of its branch, the branch resumes
+   * with the Parallel's input: enough for single-state bodies.)
+   */
+  public redriveExecution(executionArn: string): Promise<Execution> {
+    const e = this.executions.get(executionArn);
+    if (!e) throw new ApiError('ExecutionDoesNotExist', `Execution Does Not Exist: '${executionArn}'`);
+    if (!['FAILED', 'ABORTED', 'TIMED_OUT'].includes(e.status)) {
+      throw new ApiError('ExecutionNotRedrivable', `Execution is ${e.status}: '${executionArn}'`);
+    }
+    const last = [...e.history].reverse().find((h) => h.name !== undefined)!;
+    const definition = JSON.parse(JSON.stringify(e.stateMachine.definition));
+    const enclosing = enclosingParallels(definition, last.name!);
+    let input = last.input;
+    if (enclosing.length === 0) {
+      definition.StartAt = last.name;
+    } else {
+      definition.StartAt = enclosing[0];
+      input = [...e.history].reverse().find((h) => h.name === enclosing[0])!.input;
+      let scope = definition.States;
+      for (let i = 0; i < enclosing.length; i++) {
+        const next = enclosing[i + 1] ?? last.name!;
+        const branch = scope[enclosing[i]].Branches.find((b: any) => allStates(b).some(([n]) => n === next));
+        branch.StartAt = next;
+        scope = branch.States;
+      }
+    }
+    e.restart(this.now());
+    this.track(this.run(e, { definition, input }));
+    return e.done;
+  }
+
+  /** `GetExecutionHistory`, with the fields the reconciler reads. */
+  public getExecutionHistory(executionArn: string, reverseOrder: boolean): Array<Record<string, unknown>> {
+    const e = this.executions.get(executionArn);
+    if (!e) throw new ApiError('ExecutionDoesNotExist', `Execution Does Not Exist: '${executionArn}'`);
+    const events = e.history.map((h, i) => ({
+      id: i + 1,
+      timestamp: h.timestamp / 1000,
+      type: h.type,
+      ...(h.name !== undefined ? { stateEnteredEventDetails: { name: h.name } } : {}),
+    }));
+    return reverseOrder ? events.reverse() : events;
   }
 
   public listExecutions(stateMachineArn: string, statusFilter?: string): Array<Record<string, unknown>> {
@@ -394,6 +478,7 @@ export class Simulator {
       sendTaskSuccess: (token, output) => this.sendTaskSuccess(token, output),
       sendTaskFailure: (token, error, cause) => this.sendTaskFailure(token, error, cause),
       sendTaskHeartbeat: (token) => this.sendTaskHeartbeat(token),
+      getExecutionHistory: (arn, reverse) => this.getExecutionHistory(arn, reverse),
     });
     // Code under test reaches the simulation through the SDK's standard configuration.
     this.setEnv({
@@ -480,10 +565,12 @@ export class Simulator {
     throw new Error(`the simulator cannot deliver to rule target ${target.Arn}`);
   }
 
-  private async run(execution: Execution): Promise<void> {
-    const machine = this.interpreter(execution.stateMachine);
+  private async run(execution: Execution, resume?: { definition: any; input: unknown }): Promise<void> {
+    const machine = resume
+      ? new this.sfn.StateMachine(resume.definition, { validationOptions: { noValidate: true } })
+      : this.interpreter(execution.stateMachine);
     const sim = this;
-    const run = machine.run(execution.input as any, {
+    const run = machine.run((resume ? resume.input : execution.input) as any, {
       overrides: { taskResourceLocalHandlers: this.taskOverrides(execution) },
       context: {
         Execution: {
@@ -509,7 +596,10 @@ export class Simulator {
           execution.transitions++;
           const name = event.state.name;
           execution.stateTransitions.set(name, (execution.stateTransitions.get(name) ?? 0) + 1);
-          if (event.type === 'StateEntered') this.stateListeners.forEach((l) => l(execution, name));
+          if (event.type === 'StateEntered') {
+            execution.history.push({ type: `${event.state.type}StateEntered`, name, input: event.state.input, timestamp: this.now() });
+            this.stateListeners.forEach((l) => l(execution, name));
+          }
         }
       }
     })();
@@ -535,6 +625,7 @@ export class Simulator {
       }
     }
     execution.stopDate = this.now();
+    execution.history.push({ type: `Execution${{ SUCCEEDED: 'Succeeded', FAILED: 'Failed', ABORTED: 'Aborted', TIMED_OUT: 'TimedOut', RUNNING: '' }[execution.status]}`, timestamp: execution.stopDate });
     execution.stopped.abort();
     this.stopListeners.forEach((l) => l(execution));
     await counting;
@@ -617,7 +708,9 @@ export class Simulator {
       this.setEnv(resolve(props.Environment?.Variables ?? {}, this.resources, this.stackName));
       let handler = this.lambdas.get(fn.logicalId);
       if (!handler) {
-        handler = loadHandler(this.template.Resources[fn.logicalId], this.assemblyDir);
+        const logs = this.lambdaLogs.get(fn.logicalId) ?? [];
+        this.lambdaLogs.set(fn.logicalId, logs);
+        handler = loadHandler(this.template.Resources[fn.logicalId], this.assemblyDir, () => this.now(), (line) => logs.push(line));
         this.lambdas.set(fn.logicalId, handler);
       }
       const deadline = this.now() + Number(props.Timeout ?? 3) * 1000;
@@ -657,6 +750,7 @@ export class Simulator {
         status: e.status,
         startDate: e.startDate,
         stopDate: e.stopDate ?? null,
+        redriveCount: e.redriveCount,
         input: inputIncluded ? input : null,
         output,
         inputDetails: { included: inputIncluded },
@@ -680,6 +774,18 @@ export function allStates(definition: any): Array<[string, any]> {
     if (state.ItemProcessor) result.push(...allStates(state.ItemProcessor));
   }
   return result;
+}
+
+/** Names of the Parallel states that enclose `stateName`, outermost first. */
+function enclosingParallels(definition: any, stateName: string): string[] {
+  for (const [name, state] of Object.entries<any>(definition.States ?? {})) {
+    if (name === stateName) return [];
+    for (const branch of state.Branches ?? []) {
+      const inner = enclosingParallels(branch, stateName);
+      if (inner.length > 0 || Object.keys(branch.States).includes(stateName)) return [name, ...inner];
+    }
+  }
+  return [];
 }
 
 /** `rate(5 minutes)` in seconds. */

@@ -36,12 +36,15 @@ export class WorkTracker {
   public maxInside = 0;
   public runs = 0;
   public readonly byExecution = new Map<string, number>();
+  /** When each execution's work started, simulated epoch ms. */
+  public readonly startedAt = new Map<string, number>();
 
   constructor(private readonly seconds: (input: any) => number = () => 1) {}
 
   public handler = async (input: any, context: TaskContext) => {
     this.runs++;
     this.byExecution.set(context.execution.arn, (this.byExecution.get(context.execution.arn) ?? 0) + 1);
+    this.startedAt.set(context.execution.arn, context.simulator.now());
     this.inside++;
     this.maxInside = Math.max(this.maxInside, this.inside);
     try {

@@ -10,7 +10,7 @@ import * as lambda from 'aws-cdk-lib/aws-lambda';
 import * as sfn from 'aws-cdk-lib/aws-stepfunctions';
 import * as tasks from 'aws-cdk-lib/aws-stepfunctions-tasks';
 import { jsonPath, matchesPattern, Simulator, targetInput } from '../simulator';
-import { logicalId } from './helpers';
+import { logicalId, workflowStack } from './helpers';
 
 /*
  * The simulator is only worth what its fidelity is worth: these tests pin the AWS behaviour it
@@ -275,4 +275,17 @@ describe('Lambda functions, schedules and the Step Functions API', () => {
       await sim.stop();
     }
   });
+});
+
+test('one simulator at a time: a second start fails clearly until the first stops', async () => {
+  const { stack } = workflowStack();
+  const sim = await Simulator.start(stack);
+  try {
+    await expect(Simulator.start(stack)).rejects.toThrow(/a simulator is already running in this process/);
+  } finally {
+    await sim.stop();
+  }
+  const again = await Simulator.start(stack);
+  await again.stop();
+  expect(again.executions.size).toBe(0);
 });

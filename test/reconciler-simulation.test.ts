@@ -1,0 +1,204 @@
+import { CfnElement, Duration } from 'aws-cdk-lib';
+import { LockMonitor, seededRandom, Simulator } from '../simulator';
+import { lockState, logicalId, stateMachineLogicalId, statuses, WorkTracker, workflowStack } from './helpers';
+
+/*
+ * The reconciler, run from its bundled code in the simulator against the synthesized workflow: it
+ * frees what lost events, failed cleanups and late acquires leave behind, and enforces leases.
+ */
+
+const RECONCILER = 'WorkflowReconcilerFunction';
+
+async function sweep(sim: Simulator): Promise<any> {
+  return sim.invokeFunction(RECONCILER, {});
+}
+
+test('with 30% of status events lost, one reconciler run leaves no permit held', async () => {
+  // More permits than stops: however many events are lost, the leaks never block everyone (with no
+  // schedule, nothing would free them before the sweep below).
+  const limit = 16;
+  const { stack, workflow, workFunctionId } = workflowStack({ concurrencyLimit: limit, reconcilerScheduleEnabled: false });
+  const work = new WorkTracker(() => 5);
+  const sim = await Simulator.start(stack, { seed: 21, eventFaults: { lossRate: 0.3 }, lambdaHandlers: { [workFunctionId]: work.handler } });
+  try {
+    const random = seededRandom(21);
+    const sm = sim.stateMachine(stateMachineLogicalId(workflow.stateMachine));
+    const inputs = Array.from({ length: 40 }, (_, i) => ({ i, abortInside: random() < 0.3 }));
+    expect(inputs.filter((input) => input.abortInside).length).toBeLessThan(limit);
+    const executions = inputs.map((input) => sim.startExecution(sm, input));
+    await Promise.all(executions.map((e) => e.done));
+    await sim.idle();
+    const [before] = await lockState(sim);
+    expect(sim.lostEvents).toBeGreaterThan(0);
+    expect(before.permitsInUse).toBeGreaterThan(0); // the leak the reconciler is for
+    expect(before.holders.every((h) => executions.find((e) => e.arn === h)!.status === 'ABORTED')).toBe(true);
+
+    const result = await sweep(sim);
+
+    expect(result.reclaimed.map((r: any) => r.holder).sort()).toEqual([...before.holders].sort());
+    expect(result.reclaimed.every((r: any) => r.reason === 'execution ABORTED')).toBe(true);
+    expect(await lockState(sim)).toEqual([{ lockName: 'TestStack/Workflow', permitsInUse: 0, holders: [] }]);
+  } finally {
+    await sim.stop();
+  }
+});
+
+test('aborts during acquire (the late-acquire race) never leak after a reconciler run', async () => {
+  // Everyone can get a permit, so every acquire the stop interrupts lands as a permit taken.
+  const { stack, workflow, workFunctionId } = workflowStack({ concurrencyLimit: 40, reconcilerScheduleEnabled: false });
+  const work = new WorkTracker(() => 30);
+  // Every DynamoDB call takes up to 3 s to land: a stop can come, and its cleanup run, in between.
+  const sim = await Simulator.start(stack, { seed: 22, dynamoFaults: { maxLatencySeconds: 3 }, lambdaHandlers: { [workFunctionId]: work.handler } });
+  try {
+    const random = seededRandom(22);
+    const sm = sim.stateMachine(stateMachineLogicalId(workflow.stateMachine));
+    const executions = Array.from({ length: 40 }, (_, i) => sim.startExecution(sm, { i }, { abortAfterSeconds: random() * 3 }));
+    await Promise.all(executions.map((e) => e.done));
+    await sim.idle();
+    const [before] = await lockState(sim);
+    expect(statuses(executions)).toEqual({ ABORTED: 40 });
+    expect(before.permitsInUse).toBeGreaterThan(0); // acquires that landed after their cleanup
+
+    await sweep(sim);
+
+    expect(await lockState(sim)).toEqual([{ lockName: 'TestStack/Workflow', permitsInUse: 0, holders: [] }]);
+  } finally {
+    await sim.stop();
+  }
+});
+
+test('duplicated and delayed events, with sweeps running alongside, never push the count below the holders', async () => {
+  const { stack, workflow, workFunctionId } = workflowStack({ concurrencyLimit: 3, reconcileEvery: Duration.minutes(1) });
+  const work = new WorkTracker(() => 20);
+  const sim = await Simulator.start(stack, {
+    seed: 23,
+    eventFaults: { duplicateRate: 0.5, maxDelaySeconds: 90 },
+    lambdaHandlers: { [workFunctionId]: work.handler },
+  });
+  try {
+    const random = seededRandom(23);
+    const monitor = new LockMonitor(sim, 'WorkflowLockTable', () => 3).start();
+    const sm = sim.stateMachine(stateMachineLogicalId(workflow.stateMachine));
+    const executions = Array.from({ length: 30 }, (_, i) => sim.startExecution(sm, { i, abortInside: random() < 0.3, fail: random() < 0.2 }));
+    await Promise.all(executions.map((e) => e.done));
+    await sim.idle();
+    await sim.fireScheduledRules();
+    await monitor.stop();
+
+    expect(monitor.violations).toEqual([]);
+    // The scheduled sweeps ran while executions acquired and released.
+    expect(sim.lambdaInvocations.get(logicalId(workflow.reconciler.reconcilerFunction.node.defaultChild as CfnElement))).toBeGreaterThan(1);
+    expect(work.maxInside).toBe(3);
+    expect(await lockState(sim)).toEqual([{ lockName: 'TestStack/Workflow', permitsInUse: 0, holders: [] }]);
+  } finally {
+    await sim.stop();
+  }
+});
+
+test('an expired lease stops the execution before its permit is reused', async () => {
+  const { stack, workflow, workFunctionId } = workflowStack({
+    concurrencyLimit: 1,
+    leaseDuration: Duration.seconds(90),
+    reconcileEvery: Duration.minutes(1),
+  });
+  const work = new WorkTracker((input) => input.seconds);
+  const sim = await Simulator.start(stack, { lambdaHandlers: { [workFunctionId]: work.handler } });
+  try {
+    const sm = sim.stateMachine(stateMachineLogicalId(workflow.stateMachine));
+    const hog = sim.startExecution(sm, { seconds: 10_000 }, { name: 'hog' });
+    await sim.sleep(5);
+    const next = sim.startExecution(sm, { seconds: 10 }, { name: 'next' });
+    await Promise.all([hog.done, next.done]);
+
+    expect([hog.status, hog.error]).toEqual(['ABORTED', 'SemaphoreLeaseExpired']);
+    expect(hog.cause).toMatch(/for more than its lease of 90 s/);
+    const heldFor = (hog.stopDate! - work.startedAt.get(hog.arn)!) / 1000;
+    expect(heldFor).toBeGreaterThanOrEqual(90);
+    expect(heldFor).toBeLessThan(90 + 60 + 10);
+    expect(next.status).toBe('SUCCEEDED');
+    // The permit went to the next execution only after the hog was stopped.
+    expect(work.startedAt.get(next.arn)!).toBeGreaterThan(hog.stopDate!);
+    expect(work.maxInside).toBe(1);
+    await sim.idle();
+    expect(await lockState(sim)).toEqual([{ lockName: 'TestStack/Workflow', permitsInUse: 0, holders: [] }]);
+  } finally {
+    await sim.stop();
+  }
+});
+
+describe('redrive guard', () => {
+  test('a redriven execution resumes inside the body with a permit taken again for it', async () => {
+    const { stack, workflow, workFunctionId } = workflowStack({ concurrencyLimit: 2 });
+    const work = new WorkTracker((input) => input.seconds);
+    const sim = await Simulator.start(stack, { lambdaHandlers: { [workFunctionId]: work.handler } });
+    try {
+      const sm = sim.stateMachine(stateMachineLogicalId(workflow.stateMachine));
+      const stopped = await sim.startExecution(sm, { seconds: 5, abortInside: true }, { name: 'stopped' }).done;
+      await sim.idle();
+      expect(await lockState(sim)).toEqual([{ lockName: 'TestStack/Workflow', permitsInUse: 0, holders: [] }]); // freed by the cleanup
+
+      const redriven = sim.redriveExecution(stopped.arn);
+      await sim.sleep(2);
+      expect(await lockState(sim)).toEqual([{ lockName: 'TestStack/Workflow', permitsInUse: 1, holders: [stopped.arn] }]);
+      // Redriven inside the body, the work runs again, holding its permit, and the permit comes back.
+      const [again] = await Promise.all([redriven, sim.idle()]);
+
+      expect(again.history.filter((h) => h.type === 'ExecutionRedriven')).toHaveLength(1);
+      expect(work.byExecution.get(stopped.arn)).toBe(2);
+      expect(await lockState(sim)).toEqual([{ lockName: 'TestStack/Workflow', permitsInUse: 0, holders: [] }]);
+    } finally {
+      await sim.stop();
+    }
+  });
+
+  test('a redriven execution that finds every permit taken is stopped with SemaphoreRedriveRejected', async () => {
+    const { stack, workflow, workFunctionId } = workflowStack({ concurrencyLimit: 1 });
+    const work = new WorkTracker((input) => input.seconds);
+    const sim = await Simulator.start(stack, { lambdaHandlers: { [workFunctionId]: work.handler } });
+    try {
+      const sm = sim.stateMachine(stateMachineLogicalId(workflow.stateMachine));
+      const stopped = await sim.startExecution(sm, { seconds: 5, abortInside: true }, { name: 'stopped' }).done;
+      await sim.idle();
+      const holder = sim.startExecution(sm, { seconds: 300 }, { name: 'holder' });
+      await sim.sleep(10);
+
+      const again = await sim.redriveExecution(stopped.arn);
+
+      expect([again.status, again.error]).toEqual(['ABORTED', 'SemaphoreRedriveRejected']);
+      expect(again.cause).toMatch(/Redriven at 'Do Work', inside the protected body, while every permit of lock 'TestStack\/Workflow' was taken/);
+      // The resumed work state starts before the guard's event arrives: it runs without a permit for
+      // that moment (see README, "Redrive"), and is stopped at once.
+      const unguarded = (again.stopDate! - again.history.find((h) => h.type === 'ExecutionRedriven')!.timestamp) / 1000;
+      expect(unguarded).toBeLessThan(5);
+      expect((await holder.done).status).toBe('SUCCEEDED');
+      await sim.idle();
+      expect(await lockState(sim)).toEqual([{ lockName: 'TestStack/Workflow', permitsInUse: 0, holders: [] }]);
+    } finally {
+      await sim.stop();
+    }
+  });
+
+  test('a redrive outside the body is left to the workflow itself', async () => {
+    const { stack, workflow, workFunctionId } = workflowStack({ concurrencyLimit: 1, acquireTimeout: Duration.seconds(20) });
+    const work = new WorkTracker((input) => input.seconds);
+    const sim = await Simulator.start(stack, { lambdaHandlers: { [workFunctionId]: work.handler } });
+    try {
+      const sm = sim.stateMachine(stateMachineLogicalId(workflow.stateMachine));
+      const holder = sim.startExecution(sm, { seconds: 60 }, { name: 'holder' });
+      await sim.sleep(2);
+      const timedOut = await sim.startExecution(sm, { seconds: 1 }, { name: 'late' }).done;
+      expect(timedOut.error).toBe('SemaphoreAcquireTimeout');
+      await holder.done;
+
+      // Redriven at its final Fail state: it fails again, with the same error, and takes nothing.
+      const again = await sim.redriveExecution(timedOut.arn);
+      await sim.idle();
+
+      expect([again.status, again.error]).toEqual(['FAILED', 'SemaphoreAcquireTimeout']);
+      expect(work.byExecution.has(timedOut.arn)).toBe(false);
+      expect(await lockState(sim)).toEqual([{ lockName: 'TestStack/Workflow', permitsInUse: 0, holders: [] }]);
+    } finally {
+      await sim.stop();
+    }
+  });
+});
