@@ -2,8 +2,8 @@ import * as fs from 'fs';
 import * as path from 'path';
 import { App, CfnElement, Stack } from 'aws-cdk-lib';
 import * as tasks from 'aws-cdk-lib/aws-stepfunctions-tasks';
-import { demoSubject } from '../demo/run';
 import { workFunction } from '../demo/app';
+import { demoSubject } from '../demo/run';
 import { AWS_SAMPLE_LOCK_LAYOUT, runScenario, ScenarioOptions, ScenarioResult, Subject } from '../simulator';
 import { AwsSampleSemaphore } from './aws-sample-baseline';
 
@@ -75,6 +75,7 @@ export function awsSampleSubject(limit: number): Subject {
     layout: AWS_SAMPLE_LOCK_LAYOUT,
     enterStates: ['Do Work'],
     leaveStates: ['Release Lock'],
+    acquireStates: ['Acquire Lock'],
     bodyStates: ['Run Work'],
   };
 }

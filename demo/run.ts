@@ -1,5 +1,6 @@
 import { CfnElement } from 'aws-cdk-lib';
-import { BODY_ENTER, BODY_LEAVE, brokenInvariants, LOCK_LAYOUT, runScenario, ScenarioResult, Subject } from '../simulator';
+import { ACQUIRE_STATES, BODY_ENTER, BODY_LEAVE, brokenInvariants, LOCK_LAYOUT, runScenario, ScenarioResult, Subject } from '../simulator';
+import { ConcurrencyControlledWorkflowProps } from '../src';
 import { demoApp } from './app';
 
 /*
@@ -71,8 +72,8 @@ export function parseOptions(argv: string[]): DemoOptions {
 }
 
 /** Our workflow in the demo app, as the scenario runner sees it. */
-export function demoSubject(limit: number): Subject {
-  const { stack, workflow } = demoApp(limit);
+export function demoSubject(limit: number, props: Partial<ConcurrencyControlledWorkflowProps> = {}): Subject {
+  const { stack, workflow } = demoApp(limit, props);
   const id = (c: CfnElement) => stack.getLogicalId(c);
   return {
     name: 'cdk-sfn-semaphore',
@@ -82,6 +83,7 @@ export function demoSubject(limit: number): Subject {
     layout: LOCK_LAYOUT,
     enterStates: BODY_ENTER,
     leaveStates: BODY_LEAVE,
+    acquireStates: ACQUIRE_STATES,
     bodyStates: ['Run Work'],
   };
 }
