@@ -1,6 +1,6 @@
 import { DynamoDBClient } from '@aws-sdk/client-dynamodb';
 import { DescribeExecutionCommand, GetExecutionHistoryCommand, HistoryEvent, SFNClient, StopExecutionCommand } from '@aws-sdk/client-sfn';
-import { DynamoDBDocumentClient, GetCommand, ScanCommand, ScanCommandOutput, UpdateCommand } from '@aws-sdk/lib-dynamodb';
+import { DynamoDBDocumentClient, ScanCommand, ScanCommandOutput, UpdateCommand } from '@aws-sdk/lib-dynamodb';
 import {
   ACQUIRE_CONDITION,
   ACQUIRE_UPDATE,
@@ -13,7 +13,9 @@ import {
   PERMITS_IN_USE,
   RELEASE_CONDITION,
   RELEASE_EXPIRED_LEASE_CONDITION,
+  RELEASE_SEEN_HOLDER_CONDITION,
   RELEASE_UPDATE,
+  RENEW_UPDATE,
   VALUES,
 } from '../src/private/lock-schema';
 import { OUTSIDE_BODY_STATES } from '../src/private/state-names';
@@ -185,7 +187,7 @@ async function reconcileHolder(
     if (expiresAt === undefined || now <= expiresAt + CLOCK_SKEW_MS) {
       return undefined;
     }
-    if (!dryRun && !(await release(table, lockName, holder, expiresAt))) return undefined;
+    if (!dryRun && !(await release(table, lockName, holder, { leaseExpiresAt: expiresAt }))) return undefined;
     return `lease expired at ${new Date(expiresAt).toISOString()}`;
   }
 
@@ -201,7 +203,7 @@ async function reconcileHolder(
     status = 'DOES_NOT_EXIST';
   }
   if (status !== 'RUNNING') {
-    if (!dryRun && !(await release(table, lockName, holder))) return undefined;
+    if (!dryRun && !(await release(table, lockName, holder, { acquiredAt: entry[HOLDER_ACQUIRED_AT] }))) return undefined;
     return `execution ${status}`;
   }
 
@@ -219,24 +221,31 @@ async function reconcileHolder(
     }),
   );
   result.stopped.push(holder);
-  if (!(await release(table, lockName, holder))) return undefined;
+  if (!(await release(table, lockName, holder, { acquiredAt: entry[HOLDER_ACQUIRED_AT] }))) return undefined;
   return `lease of ${leaseSeconds} s expired at ${new Date(leaseEnd).toISOString()}; execution stopped`;
 }
 
 /**
- * The cleanup's conditional release. False if the holder was already gone (released by the cleanup
- * or by the workflow meanwhile, or a lease renewed): nothing to do.
+ * The cleanup's conditional release, further conditional on the entry the sweep read: its lease end
+ * (a script may renew it) or its acquire time (a redriven execution takes a new entry under the same
+ * name). False if the holder was gone or changed meanwhile: nothing to do.
  */
-async function release(table: string, lockName: string, holder: string, leaseExpiresAt?: number): Promise<boolean> {
+async function release(table: string, lockName: string, holder: string, seen: { leaseExpiresAt?: number; acquiredAt?: string }): Promise<boolean> {
+  const [condition, values] =
+    seen.leaseExpiresAt !== undefined
+      ? [RELEASE_EXPIRED_LEASE_CONDITION, { [VALUES.expiresAt]: seen.leaseExpiresAt }]
+      : seen.acquiredAt !== undefined
+        ? [RELEASE_SEEN_HOLDER_CONDITION, { [VALUES.acquiredAt]: seen.acquiredAt }]
+        : [RELEASE_CONDITION, {}];
   try {
     await ddb.send(
       new UpdateCommand({
         TableName: table,
         Key: { [LOCK_KEY]: lockName },
         UpdateExpression: RELEASE_UPDATE,
-        ConditionExpression: leaseExpiresAt === undefined ? RELEASE_CONDITION : RELEASE_EXPIRED_LEASE_CONDITION,
+        ConditionExpression: condition,
         ExpressionAttributeNames: { [NAMES.permits]: PERMITS_IN_USE, [NAMES.holder]: holder },
-        ExpressionAttributeValues: { [VALUES.one]: 1, ...(leaseExpiresAt === undefined ? {} : { [VALUES.expiresAt]: leaseExpiresAt }) },
+        ExpressionAttributeValues: { [VALUES.one]: 1, ...values },
       }),
     );
     return true;
@@ -266,41 +275,22 @@ async function guardRedrive(detail: StatusChangeDetail): Promise<RedriveGuardRes
   const limit = Number(fromEnvOrInput('CONCURRENCY_LIMIT', input));
   const table = requiredEnv('TABLE_NAME');
   const leaseSeconds = process.env.LEASE_SECONDS ? Number(process.env.LEASE_SECONDS) : undefined;
-  try {
-    await ddb.send(
-      new UpdateCommand({
-        TableName: table,
-        Key: { [LOCK_KEY]: lockName },
-        UpdateExpression: ACQUIRE_UPDATE,
-        ConditionExpression: ACQUIRE_CONDITION,
-        ExpressionAttributeNames: { [NAMES.permits]: PERMITS_IN_USE, [NAMES.holder]: executionArn },
-        ExpressionAttributeValues: {
-          [VALUES.zero]: 0,
-          [VALUES.one]: 1,
-          [VALUES.limit]: limit,
-          [VALUES.entry]: {
-            [HOLDER_ACQUIRED_AT]: new Date().toISOString(),
-            ...(leaseSeconds === undefined ? {} : { [HOLDER_LEASE_SECONDS]: leaseSeconds }),
-          },
-        },
-      }),
-    );
-    return { executionArn, resumedAt, action: 'permit taken again' };
-  } catch (e) {
-    if ((e as Error).name !== 'ConditionalCheckFailedException') throw e;
-  }
-  // Full, or it still holds its permit (its cleanup never ran): only the first is a reason to stop.
-  const item = await ddb.send(
-    new GetCommand({
-      TableName: table,
-      Key: { [LOCK_KEY]: lockName },
-      ProjectionExpression: NAMES.holder,
-      ExpressionAttributeNames: { [NAMES.holder]: executionArn },
-      ConsistentRead: true,
-    }),
-  );
-  if (item.Item?.[executionArn] !== undefined) {
-    return { executionArn, resumedAt, action: 'still holds its permit' };
+  // Take a permit again; if it still holds one (its cleanup never ran), renew the entry instead, so
+  // that a sweep that judged the old entry dead leaves it alone. A release between the two tries
+  // makes the acquire worth another go.
+  for (let attempt = 0; attempt < 3; attempt++) {
+    const now = new Date().toISOString();
+    if (await conditionalUpdate(table, lockName, executionArn, ACQUIRE_UPDATE, ACQUIRE_CONDITION, {
+      [VALUES.zero]: 0,
+      [VALUES.one]: 1,
+      [VALUES.limit]: limit,
+      [VALUES.entry]: { [HOLDER_ACQUIRED_AT]: now, ...(leaseSeconds === undefined ? {} : { [HOLDER_LEASE_SECONDS]: leaseSeconds }) },
+    })) {
+      return { executionArn, resumedAt, action: 'permit taken again' };
+    }
+    if (await conditionalUpdate(table, lockName, executionArn, RENEW_UPDATE, RELEASE_CONDITION, { [VALUES.acquiredAt]: now })) {
+      return { executionArn, resumedAt, action: 'still holds its permit' };
+    }
   }
   await sfn.send(
     new StopExecutionCommand({
@@ -310,6 +300,33 @@ async function guardRedrive(detail: StatusChangeDetail): Promise<RedriveGuardRes
     }),
   );
   return { executionArn, resumedAt, action: 'stopped' };
+}
+
+/** One conditional write on a holder of a lock; false if its condition failed. */
+async function conditionalUpdate(
+  table: string,
+  lockName: string,
+  holder: string,
+  update: string,
+  condition: string,
+  values: Record<string, unknown>,
+): Promise<boolean> {
+  try {
+    await ddb.send(
+      new UpdateCommand({
+        TableName: table,
+        Key: { [LOCK_KEY]: lockName },
+        UpdateExpression: update,
+        ConditionExpression: condition,
+        ExpressionAttributeNames: { [NAMES.holder]: holder, ...(update.includes(NAMES.permits) ? { [NAMES.permits]: PERMITS_IN_USE } : {}) },
+        ExpressionAttributeValues: values,
+      }),
+    );
+    return true;
+  } catch (e) {
+    if ((e as Error).name === 'ConditionalCheckFailedException') return false;
+    throw e;
+  }
 }
 
 /** The last state the execution entered before its latest redrive: where it resumes. */

@@ -194,7 +194,6 @@ export class SemaphoreReconciler extends Construct {
     if (props.leaseDuration) {
       fn.addEnvironment('LEASE_SECONDS', String(validateWholeSeconds('leaseDuration', props.leaseDuration, 1) ?? props.leaseDuration.toSeconds()));
     }
-    props.table.table.grant(role, 'dynamodb:GetItem');
     role.addToPrincipalPolicy(
       new iam.PolicyStatement({
         actions: ['states:GetExecutionHistory'],

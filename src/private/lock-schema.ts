@@ -49,6 +49,7 @@ export const VALUES = {
   limit: ':limit',
   entry: ':entry',
   expiresAt: ':expiresAt',
+  acquiredAt: ':acquiredAt',
 } as const;
 
 /**
@@ -70,6 +71,19 @@ export const RELEASE_UPDATE = `SET ${NAMES.permits} = ${NAMES.permits} - ${VALUE
  * was read, so that a sweep never frees a permit its holder just extended.
  */
 export const RELEASE_EXPIRED_LEASE_CONDITION = `attribute_exists(${NAMES.holder}) AND ${NAMES.holder}.${HOLDER_LEASE_EXPIRES_AT} = ${VALUES.expiresAt}`;
+
+/**
+ * Release by a sweep of a holder it judged dead: as RELEASE_CONDITION, and only if the entry is still
+ * the one it read. A redriven execution keeps its ARN; once it holds a permit again (a new entry), a
+ * sweep that read the old one must not free it.
+ */
+export const RELEASE_SEEN_HOLDER_CONDITION = `attribute_exists(${NAMES.holder}) AND ${NAMES.holder}.${HOLDER_ACQUIRED_AT} = ${VALUES.acquiredAt}`;
+
+/**
+ * Renewal of a holder entry it still has (the redrive guard): a new acquire time, so that a sweep that
+ * read the entry before the redrive finds it changed and leaves it alone. Conditional on RELEASE_CONDITION.
+ */
+export const RENEW_UPDATE = `SET ${NAMES.holder}.${HOLDER_ACQUIRED_AT} = ${VALUES.acquiredAt}`;
 
 /** Longest lock name we accept; far below DynamoDB's 2,048-byte partition key limit. */
 export const MAX_LOCK_NAME_LENGTH = 255;

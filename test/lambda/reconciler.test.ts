@@ -1,6 +1,6 @@
 import { ConditionalCheckFailedException } from '@aws-sdk/client-dynamodb';
 import { DescribeExecutionCommand, ExecutionDoesNotExist, GetExecutionHistoryCommand, SFNClient, StopExecutionCommand } from '@aws-sdk/client-sfn';
-import { DynamoDBDocumentClient, GetCommand, ScanCommand, UpdateCommand } from '@aws-sdk/lib-dynamodb';
+import { DynamoDBDocumentClient, ScanCommand, UpdateCommand } from '@aws-sdk/lib-dynamodb';
 import { mockClient } from 'aws-sdk-client-mock';
 import { handler, ReconcilerResult, RedriveGuardResult } from '../../lambda/reconciler.lambda';
 
@@ -59,7 +59,9 @@ test('releases holders whose execution is no longer running or does not exist, l
     TableName: 'locks',
     Key: { lockName: 'db' },
     UpdateExpression: 'SET #permits = #permits - :one REMOVE #holder',
-    ConditionExpression: 'attribute_exists(#holder)',
+    // Only the very entry it judged dead: a redriven execution's new entry has another acquire time.
+    ConditionExpression: 'attribute_exists(#holder) AND #holder.acquiredAt = :acquiredAt',
+    ExpressionAttributeValues: { ':one': 1, ':acquiredAt': expect.any(String) },
   });
   expect(result.reclaimed.map((r) => r.reason).sort()).toEqual(['execution ABORTED', 'execution DOES_NOT_EXIST']);
   expect(result).toMatchObject({ locks: 1, holders: 3, errors: [], truncated: false });
@@ -231,11 +233,14 @@ describe('redrive guard', () => {
   test('stops it when every permit is taken', async () => {
     history('r2', 'Do Work');
     ddb.on(UpdateCommand).rejects(new ConditionalCheckFailedException({ message: 'The conditional request failed', $metadata: {} }));
-    ddb.on(GetCommand).resolves({ Item: {} });
 
     const result = await guard(redriven('r2'));
 
     expect(result.action).toBe('stopped');
+    // Full, and it holds no permit: acquire and renewal both failed, three times over.
+    expect(ddb.commandCalls(UpdateCommand).map((c) => c.args[0].input.ConditionExpression)).toEqual(
+      Array(3).fill(['(attribute_not_exists(#permits) OR #permits < :limit) AND attribute_not_exists(#holder)', 'attribute_exists(#holder)']).flat(),
+    );
     expect(sfn.commandCalls(StopExecutionCommand)[0].args[0].input).toMatchObject({
       executionArn: exec('r2'),
       error: 'SemaphoreRedriveRejected',
@@ -243,14 +248,28 @@ describe('redrive guard', () => {
     });
   });
 
-  test('leaves it alone when it still holds its permit, or resumes outside the body', async () => {
+  test('renews the entry when it still holds its permit, so that a sweep that judged the old one dead leaves it', async () => {
     history('r3', 'Do Work');
-    history('r4', 'Poll For Permit');
-    ddb.on(UpdateCommand).rejects(new ConditionalCheckFailedException({ message: 'The conditional request failed', $metadata: {} }));
-    ddb.on(GetCommand).resolves({ Item: { [exec('r3')]: { acquiredAt: 'x' } } });
+    ddb
+      .on(UpdateCommand, { ConditionExpression: '(attribute_not_exists(#permits) OR #permits < :limit) AND attribute_not_exists(#holder)' })
+      .rejects(new ConditionalCheckFailedException({ message: 'The conditional request failed', $metadata: {} }))
+      .on(UpdateCommand, { ConditionExpression: 'attribute_exists(#holder)' })
+      .resolves({});
 
     expect((await guard(redriven('r3'))).action).toBe('still holds its permit');
+    const renewal = ddb.commandCalls(UpdateCommand)[1].args[0].input;
+    expect(renewal).toMatchObject({
+      UpdateExpression: 'SET #holder.acquiredAt = :acquiredAt',
+      ExpressionAttributeNames: { '#holder': exec('r3') },
+      ExpressionAttributeValues: { ':acquiredAt': expect.stringMatching(/^\d{4}-\d\d-\d\dT/) },
+    });
+    expect(sfn.commandCalls(StopExecutionCommand)).toHaveLength(0);
+  });
+
+  test('leaves an execution redriven outside the body to the workflow', async () => {
+    history('r4', 'Poll For Permit');
     expect((await guard(redriven('r4'))).action).toBe('outside the body');
+    expect(ddb.commandCalls(UpdateCommand)).toHaveLength(0);
     expect(sfn.commandCalls(StopExecutionCommand)).toHaveLength(0);
   });
 
