@@ -38,6 +38,11 @@ const SCENARIOS: Scenario[] = [
     options: { executions: 100, limit: LIMIT, abortInsideRate: 0.1, lostEventRate: 0.3, horizonFactor: 3 },
   },
   {
+    name: 'late-acquire',
+    description: '100 at once, limit 100, DynamoDB calls land up to 10 s late, 20% stopped while an acquire is on its way',
+    options: { executions: 100, limit: 100, abortAcquiringRate: 0.2, dynamoFaults: { maxLatencySeconds: 10 } },
+  },
+  {
     name: 'throttling',
     description: '100 contending, 5% of DynamoDB calls throttled',
     options: { executions: 100, limit: LIMIT, dynamoFaults: { throttleRate: 0.05 } },
@@ -125,6 +130,7 @@ const ROWS: Row[] = [
   ['drain time / ideal', (r) => r.drainRatio, 2],
   ['most inside at once', (r) => r.maxInside, 0],
   ['permits left held', (r) => r.permitsLeftHeld, 0],
+  ['permits the reconciler reclaimed', (r) => r.reclaimedByReconciler, 0],
   ['executions stuck waiting', (r) => r.stuck, 0],
   ['executions failed, not by their work', (r) => r.failedUnexplained, 0],
 ];

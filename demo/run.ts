@@ -93,7 +93,7 @@ export function summaryTable(result: ScenarioResult, limit: number): string {
     ['executions', `${result.executions}`],
     ['succeeded / failed / aborted', `${result.succeeded} / ${result.failed} / ${result.aborted}`],
     ['most inside at once', `${result.maxInside} (limit ${limit})`],
-    ['permits left held', `${result.permitsLeftHeld}`],
+    ['permits left held', `${result.permitsLeftHeld} (after the reconciler's run, which reclaimed ${result.reclaimedByReconciler})`],
     ['transitions per execution', `${result.transitionsPerExecution.toFixed(1)} (${result.overheadTransitionsPerExecution.toFixed(1)} beside the body)`],
     ['DynamoDB calls per execution', result.dynamoCallsPerExecution.toFixed(1)],
     ['cleanup executions', `${result.cleanupExecutions} (${result.cleanupDynamoCalls} DynamoDB calls)`],

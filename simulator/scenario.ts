@@ -43,8 +43,8 @@ export interface ScenarioOptions {
   /** Probability that an execution is stopped while inside the protected section. @default 0 */
   readonly abortInsideRate?: number;
   /**
-   * Probability, at each entry into an acquire state, that the execution is stopped within the next
-   * simulated second: while its write is on its way. With `dynamoFaults.maxLatencySeconds` this is
+   * Probability, each time an acquire state starts its write, that the execution is stopped within the
+   * next simulated second: while the write may still be on its way. With `dynamoFaults.maxLatencySeconds` this is
    * the late-acquire race. @default 0
    */
   readonly abortAcquiringRate?: number;
@@ -142,10 +142,12 @@ export async function runScenario(subject: Subject, options: ScenarioOptions): P
     }));
     const abortInside = new Map<string, number>();
     const acquireRandom = seededRandom(seed * 104729 + 3);
-    sim.onStateEntered((execution, stateName) => {
+    sim.onTaskStarted((execution, stateName) => {
       if (subject.acquireStates.includes(stateName) && acquireRandom() < (options.abortAcquiringRate ?? 0)) {
         void sim.sleep(acquireRandom(), execution.stopped.signal).then(() => execution.abort('Demo.Stopped', 'stopped while acquiring'));
       }
+    });
+    sim.onStateEntered((execution, stateName) => {
       const fraction = abortInside.get(execution.arn);
       if (fraction !== undefined && subject.enterStates.includes(stateName)) {
         abortInside.delete(execution.arn);

@@ -141,9 +141,6 @@ interface SimRule {
 }
 
 export class Simulator {
-  /** Whether a simulator runs in this process: Lambda code reads `process.env`, so one at a time. */
-  private static running = false;
-
   /**
    * Start a simulator for every state machine, table, function and rule of `stack`. One runs at a
    * time in a process (functions' environments are the process's): stop it before starting another.
@@ -167,6 +164,9 @@ export class Simulator {
       throw e;
     }
   }
+
+  /** Whether a simulator runs in this process: Lambda code reads `process.env`, so one at a time. */
+  private static running = false;
 
   public readonly random: Random;
   public readonly dynamo: DynamoTaskRunner;
@@ -195,6 +195,7 @@ export class Simulator {
   private readonly lambdas = new Map<string, LambdaHandler>();
   private readonly savedEnv: Record<string, string | undefined> = {};
   private readonly stateListeners: Array<(execution: Execution, stateName: string) => void> = [];
+  private readonly taskListeners: Array<(execution: Execution, stateName: string) => void> = [];
   private readonly stopListeners: Array<(execution: Execution) => void> = [];
 
   private constructor(
@@ -260,6 +261,11 @@ export class Simulator {
       throw new Error(`expected one state machine ${logicalIdPrefix}, found ${matches.map((m) => m.logicalId).join(', ') || 'none'}`);
     }
     return matches[0];
+  }
+
+  /** Call `listener` each time an execution's task starts its call, before the call is on its way. */
+  public onTaskStarted(listener: (execution: Execution, stateName: string) => void): void {
+    this.taskListeners.push(listener);
   }
 
   /** Call `listener` each time an execution enters a state (nested branches included). */
@@ -663,6 +669,7 @@ export class Simulator {
 
   private async runTask(execution: Execution, stateName: string, resource: string, input: any): Promise<unknown> {
     const context: TaskContext = { simulator: this, execution, stateName, signal: execution.stopped.signal };
+    this.taskListeners.forEach((l) => l(execution, stateName));
     const override = this.options.taskHandlers?.[stateName];
     if (override) {
       return override(input, context);

@@ -56,9 +56,8 @@ test('the late-acquire race happens, and the reconciler frees what it leaked', a
   const results = [];
   for (const seed of [21, 22, 23]) {
     // One at a time: simulators share the process's environment and clock patches.
-    results.push(
-      await runScenario(demoSubject(executions), { ...BASE, limit: executions, abortAcquiringRate: 0.2, dynamoFaults: { maxLatencySeconds: 3 }, seed }),
-    );
+    const options = { ...BASE, limit: executions, abortAcquiringRate: 0.2, dynamoFaults: { maxLatencySeconds: 6 }, seed };
+    results.push(await runScenario(demoSubject(executions), options));
   }
   for (const result of results) {
     expect(brokenInvariants(result, executions)).toEqual([]);

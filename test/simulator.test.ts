@@ -289,3 +289,29 @@ test('one simulator at a time: a second start fails clearly until the first stop
   await again.stop();
   expect(again.executions.size).toBe(0);
 });
+
+test('a stopped execution\'s status event goes out at once, while its call is still on its way', async () => {
+  const { stack, workflow } = workflowStack();
+  let landWrite!: () => void;
+  const sim = await Simulator.start(stack, {
+    // The acquire's call hangs until the test lets it land.
+    taskHandlers: { 'Acquire Permit': () => new Promise((resolve) => (landWrite = () => resolve({}))) },
+  });
+  try {
+    const started: string[] = [];
+    sim.onTaskStarted((_, stateName) => started.push(stateName));
+    const execution = sim.startExecution(sim.stateMachine(logicalId(workflow.stateMachine.node.defaultChild as any)), {});
+    await sim.sleep(1);
+    expect(started).toEqual(['Acquire Permit']);
+    expect(landWrite).toBeDefined();
+    execution.abort('Test.Stop', 'stopped while acquiring');
+    await sim.sleep(1);
+
+    expect(execution.status).toBe('ABORTED');
+    expect(sim.events.filter((e) => e.detail.executionArn === execution.arn).map((e) => e.detail.status)).toEqual(['RUNNING', 'ABORTED']);
+    landWrite();
+    await sim.idle();
+  } finally {
+    await sim.stop();
+  }
+});
