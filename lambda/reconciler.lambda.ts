@@ -14,11 +14,12 @@ import {
   RELEASE_CONDITION,
   RELEASE_EXPIRED_LEASE_CONDITION,
   RELEASE_SEEN_HOLDER_CONDITION,
+  RELEASE_TAKEN_BEFORE_CONDITION,
   RELEASE_UPDATE,
   RENEW_UPDATE,
   VALUES,
 } from '../src/private/lock-schema';
-import { OUTSIDE_BODY_STATES } from '../src/private/state-names';
+import { BEFORE_BODY_STATES, OUTSIDE_BODY_STATES } from '../src/private/state-names';
 
 /*
  * The reconciler: the third layer of cleanup. EventBridge delivers Step Functions status-change events
@@ -63,7 +64,15 @@ export interface RedriveGuardResult {
   readonly executionArn: string;
   /** The state the execution resumed at. */
   readonly resumedAt?: string;
-  readonly action: 'not ours' | 'outside the body' | 'permit taken again' | 'still holds its permit' | 'stopped';
+  readonly action:
+    | 'not ours'
+    | 'no longer running'
+    | 'outside the body'
+    | 'stale permit released'
+    | 'permit taken again'
+    | 'permit taken again, then given back'
+    | 'still holds its permit'
+    | 'stopped';
 }
 
 /** A permit the sweep released (or, in a dry run, would release). */
@@ -89,6 +98,9 @@ export interface ReconcilerResult {
 interface Context {
   getRemainingTimeInMillis(): number;
 }
+
+/** Statuses of an execution that will never give its permit back itself (a missing one counts too). */
+const RELEASABLE_STATUSES = ['SUCCEEDED', 'FAILED', 'TIMED_OUT', 'ABORTED', 'DOES_NOT_EXIST'];
 
 /** Leave this much time for the last holder and the metrics. */
 const TIME_MARGIN_MS = 10_000;
@@ -123,6 +135,24 @@ async function sweep(event: ReconcilerEvent, context?: Context): Promise<Reconci
 
   const result: ReconcilerResult = { locks: 0, holders: 0, reclaimed: [], stopped: [], errors: [], truncated: false, dryRun };
   const permitsInUse = new Map<string, number>();
+  try {
+    await reconcilePages(table, prefixes, dryRun, outOfTime, result, permitsInUse);
+  } finally {
+    // Even when the sweep fails part-way (a Scan error, a timeout), what it reclaimed is counted.
+    emitMetrics(table, permitsInUse, result);
+  }
+  return result;
+}
+
+/** Page through the lock table and reconcile every holder of every lock, until done or out of time. */
+async function reconcilePages(
+  table: string,
+  prefixes: string[],
+  dryRun: boolean,
+  outOfTime: () => boolean,
+  result: ReconcilerResult,
+  permitsInUse: Map<string, number>,
+): Promise<void> {
   let startKey: Record<string, unknown> | undefined;
   scan: do {
     const page: ScanCommandOutput = await ddb.send(new ScanCommand({ TableName: table, ConsistentRead: true, ExclusiveStartKey: startKey }));
@@ -139,6 +169,11 @@ async function sweep(event: ReconcilerEvent, context?: Context): Promise<Reconci
       const queue = [...holders];
       const worker = async () => {
         for (let next = queue.shift(); next; next = queue.shift()) {
+          // A lock can have thousands of holders: the time bound holds inside one lock too.
+          if (outOfTime()) {
+            result.truncated = true;
+            return;
+          }
           const [holder, entry] = next;
           try {
             const reason = await reconcileHolder(table, lockName, holder, entry as HolderEntry, prefixes, dryRun, result);
@@ -156,9 +191,6 @@ async function sweep(event: ReconcilerEvent, context?: Context): Promise<Reconci
     }
     startKey = page.LastEvaluatedKey;
   } while (startKey);
-
-  emitMetrics(table, permitsInUse, result);
-  return result;
 }
 
 interface HolderEntry {
@@ -202,7 +234,9 @@ async function reconcileHolder(
     if ((e as Error).name !== 'ExecutionDoesNotExist') throw e;
     status = 'DOES_NOT_EXIST';
   }
-  if (status !== 'RUNNING') {
+  if (!RELEASABLE_STATUSES.includes(status)) {
+    if (status !== 'RUNNING') return undefined; // PENDING_REDRIVE, or a status this code does not know: leave it
+  } else {
     if (!dryRun && !(await release(table, lockName, holder, { acquiredAt: entry[HOLDER_ACQUIRED_AT] }))) return undefined;
     return `execution ${status}`;
   }
@@ -210,7 +244,8 @@ async function reconcileHolder(
   const leaseSeconds = entry[HOLDER_LEASE_SECONDS];
   if (leaseSeconds === undefined) return undefined;
   const leaseEnd = Date.parse(entry[HOLDER_ACQUIRED_AT]) + leaseSeconds * 1000;
-  if (now <= leaseEnd) return undefined;
+  // An entry this code cannot read is never a reason to stop a running execution.
+  if (!Number.isFinite(leaseEnd) || now <= leaseEnd) return undefined;
   if (dryRun) return `lease of ${leaseSeconds} s expired at ${new Date(leaseEnd).toISOString()}`;
   // Stop first, release after: the permit is never free while its execution still runs.
   await sfn.send(
@@ -258,22 +293,38 @@ async function release(table: string, lockName: string, holder: string, seen: { 
 /**
  * The redrive guard. `RedriveExecution` resumes an execution at the state where it stopped; stopped
  * inside the body, it resumes inside the body, and its permit was freed by the cleanup meanwhile. On
- * its RUNNING status-change event, take a permit for it again; if every permit is taken, stop it
- * (error `SemaphoreRedriveRejected`). Redriven outside the body, it takes and gives back its own.
+ * its RUNNING status-change event, if it still runs: take a permit for it again; if every permit is
+ * taken, stop it (error `SemaphoreRedriveRejected`). Redriven before the body, it takes its own, and
+ * an entry left from before the redrive is freed. Redriven after the body, it gives back its own.
  */
 async function guardRedrive(detail: StatusChangeDetail): Promise<RedriveGuardResult> {
   const executionArn = detail.executionArn;
   if (!executionPrefixes().some((prefix) => executionArn.startsWith(prefix))) {
     return { executionArn, action: 'not ours' };
   }
-  const resumedAt = await resumedState(executionArn);
-  if (resumedAt === undefined || OUTSIDE_BODY_STATES.includes(resumedAt)) {
-    return { executionArn, resumedAt, action: 'outside the body' };
+  // The event may be late: act only on an execution that still runs.
+  const described = await sfn.send(new DescribeExecutionCommand({ executionArn }));
+  if (described.status !== 'RUNNING') {
+    return { executionArn, action: 'no longer running' };
   }
-  const input = JSON.parse(detail.input ?? (await sfn.send(new DescribeExecutionCommand({ executionArn }))).input ?? '{}');
+  const resumed = await resumedState(executionArn);
+  const resumedAt = resumed?.state;
+  const input = JSON.parse(detail.input ?? described.input ?? '{}');
   const lockName = String(fromEnvOrInput('LOCK_NAME', input));
   const limit = Number(fromEnvOrInput('CONCURRENCY_LIMIT', input));
   const table = requiredEnv('TABLE_NAME');
+  if (resumed !== undefined && BEFORE_BODY_STATES.includes(resumed.state)) {
+    // It will take its own permit; an entry from before the redrive (an acquire that landed after its
+    // stop) would make that acquire fail on its own name, forever. Free it.
+    const freed = await conditionalUpdate(table, lockName, executionArn, RELEASE_UPDATE, RELEASE_TAKEN_BEFORE_CONDITION, {
+      [VALUES.one]: 1,
+      [VALUES.acquiredAt]: resumed.redrivenAt,
+    });
+    return { executionArn, resumedAt, action: freed ? 'stale permit released' : 'outside the body' };
+  }
+  if (resumedAt === undefined || OUTSIDE_BODY_STATES.includes(resumedAt)) {
+    return { executionArn, resumedAt, action: 'outside the body' };
+  }
   const leaseSeconds = process.env.LEASE_SECONDS ? Number(process.env.LEASE_SECONDS) : undefined;
   // Take a permit again; if it still holds one (its cleanup never ran), renew the entry instead, so
   // that a sweep that judged the old entry dead leaves it alone. A release between the two tries
@@ -286,6 +337,13 @@ async function guardRedrive(detail: StatusChangeDetail): Promise<RedriveGuardRes
       [VALUES.limit]: limit,
       [VALUES.entry]: { [HOLDER_ACQUIRED_AT]: now, ...(leaseSeconds === undefined ? {} : { [HOLDER_LEASE_SECONDS]: leaseSeconds }) },
     })) {
+      // Finished meanwhile (the event was late, the body short): give it back rather than leak it.
+      const after = await sfn.send(new DescribeExecutionCommand({ executionArn }));
+      if (after.status !== 'RUNNING') {
+        const given = { [VALUES.one]: 1, [VALUES.acquiredAt]: now };
+        await conditionalUpdate(table, lockName, executionArn, RELEASE_UPDATE, RELEASE_SEEN_HOLDER_CONDITION, given);
+        return { executionArn, resumedAt, action: 'permit taken again, then given back' };
+      }
       return { executionArn, resumedAt, action: 'permit taken again' };
     }
     if (await conditionalUpdate(table, lockName, executionArn, RENEW_UPDATE, RELEASE_CONDITION, { [VALUES.acquiredAt]: now })) {
@@ -329,19 +387,19 @@ async function conditionalUpdate(
   }
 }
 
-/** The last state the execution entered before its latest redrive: where it resumes. */
-async function resumedState(executionArn: string): Promise<string | undefined> {
-  let seenRedrive = false;
+/** The last state the execution entered before its latest redrive (where it resumes), and when that redrive was. */
+async function resumedState(executionArn: string): Promise<{ state: string; redrivenAt: string } | undefined> {
+  let redrivenAt: string | undefined;
   let nextToken: string | undefined;
   do {
     const page = await sfn.send(
       new GetExecutionHistoryCommand({ executionArn, reverseOrder: true, maxResults: 100, nextToken, includeExecutionData: false }),
     );
     for (const event of page.events ?? ([] as HistoryEvent[])) {
-      if (event.type === 'ExecutionRedriven') {
-        seenRedrive = true;
-      } else if (seenRedrive && event.stateEnteredEventDetails?.name) {
-        return event.stateEnteredEventDetails.name;
+      if (event.type === 'ExecutionRedriven' && redrivenAt === undefined) {
+        redrivenAt = new Date(event.timestamp ?? Date.now()).toISOString();
+      } else if (redrivenAt !== undefined && event.stateEnteredEventDetails?.name) {
+        return { state: event.stateEnteredEventDetails.name, redrivenAt };
       }
     }
     nextToken = page.nextToken;
@@ -397,11 +455,12 @@ function emitMetrics(table: string, permitsInUse: Map<string, number>, result: R
       PermitsReclaimed: result.dryRun ? 0 : result.reclaimed.length,
       LeasesExpired: result.stopped.length,
       ReconcilerErrors: result.errors.length,
-      reclaimed: result.reclaimed,
-      errors: result.errors,
-      truncated: result.truncated,
     }),
   );
+  // The details on lines of their own: a large sweep must not push the metrics over the size of a log event.
+  for (const reclaimed of result.reclaimed) console.log(JSON.stringify({ reclaimed, dryRun: result.dryRun }));
+  for (const error of result.errors) console.log(JSON.stringify({ error }));
+  if (result.truncated) console.log(JSON.stringify({ truncated: true, locks: result.locks, holders: result.holders }));
 }
 
 function requiredEnv(name: string): string {

@@ -178,6 +178,43 @@ describe('redrive guard', () => {
     }
   });
 
+  test('redriven at its acquire, an execution whose last acquire landed after its stop gets its stale permit freed', async () => {
+    const { stack, workflow, workFunctionId } = workflowStack({ concurrencyLimit: 1, reconcilerScheduleEnabled: false });
+    const work = new WorkTracker((input) => input.seconds);
+    let slow = true;
+    const sim = await Simulator.start(stack, {
+      lambdaHandlers: { [workFunctionId]: work.handler },
+      // The first acquire's write lands 10 s late: after its execution was stopped and cleaned up.
+      taskHandlers: {
+        'Acquire Permit': async (input, { simulator }) => {
+          if (slow) await simulator.sleep(10);
+          return simulator.dynamo.run('arn:aws:states:::dynamodb:updateItem', input);
+        },
+      },
+    });
+    try {
+      const sm = sim.stateMachine(stateMachineLogicalId(workflow.stateMachine));
+      const execution = sim.startExecution(sm, { seconds: 5 }, { name: 'late' });
+      await sim.sleep(1);
+      execution.abort('Test.Stop', 'stopped while acquiring');
+      await sim.sleep(15);
+      expect(execution.status).toBe('ABORTED');
+      // The leak: a permit held by a stopped execution, which no event will free.
+      expect(await lockState(sim)).toEqual([{ lockName: 'TestStack/Workflow', permitsInUse: 1, holders: [execution.arn] }]);
+
+      slow = false;
+      const again = await sim.redriveExecution(execution.arn);
+      await sim.idle();
+
+      // Without the guard its acquire would fail on its own entry, and it would wait forever.
+      expect(again.status).toBe('SUCCEEDED');
+      expect(work.byExecution.get(execution.arn)).toBe(1);
+      expect(await lockState(sim)).toEqual([{ lockName: 'TestStack/Workflow', permitsInUse: 0, holders: [] }]);
+    } finally {
+      await sim.stop();
+    }
+  });
+
   test('a redrive outside the body is left to the workflow itself', async () => {
     const { stack, workflow, workFunctionId } = workflowStack({ concurrencyLimit: 1, acquireTimeout: Duration.seconds(20) });
     const work = new WorkTracker((input) => input.seconds);

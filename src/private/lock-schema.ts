@@ -80,6 +80,12 @@ export const RELEASE_EXPIRED_LEASE_CONDITION = `attribute_exists(${NAMES.holder}
 export const RELEASE_SEEN_HOLDER_CONDITION = `attribute_exists(${NAMES.holder}) AND ${NAMES.holder}.${HOLDER_ACQUIRED_AT} = ${VALUES.acquiredAt}`;
 
 /**
+ * Release of an entry taken before a given time (ISO-8601 strings compare in time order): the redrive
+ * guard frees what an execution redriven before the body left from its previous run.
+ */
+export const RELEASE_TAKEN_BEFORE_CONDITION = `attribute_exists(${NAMES.holder}) AND ${NAMES.holder}.${HOLDER_ACQUIRED_AT} < ${VALUES.acquiredAt}`;
+
+/**
  * Renewal of a holder entry it still has (the redrive guard): a new acquire time, so that a sweep that
  * read the entry before the redrive finds it changed and leaves it alone. Conditional on RELEASE_CONDITION.
  */

@@ -25,6 +25,26 @@ export const STATE = {
 } as const;
 
 /**
+ * States before the protected body: an execution redriven in one of them takes its own permit, and
+ * an entry it left from before the redrive (an acquire that landed after its stop) is stale.
+ */
+export const BEFORE_BODY_STATES: string[] = [
+  STATE.checkRuntimeLimit,
+  STATE.runtimeLimitInvalid,
+  STATE.acquire,
+  STATE.undoAcquire,
+  STATE.waitForPermit,
+  STATE.drawPollDelay,
+  STATE.firstWait,
+  STATE.poll,
+  STATE.nextWait,
+  STATE.undoPoll,
+  STATE.permitAcquired,
+  STATE.acquireTimer,
+  STATE.acquireTimedOut,
+];
+
+/**
  * States outside the protected body: an execution stopped in one of them holds no permit it needs,
  * or takes or gives back its own. Every other state of the workflow is inside the body.
  */

@@ -163,6 +163,20 @@ test('follows the scan pages, stops early when out of time, and says so', async 
   expect(result.truncated).toBe(true);
 });
 
+test('stops early inside a lock with many holders, too', async () => {
+  const holders = Object.fromEntries(Array.from({ length: 40 }, (_, i) => [exec(`h${i}`), entry()]));
+  ddb.on(ScanCommand).resolves({ Items: [{ lockName: 'big', permitsInUse: 40, ...holders }] });
+  sfn.on(DescribeExecutionCommand).resolves({ status: 'RUNNING' });
+  let calls = 0;
+
+  // Time for the lock and about ten holders, then no more.
+  const result = await sweep({}, { getRemainingTimeInMillis: () => (++calls > 10 ? 5_000 : 60_000) });
+
+  expect(result.truncated).toBe(true);
+  expect(sfn.commandCalls(DescribeExecutionCommand).length).toBeGreaterThan(0);
+  expect(sfn.commandCalls(DescribeExecutionCommand).length).toBeLessThan(40);
+});
+
 test('a dry run changes nothing and reports what it would release', async () => {
   ddb.on(ScanCommand).resolves({ Items: [{ lockName: 'db', permitsInUse: 1, [exec('done')]: entry() }] });
   statuses({ [exec('done')]: 'TIMED_OUT' });
@@ -198,15 +212,18 @@ describe('redrive guard', () => {
     'detail-type': 'Step Functions Execution Status Change',
     'detail': { executionArn: exec(name), status: 'RUNNING', redriveCount: 1, input: JSON.stringify(input) },
   });
-  const history = (name: string, lastState: string) =>
-    sfn.on(GetExecutionHistoryCommand, { executionArn: exec(name) }).resolves({
+  const redrivenAt = new Date('2026-11-22T10:00:00.000Z');
+  const history = (name: string, lastState: string, status = 'RUNNING') => {
+    statuses({ [exec(name)]: status });
+    return sfn.on(GetExecutionHistoryCommand, { executionArn: exec(name) }).resolves({
       events: [
-        { id: 9, timestamp: new Date(), type: 'ExecutionRedriven' },
+        { id: 9, timestamp: redrivenAt, type: 'ExecutionRedriven' },
         { id: 8, timestamp: new Date(), type: 'ExecutionAborted' },
         { id: 7, timestamp: new Date(), type: 'TaskStateEntered', stateEnteredEventDetails: { name: lastState } },
         { id: 6, timestamp: new Date(), type: 'ParallelStateEntered', stateEnteredEventDetails: { name: 'Run Protected Body' } },
       ],
     });
+  };
 
   beforeEach(() => {
     process.env.LOCK_NAME = 'db';
@@ -266,11 +283,43 @@ describe('redrive guard', () => {
     expect(sfn.commandCalls(StopExecutionCommand)).toHaveLength(0);
   });
 
-  test('leaves an execution redriven outside the body to the workflow', async () => {
-    history('r4', 'Poll For Permit');
+  test('leaves an execution redriven after the body to the workflow', async () => {
+    history('r4', 'Release Permit');
     expect((await guard(redriven('r4'))).action).toBe('outside the body');
     expect(ddb.commandCalls(UpdateCommand)).toHaveLength(0);
     expect(sfn.commandCalls(StopExecutionCommand)).toHaveLength(0);
+  });
+
+  test('redriven before the body, frees only an entry taken before the redrive (a late acquire of its last run)', async () => {
+    history('r6', 'Poll For Permit');
+    ddb.on(UpdateCommand).resolves({});
+
+    expect((await guard(redriven('r6'))).action).toBe('stale permit released');
+    expect(ddb.commandCalls(UpdateCommand)[0].args[0].input).toMatchObject({
+      UpdateExpression: 'SET #permits = #permits - :one REMOVE #holder',
+      ConditionExpression: 'attribute_exists(#holder) AND #holder.acquiredAt < :acquiredAt',
+      ExpressionAttributeValues: { ':one': 1, ':acquiredAt': redrivenAt.toISOString() },
+    });
+  });
+
+  test('does nothing for an execution that stopped again before the event arrived', async () => {
+    history('r7', 'Do Work', 'SUCCEEDED');
+    expect((await guard(redriven('r7'))).action).toBe('no longer running');
+    expect(ddb.commandCalls(UpdateCommand)).toHaveLength(0);
+    expect(sfn.commandCalls(StopExecutionCommand)).toHaveLength(0);
+  });
+
+  test('gives back a permit it took for an execution that finished meanwhile', async () => {
+    history('r8', 'Do Work');
+    sfn.on(DescribeExecutionCommand, { executionArn: exec('r8') }).resolvesOnce({ status: 'RUNNING' }).resolves({ status: 'SUCCEEDED' });
+    ddb.on(UpdateCommand).resolves({});
+
+    expect((await guard(redriven('r8'))).action).toBe('permit taken again, then given back');
+    const [take, giveBack] = ddb.commandCalls(UpdateCommand).map((c) => c.args[0].input);
+    expect(giveBack).toMatchObject({
+      ConditionExpression: 'attribute_exists(#holder) AND #holder.acquiredAt = :acquiredAt',
+      ExpressionAttributeValues: { ':acquiredAt': (take.ExpressionAttributeValues as any)[':entry'].acquiredAt },
+    });
   });
 
   test('reads a runtime lock name from the execution input', async () => {
