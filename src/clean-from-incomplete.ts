@@ -125,6 +125,8 @@ export class CleanFromIncomplete extends Construct {
       logs: stateMachineLogs(this, props.logs),
       tracingEnabled: props.tracingEnabled ?? true,
     });
+    // A table encrypted with a customer managed key: the release needs the key too.
+    props.table.table.encryptionKey?.grantEncryptDecrypt(this.stateMachine);
 
     this.deadLetterQueue =
       props.deadLetterQueue ??

@@ -264,6 +264,9 @@ export class ConcurrencyControlledWorkflow extends Construct {
     validateConcurrencyLimit(limit);
     const pollSeconds = validateWholeSeconds('pollInterval', props.pollInterval ?? Duration.seconds(3), 1);
     const leaseSeconds = props.leaseDuration && validateWholeSeconds('leaseDuration', props.leaseDuration, 1);
+    if (props.reconcileEvery) {
+      validateWholeSeconds('reconcileEvery', props.reconcileEvery, 60);
+    }
     if (props.leaseDuration && props.reconcilerScheduleEnabled === false) {
       Annotations.of(this).addWarning('leaseDuration is set but the reconciler schedule is disabled: leases are enforced only by on-demand sweeps');
     }
@@ -300,6 +303,8 @@ export class ConcurrencyControlledWorkflow extends Construct {
       removalPolicy: props.removalPolicy,
       comment: props.comment ?? 'Runs its body while holding a permit of a DynamoDB semaphore (cdk-sfn-semaphore)',
     });
+    // The tasks grant their DynamoDB actions; the key of a customer-managed-key table they leave out.
+    this.table.table.encryptionKey?.grantEncryptDecrypt(this.stateMachine);
 
     this.cleanup = new CleanFromIncomplete(this, 'Cleanup', {
       table: this.table,

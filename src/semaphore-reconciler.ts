@@ -112,6 +112,12 @@ export class SemaphoreReconciler extends Construct {
   /** Alarm raised when a sweep had to reclaim a permit. */
   public readonly reclaimAlarm: cloudwatch.Alarm;
 
+  /**
+   * Alarm raised when the reconciler itself fails: the function errored, or a sweep could not check
+   * or release a holder. While it is on, the last layer of cleanup is not working.
+   */
+  public readonly failureAlarm: cloudwatch.Alarm;
+
   private readonly namespace: string;
   private readonly tableName: string;
 
@@ -151,6 +157,7 @@ export class SemaphoreReconciler extends Construct {
       statements: [new iam.PolicyStatement({ actions: ['logs:CreateLogStream', 'logs:PutLogEvents'], resources: [logGroup.logGroupArn] })],
     });
     props.table.table.grant(role, 'dynamodb:Scan', 'dynamodb:UpdateItem');
+    props.table.table.encryptionKey?.grantEncryptDecrypt(role);
     if (stateMachines.length > 0) {
       role.addToPrincipalPolicy(
         new iam.PolicyStatement({
@@ -176,6 +183,23 @@ export class SemaphoreReconciler extends Construct {
       alarmDescription:
         'The semaphore reconciler freed a permit that no running execution held: status-change events were lost or a cleanup failed',
       metric: this.metricPermitsReclaimed({ period: Duration.minutes(5), statistic: 'Sum' }),
+      threshold: 1,
+      evaluationPeriods: 1,
+      comparisonOperator: cloudwatch.ComparisonOperator.GREATER_THAN_OR_EQUAL_TO_THRESHOLD,
+      treatMissingData: cloudwatch.TreatMissingData.NOT_BREACHING,
+    });
+
+    this.failureAlarm = new cloudwatch.Alarm(this, 'FailureAlarm', {
+      alarmDescription: 'The semaphore reconciler failed, or could not check or release a holder: leaked permits may stay held',
+      metric: new cloudwatch.MathExpression({
+        expression: 'FILL(invocationErrors, 0) + FILL(holderErrors, 0)',
+        usingMetrics: {
+          invocationErrors: this.reconcilerFunction.metricErrors({ statistic: 'Sum' }),
+          holderErrors: this.metricErrors({ statistic: 'Sum' }),
+        },
+        period: Duration.minutes(15),
+        label: 'reconciler errors',
+      }),
       threshold: 1,
       evaluationPeriods: 1,
       comparisonOperator: cloudwatch.ComparisonOperator.GREATER_THAN_OR_EQUAL_TO_THRESHOLD,

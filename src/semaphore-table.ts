@@ -172,7 +172,9 @@ export class SemaphoreTable extends Construct implements ISemaphoreTable {
 }
 
 function grantAcquireRelease(table: dynamodb.ITable, grantee: iam.IGrantable): iam.Grant {
-  // Acquire and release are both one conditional UpdateItem; nothing else is needed.
+  // Acquire and release are both one conditional UpdateItem; nothing else is needed, but the key of a
+  // table encrypted with a customer managed key (Table.grant() leaves it out).
+  table.encryptionKey?.grantEncryptDecrypt(grantee);
   return table.grant(grantee, 'dynamodb:UpdateItem');
 }
 

@@ -1,6 +1,7 @@
 import { App, CfnParameter, Duration, RemovalPolicy, Stack } from 'aws-cdk-lib';
 import { Annotations, Match, Template } from 'aws-cdk-lib/assertions';
 import * as iam from 'aws-cdk-lib/aws-iam';
+import * as kms from 'aws-cdk-lib/aws-kms';
 import * as logs from 'aws-cdk-lib/aws-logs';
 import * as sfn from 'aws-cdk-lib/aws-stepfunctions';
 import { ConcurrencyControlledWorkflow, ConcurrencyControlledWorkflowProps, SemaphoreTable } from '../src';
@@ -302,6 +303,28 @@ describe('reconciler, leases and metrics', () => {
     expect(JSON.stringify(table.Resource)).toContain(logicalId(w.table.table.node.defaultChild as any));
   });
 
+  test('an alarm goes off when the reconciler itself fails', () => {
+    const { template, workflow: w } = workflow();
+    template.hasResourceProperties('AWS::CloudWatch::Alarm', {
+      AlarmDescription: Match.stringLikeRegexp('reconciler failed'),
+      Threshold: 1,
+      Metrics: Match.arrayWith([Match.objectLike({ Expression: 'FILL(invocationErrors, 0) + FILL(holderErrors, 0)' })]),
+    });
+    expect(w.reconciler.failureAlarm).toBeDefined();
+  });
+
+  test('with a customer managed key, every role that touches the table may use the key, on that key only', () => {
+    const stack = newStack();
+    const key = new kms.Key(stack, 'Key');
+    const { template, workflow: w } = workflow({ table: new SemaphoreTable(stack, 'Locks', { encryptionKey: key }) }, stack);
+    const keyArn = { 'Fn::GetAtt': [logicalId(key.node.defaultChild as any), 'Arn'] };
+    for (const role of ['WorkflowStateMachineRole', 'WorkflowCleanupStateMachineRole', 'WorkflowReconcilerRole']) {
+      const kmsStatements = policyStatements(template, role).filter((st) => [st.Action].flat().some((a: string) => a.startsWith('kms:')));
+      expect(kmsStatements).toEqual([expect.objectContaining({ Action: expect.arrayContaining(['kms:Decrypt', 'kms:Encrypt']), Resource: keyArn })]);
+    }
+    expect(w.table.table.encryptionKey).toBe(key);
+  });
+
   test('the redrive guard listens to RUNNING events of redriven executions of this workflow', () => {
     const { template, workflow: w } = workflow();
     template.hasResourceProperties('AWS::Events::Rule', {
@@ -327,7 +350,7 @@ describe('reconciler, leases and metrics', () => {
 
   test('fails for a reconcile period under a minute', () => {
     expect(() => workflow({ reconcileEvery: Duration.seconds(30) })).toThrow(
-      '`schedule` must be a whole number of seconds, at least 60 seconds, got: 30 seconds',
+      '`reconcileEvery` must be a whole number of seconds, at least 60 seconds, got: 30 seconds',
     );
   });
 
