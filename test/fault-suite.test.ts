@@ -56,7 +56,8 @@ test('the late-acquire race happens, and the reconciler frees what it leaked', a
   const results = [];
   for (const seed of [21, 22, 23]) {
     // One at a time: simulators share the process's environment and clock patches.
-    const options = { ...BASE, limit: executions, abortAcquiringRate: 0.2, dynamoFaults: { maxLatencySeconds: 6 }, seed };
+    // The ideal drain is one work time (10 s); calls up to 6 s late need a later horizon than 4 of it.
+    const options = { ...BASE, limit: executions, abortAcquiringRate: 0.2, dynamoFaults: { maxLatencySeconds: 6 }, seed, horizonFactor: 30 };
     results.push(await runScenario(demoSubject(executions), options));
   }
   for (const result of results) {

@@ -39,17 +39,20 @@ export class WorkTracker {
   /** When each execution's work started, simulated epoch ms. */
   public readonly startedAt = new Map<string, number>();
 
-  constructor(private readonly seconds: (input: any) => number = () => 1) {}
+  /** `seconds` gets the input and which run of the work this is for its execution (1, then 2 after a redrive...). */
+  constructor(private readonly seconds: (input: any, run: number) => number = () => 1) {}
 
   public handler = async (input: any, context: TaskContext) => {
     this.runs++;
-    this.byExecution.set(context.execution.arn, (this.byExecution.get(context.execution.arn) ?? 0) + 1);
+    const run = (this.byExecution.get(context.execution.arn) ?? 0) + 1;
+    this.byExecution.set(context.execution.arn, run);
     this.startedAt.set(context.execution.arn, context.simulator.now());
     this.inside++;
     this.maxInside = Math.max(this.maxInside, this.inside);
     try {
-      await context.simulator.sleep(this.seconds(input), context.signal);
-      if (input?.abortInside) {
+      await context.simulator.sleep(this.seconds(input, run), context.signal);
+      // Stopped inside the body on its first run; a redriven run works to the end.
+      if (input?.abortInside && run === 1) {
         context.execution.abort();
         await context.simulator.sleep(1e6, context.signal);
       }
