@@ -7,6 +7,7 @@ import {
   HOLDER_ACQUIRED_AT,
   HOLDER_LEASE_EXPIRES_AT,
   HOLDER_LEASE_SECONDS,
+  HOLDER_REDRIVE_COUNT,
   isExecutionHolder,
   LOCK_KEY,
   NAMES,
@@ -326,6 +327,8 @@ async function guardRedrive(detail: StatusChangeDetail): Promise<RedriveGuardRes
     return { executionArn, resumedAt, action: 'outside the body' };
   }
   const leaseSeconds = process.env.LEASE_SECONDS ? Number(process.env.LEASE_SECONDS) : undefined;
+  // The run the entry belongs to, so that a late cleanup of the run before the redrive leaves it.
+  const redriveCount = described.redriveCount ?? detail.redriveCount ?? 1;
   // Take a permit again; if it still holds one (its cleanup never ran), renew the entry instead, so
   // that a sweep that judged the old entry dead leaves it alone. A release between the two tries
   // makes the acquire worth another go.
@@ -335,7 +338,11 @@ async function guardRedrive(detail: StatusChangeDetail): Promise<RedriveGuardRes
       [VALUES.zero]: 0,
       [VALUES.one]: 1,
       [VALUES.limit]: limit,
-      [VALUES.entry]: { [HOLDER_ACQUIRED_AT]: now, ...(leaseSeconds === undefined ? {} : { [HOLDER_LEASE_SECONDS]: leaseSeconds }) },
+      [VALUES.entry]: {
+        [HOLDER_ACQUIRED_AT]: now,
+        [HOLDER_REDRIVE_COUNT]: redriveCount,
+        ...(leaseSeconds === undefined ? {} : { [HOLDER_LEASE_SECONDS]: leaseSeconds }),
+      },
     })) {
       // Finished meanwhile (the event was late, the body short): give it back rather than leak it.
       const after = await sfn.send(new DescribeExecutionCommand({ executionArn }));
@@ -346,7 +353,8 @@ async function guardRedrive(detail: StatusChangeDetail): Promise<RedriveGuardRes
       }
       return { executionArn, resumedAt, action: 'permit taken again' };
     }
-    if (await conditionalUpdate(table, lockName, executionArn, RENEW_UPDATE, RELEASE_CONDITION, { [VALUES.acquiredAt]: now })) {
+    const renewal = { [VALUES.acquiredAt]: now, [VALUES.redriveCount]: redriveCount };
+    if (await conditionalUpdate(table, lockName, executionArn, RENEW_UPDATE, RELEASE_CONDITION, renewal)) {
       return { executionArn, resumedAt, action: 'still holds its permit' };
     }
   }

@@ -384,6 +384,7 @@ export class Simulator {
       ...(e.stopDate !== undefined ? { stopDate: e.stopDate / 1000 } : {}),
       input: JSON.stringify(e.input),
       inputDetails: { included: true },
+      redriveCount: e.redriveCount,
       ...(e.status === 'SUCCEEDED' ? { output: JSON.stringify(e.output), outputDetails: { included: true } } : {}),
       ...(e.error !== undefined ? { error: e.error } : {}),
       ...(e.cause !== undefined ? { cause: e.cause } : {}),
@@ -584,6 +585,7 @@ export class Simulator {
           Name: execution.name,
           RoleArn: `arn:aws:iam::${ACCOUNT}:role/${execution.stateMachine.logicalId}Role`,
           StartTime: new Date(execution.startDate).toISOString(),
+          RedriveCount: execution.redriveCount,
         },
         StateMachine: { Id: execution.stateMachine.arn, Name: execution.stateMachine.name },
         State: {

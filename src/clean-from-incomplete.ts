@@ -160,11 +160,15 @@ export class CleanFromIncomplete extends Construct {
     const lockName = stringValue('lockName', props.lockName);
     const notHeld = new sfn.Succeed(this, 'Permit Not Held');
 
-    const release = (holderPath: string, lockNameValue: string) => {
+    // Which run of the execution stopped: a late or repeated event of a run before a redrive must not
+    // free the permit of the run after it.
+    const redriveCount = (path: string) => tasks.DynamoAttributeValue.numberFromString(sfn.JsonPath.jsonToString(sfn.JsonPath.objectAt(path)));
+    const release = (holderPath: string, lockNameValue: string, redriveCountPath: string) => {
       const task = releaseTask(this, 'Release Permit Of Stopped Execution', {
         table: props.table,
         lockName: tasks.DynamoAttributeValue.fromString(lockNameValue),
         holder: sfn.JsonPath.stringAt(holderPath),
+        stoppedRunRedriveCount: redriveCount(redriveCountPath),
       });
       // Cleanup runs after the fact, so it can afford to outlast a long throttling episode.
       task.addRetry({ ...transientRetry([...THROTTLING_ERRORS, ...SERVER_ERRORS]), maxAttempts: 20, maxDelay: Duration.seconds(30) });
@@ -173,13 +177,13 @@ export class CleanFromIncomplete extends Construct {
     };
 
     if (lockName.inputPath === undefined) {
-      return release('$.detail.executionArn', lockName.fixed!);
+      return release('$.detail.executionArn', lockName.fixed!, '$.detail.redriveCount');
     }
 
     // The lock name is in the stopped execution's input. The event carries that input as a string
     // unless it was too large for the event (`inputDetails.included` false); then ask Step Functions.
     const lockNamePath = pathFromParsedInput(lockName.inputPath, '$.input');
-    const releaseFromInput = release('$.executionArn', sfn.JsonPath.stringAt(lockNamePath));
+    const releaseFromInput = release('$.executionArn', sfn.JsonPath.stringAt(lockNamePath), '$.redriveCount');
     const checkLockName = new sfn.Choice(this, 'Lock Name In Input?')
       .when(sfn.Condition.isString(lockNamePath), releaseFromInput)
       // The execution could not have taken a permit without a lock name.
@@ -188,6 +192,7 @@ export class CleanFromIncomplete extends Construct {
     const fromEvent = new sfn.Pass(this, 'Read Input From Event', {
       parameters: {
         executionArn: sfn.JsonPath.stringAt('$.detail.executionArn'),
+        redriveCount: sfn.JsonPath.numberAt('$.detail.redriveCount'),
         input: sfn.JsonPath.stringToJson(sfn.JsonPath.stringAt('$.detail.input')),
       },
     });
@@ -197,9 +202,15 @@ export class CleanFromIncomplete extends Construct {
       parameters: { ExecutionArn: sfn.JsonPath.stringAt('$.detail.executionArn') },
       iamAction: 'states:DescribeExecution',
       iamResources: props.protectedStateMachines.map((sm) => executionArnPattern(this, sm)),
-      resultSelector: {
-        executionArn: sfn.JsonPath.stringAt('$.ExecutionArn'),
-        input: sfn.JsonPath.stringToJson(sfn.JsonPath.stringAt('$.Input')),
+      resultSelector: { input: sfn.JsonPath.stringToJson(sfn.JsonPath.stringAt('$.Input')) },
+      resultPath: '$.described',
+    });
+    // The run that stopped is the event's, not the execution's latest (it may have been redriven since).
+    const fromDescription = new sfn.Pass(this, 'Read Input From Description', {
+      parameters: {
+        executionArn: sfn.JsonPath.stringAt('$.detail.executionArn'),
+        redriveCount: sfn.JsonPath.numberAt('$.detail.redriveCount'),
+        input: sfn.JsonPath.objectAt('$.described.input'),
       },
     });
     // DescribeExecution only reads, so any task failure may be retried.
@@ -216,7 +227,7 @@ export class CleanFromIncomplete extends Construct {
           sfn.Condition.isPresent('$.detail.inputDetails.included'),
           sfn.Condition.booleanEquals('$.detail.inputDetails.included', false),
         ),
-        describe.next(checkLockName),
+        describe.next(fromDescription).next(checkLockName),
       )
       .otherwise(fromEvent.next(checkLockName));
   }

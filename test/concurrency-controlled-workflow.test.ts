@@ -225,8 +225,10 @@ describe('cleanup', () => {
     expect(def.States['Release Permit Of Stopped Execution']).toMatchObject({
       Parameters: {
         Key: { lockName: { S: 'fixed' } },
-        ConditionExpression: 'attribute_exists(#holder)',
+        // Only a permit taken by the run that stopped (or an earlier one), not by a later redrive.
+        ConditionExpression: 'attribute_exists(#holder) AND (attribute_not_exists(#holder.redriveCount) OR #holder.redriveCount <= :redriveCount)',
         ExpressionAttributeNames: { '#holder.$': '$.detail.executionArn' },
+        ExpressionAttributeValues: { ':one': { N: '1' }, ':redriveCount': { 'N.$': 'States.JsonToString($.detail.redriveCount)' } },
       },
       Catch: [{ ErrorEquals: ['DynamoDB.ConditionalCheckFailedException'], Next: 'Permit Not Held', ResultPath: null }],
     });
@@ -238,7 +240,14 @@ describe('cleanup', () => {
 
     expect(def.States['Read Input From Event'].Parameters).toEqual({
       'executionArn.$': '$.detail.executionArn',
+      'redriveCount.$': '$.detail.redriveCount',
       'input.$': 'States.StringToJson($.detail.input)',
+    });
+    // Described because the input was too large for the event: the run that stopped is still the event's.
+    expect(def.States['Read Input From Description'].Parameters).toEqual({
+      'executionArn.$': '$.detail.executionArn',
+      'redriveCount.$': '$.detail.redriveCount',
+      'input.$': '$.described.input',
     });
     expect(def.States['Release Permit Of Stopped Execution'].Parameters.Key).toEqual({ lockName: { 'S.$': '$.input.tenant' } });
     expect(def.States['Describe Stopped Execution'].Resource).toMatch(/:states:::aws-sdk:sfn:describeExecution$/);
@@ -359,7 +368,11 @@ describe('reconciler, leases and metrics', () => {
     const def = definitionOf(stack, w.stateMachine);
 
     expect(def.States['Acquire Permit'].Parameters.ExpressionAttributeValues[':entry']).toEqual({
-      M: { acquiredAt: { 'S.$': '$$.State.EnteredTime' }, leaseSeconds: { N: '600' } },
+      M: {
+        acquiredAt: { 'S.$': '$$.State.EnteredTime' },
+        redriveCount: { 'N.$': 'States.JsonToString($$.Execution.RedriveCount)' },
+        leaseSeconds: { N: '600' },
+      },
     });
     expect(def.States['Wait For Permit'].Branches[0].States['Poll For Permit'].Parameters.ExpressionAttributeValues[':entry'].M.leaseSeconds).toEqual({
       N: '600',

@@ -8,6 +8,7 @@
  *   permitsInUse (N)                 how many permits are held
  *   <holder id>  (M)                 one top-level attribute per holder, named by its id (for a
  *                                    workflow, the execution ARN): { acquiredAt: S (ISO-8601),
+ *                                    redriveCount?: N (executions: the run that took it),
  *                                    leaseSeconds?: N (workflow leases), leaseExpiresAt?: N (epoch
  *                                    ms, leases of holders that are not executions), owner?: S }
  *
@@ -27,6 +28,12 @@ export const HOLDER_ACQUIRED_AT = 'acquiredAt';
 
 /** Field of a holder entry: how long a workflow execution may hold the permit, in seconds. */
 export const HOLDER_LEASE_SECONDS = 'leaseSeconds';
+
+/**
+ * Field of a holder entry that is an execution: which run of it took the permit (`$$.Execution.RedriveCount`,
+ * 0 before any redrive), so that the cleanup of an earlier run never frees the permit of a later one.
+ */
+export const HOLDER_REDRIVE_COUNT = 'redriveCount';
 
 /** Field of a holder entry that is not an execution: when its lease ends, epoch milliseconds. */
 export const HOLDER_LEASE_EXPIRES_AT = 'leaseExpiresAt';
@@ -50,6 +57,7 @@ export const VALUES = {
   entry: ':entry',
   expiresAt: ':expiresAt',
   acquiredAt: ':acquiredAt',
+  redriveCount: ':redriveCount',
 } as const;
 
 /**
@@ -73,6 +81,13 @@ export const RELEASE_UPDATE = `SET ${NAMES.permits} = ${NAMES.permits} - ${VALUE
 export const RELEASE_EXPIRED_LEASE_CONDITION = `attribute_exists(${NAMES.holder}) AND ${NAMES.holder}.${HOLDER_LEASE_EXPIRES_AT} = ${VALUES.expiresAt}`;
 
 /**
+ * Release by the cleanup of a stopped run: as RELEASE_CONDITION, and only if the permit was taken by
+ * that run or an earlier one. A status event delivered late (or twice) after the execution was
+ * redriven must not free the permit its new run took.
+ */
+export const RELEASE_STOPPED_RUN_CONDITION = `attribute_exists(${NAMES.holder}) AND (attribute_not_exists(${NAMES.holder}.${HOLDER_REDRIVE_COUNT}) OR ${NAMES.holder}.${HOLDER_REDRIVE_COUNT} <= ${VALUES.redriveCount})`;
+
+/**
  * Release by a sweep of a holder it judged dead: as RELEASE_CONDITION, and only if the entry is still
  * the one it read. A redriven execution keeps its ARN; once it holds a permit again (a new entry), a
  * sweep that read the old one must not free it.
@@ -86,10 +101,10 @@ export const RELEASE_SEEN_HOLDER_CONDITION = `attribute_exists(${NAMES.holder}) 
 export const RELEASE_TAKEN_BEFORE_CONDITION = `attribute_exists(${NAMES.holder}) AND ${NAMES.holder}.${HOLDER_ACQUIRED_AT} < ${VALUES.acquiredAt}`;
 
 /**
- * Renewal of a holder entry it still has (the redrive guard): a new acquire time, so that a sweep that
- * read the entry before the redrive finds it changed and leaves it alone. Conditional on RELEASE_CONDITION.
+ * Renewal of a holder entry it still has (the redrive guard): a new acquire time and run, so that a
+ * sweep that read the entry before the redrive, or the late cleanup of the run before it, leaves it alone. Conditional on RELEASE_CONDITION.
  */
-export const RENEW_UPDATE = `SET ${NAMES.holder}.${HOLDER_ACQUIRED_AT} = ${VALUES.acquiredAt}`;
+export const RENEW_UPDATE = `SET ${NAMES.holder}.${HOLDER_ACQUIRED_AT} = ${VALUES.acquiredAt}, ${NAMES.holder}.${HOLDER_REDRIVE_COUNT} = ${VALUES.redriveCount}`;
 
 /** Longest lock name we accept; far below DynamoDB's 2,048-byte partition key limit. */
 export const MAX_LOCK_NAME_LENGTH = 255;

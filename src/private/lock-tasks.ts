@@ -6,10 +6,12 @@ import {
   ACQUIRE_UPDATE,
   HOLDER_ACQUIRED_AT,
   HOLDER_LEASE_SECONDS,
+  HOLDER_REDRIVE_COUNT,
   LOCK_KEY,
   NAMES,
   PERMITS_IN_USE,
   RELEASE_CONDITION,
+  RELEASE_STOPPED_RUN_CONDITION,
   RELEASE_UPDATE,
   VALUES,
 } from './lock-schema';
@@ -49,6 +51,7 @@ export function acquireTask(scope: Construct, id: string, props: AcquireTaskProp
       [VALUES.limit]: props.limit,
       [VALUES.entry]: tasks.DynamoAttributeValue.fromMap({
         [HOLDER_ACQUIRED_AT]: tasks.DynamoAttributeValue.fromString(sfn.JsonPath.stringAt('$$.State.EnteredTime')),
+        [HOLDER_REDRIVE_COUNT]: tasks.DynamoAttributeValue.numberFromString(sfn.JsonPath.jsonToString(sfn.JsonPath.objectAt('$$.Execution.RedriveCount'))),
         ...(props.leaseSeconds === undefined ? {} : { [HOLDER_LEASE_SECONDS]: tasks.DynamoAttributeValue.fromNumber(props.leaseSeconds) }),
       }),
     },
@@ -57,18 +60,29 @@ export function acquireTask(scope: Construct, id: string, props: AcquireTaskProp
   });
 }
 
+export interface ReleaseTaskProps extends LockTaskProps {
+  /**
+   * For the cleanup of a stopped run: its redrive count. The permit is then freed only if that run
+   * (or an earlier one) took it. @default - release whatever the holder holds (its own run)
+   */
+  readonly stoppedRunRedriveCount?: tasks.DynamoAttributeValue;
+}
+
 /**
  * One conditional UpdateItem that gives a permit back if, and only if, the holder still holds it; it
  * fails with ConditionalCheckFailed otherwise, so it never frees a permit twice.
  */
-export function releaseTask(scope: Construct, id: string, props: LockTaskProps): tasks.DynamoUpdateItem {
+export function releaseTask(scope: Construct, id: string, props: ReleaseTaskProps): tasks.DynamoUpdateItem {
   return new tasks.DynamoUpdateItem(scope, id, {
     table: props.table.table,
     key: { [LOCK_KEY]: props.lockName },
-    conditionExpression: RELEASE_CONDITION,
+    conditionExpression: props.stoppedRunRedriveCount === undefined ? RELEASE_CONDITION : RELEASE_STOPPED_RUN_CONDITION,
     updateExpression: RELEASE_UPDATE,
     expressionAttributeNames: { [NAMES.permits]: PERMITS_IN_USE, [NAMES.holder]: props.holder },
-    expressionAttributeValues: { [VALUES.one]: tasks.DynamoAttributeValue.fromNumber(1) },
+    expressionAttributeValues: {
+      [VALUES.one]: tasks.DynamoAttributeValue.fromNumber(1),
+      ...(props.stoppedRunRedriveCount === undefined ? {} : { [VALUES.redriveCount]: props.stoppedRunRedriveCount }),
+    },
     resultPath: sfn.JsonPath.DISCARD,
   });
 }
