@@ -266,29 +266,17 @@ async function reconcileHolder(
  * (a script may renew it) or its acquire time (a redriven execution takes a new entry under the same
  * name). False if the holder was gone or changed meanwhile: nothing to do.
  */
-async function release(table: string, lockName: string, holder: string, seen: { leaseExpiresAt?: number; acquiredAt?: string }): Promise<boolean> {
+async function release(
+  table: string,
+  lockName: string,
+  holder: string,
+  seen: { readonly leaseExpiresAt: number } | { readonly acquiredAt: string },
+): Promise<boolean> {
   const [condition, values] =
-    seen.leaseExpiresAt !== undefined
+    'leaseExpiresAt' in seen
       ? [RELEASE_EXPIRED_LEASE_CONDITION, { [VALUES.expiresAt]: seen.leaseExpiresAt }]
-      : seen.acquiredAt !== undefined
-        ? [RELEASE_SEEN_HOLDER_CONDITION, { [VALUES.acquiredAt]: seen.acquiredAt }]
-        : [RELEASE_CONDITION, {}];
-  try {
-    await ddb.send(
-      new UpdateCommand({
-        TableName: table,
-        Key: { [LOCK_KEY]: lockName },
-        UpdateExpression: RELEASE_UPDATE,
-        ConditionExpression: condition,
-        ExpressionAttributeNames: { [NAMES.permits]: PERMITS_IN_USE, [NAMES.holder]: holder },
-        ExpressionAttributeValues: { [VALUES.one]: 1, ...values },
-      }),
-    );
-    return true;
-  } catch (e) {
-    if ((e as Error).name === 'ConditionalCheckFailedException') return false;
-    throw e;
-  }
+      : [RELEASE_SEEN_HOLDER_CONDITION, { [VALUES.acquiredAt]: seen.acquiredAt }];
+  return conditionalUpdate(table, lockName, holder, RELEASE_UPDATE, condition, { [VALUES.one]: 1, ...values });
 }
 
 /**
@@ -347,8 +335,7 @@ async function guardRedrive(detail: StatusChangeDetail): Promise<RedriveGuardRes
       // Finished meanwhile (the event was late, the body short): give it back rather than leak it.
       const after = await sfn.send(new DescribeExecutionCommand({ executionArn }));
       if (after.status !== 'RUNNING') {
-        const given = { [VALUES.one]: 1, [VALUES.acquiredAt]: now };
-        await conditionalUpdate(table, lockName, executionArn, RELEASE_UPDATE, RELEASE_SEEN_HOLDER_CONDITION, given);
+        await release(table, lockName, executionArn, { acquiredAt: now });
         return { executionArn, resumedAt, action: 'permit taken again, then given back' };
       }
       return { executionArn, resumedAt, action: 'permit taken again' };
