@@ -19,6 +19,9 @@ import type { Random } from './random';
  * 5. `ResultPath: "$"` should replace the whole state data with the result; the module writes the result
  *    under a key named "$" instead.
  * 6. Node 20 lacks `Promise.withResolvers`, which the module calls.
+ * 7. Every intrinsic function's string result loses all its backslashes, so `States.JsonToString` of a
+ *    string containing a quote gives text that is not JSON (`{"q":"a"b"}`). Only the escapes of a
+ *    quoted literal argument (`'it\'s'`) are to be undone, and there, not in results.
  *
  * Each patch must apply exactly once, so an upgrade of the module that moves the code fails loudly
  * here instead of silently running at full speed.
@@ -53,6 +56,7 @@ const PATCHES: Array<[string, string]> = [
     'waitTimeBeforeRetry = getRandomNumber(0, waitTimeBeforeRetry);',
     'waitTimeBeforeRetry = getRandomNumber(0, waitTimeBeforeRetry, __RANDOM__);',
   ],
+  ['      result = result.replaceAll("\\\\", "");\n', ''],
 ];
 
 export type LocalStepFunctions = typeof LocalSfn;

@@ -672,6 +672,7 @@ export class Simulator {
   private async runTask(execution: Execution, stateName: string, resource: string, input: any): Promise<unknown> {
     const context: TaskContext = { simulator: this, execution, stateName, signal: execution.stopped.signal };
     this.taskListeners.forEach((l) => l(execution, stateName));
+    checkPayloadSize(stateName, input);
     const override = this.options.taskHandlers?.[stateName];
     if (override) {
       return override(input, context);
@@ -808,6 +809,25 @@ export function scheduleSeconds(expression: string): number {
 }
 
 /** An AWS SDK integration's result: API field names in PascalCase; its errors prefixed by the service. */
+/** Step Functions' payload quota: a state's input after Parameters, and its output, UTF-8 bytes. */
+const PAYLOAD_QUOTA_BYTES = 256 * 1024;
+
+/**
+ * A task whose effective input (after Parameters) exceeds the quota fails with `States.DataLimitExceeded`
+ * before it calls anything, as Step Functions does. In AWS that error is terminal and `States.ALL` does
+ * not catch it (only a catcher naming it does); the interpreter has no such distinction, so here a
+ * `States.ALL` catcher catches it too. It is never retried.
+ * https://docs.aws.amazon.com/step-functions/latest/dg/concepts-error-handling.html
+ */
+function checkPayloadSize(stateName: string, input: unknown): void {
+  const bytes = Buffer.byteLength(JSON.stringify(input ?? null), 'utf8');
+  if (bytes > PAYLOAD_QUOTA_BYTES) {
+    const error = new TaskError('States.DataLimitExceeded', `The state '${stateName}' has an input of ${bytes} bytes after Parameters, above the quota of ${PAYLOAD_QUOTA_BYTES} bytes`);
+    Object.defineProperty(error, 'isRetryable', { value: false });
+    throw error;
+  }
+}
+
 function sdkIntegrationCall(service: string, call: () => unknown): unknown {
   try {
     return call();

@@ -189,6 +189,51 @@ describe('state machines', () => {
     }
   });
 
+  test('States.JsonToString gives JSON text that States.StringToJson reads back, backslashes and all', async () => {
+    const { stack, sm } = machineStack((s) =>
+      new sfn.Pass(s, 'Encode', {
+        parameters: {
+          text: sfn.JsonPath.jsonToString(sfn.JsonPath.objectAt('$.value')),
+          greeting: sfn.JsonPath.format('hello {}', sfn.JsonPath.stringAt('$.value.q')),
+        },
+      }).next(new sfn.Pass(s, 'Decode', { parameters: { value: sfn.JsonPath.stringToJson(sfn.JsonPath.stringAt('$.text')), greeting: sfn.JsonPath.stringAt('$.greeting') } })),
+    );
+    const sim = await Simulator.start(stack);
+    try {
+      const value = { q: 'a "quoted" back\\slash', n: [1, 'ü'] };
+      const e = await sim.startExecution(sim.stateMachine(logicalId(sm.node.defaultChild as any)), { value }).done;
+      expect(e.output).toEqual({ value, greeting: `hello ${value.q}` });
+    } finally {
+      await sim.stop();
+    }
+  });
+
+  test('a task whose input after Parameters exceeds 256 KiB fails with States.DataLimitExceeded, without retries', async () => {
+    let calls = 0;
+    const { stack, sm } = machineStack((s) =>
+      new sfn.CustomState(s, 'Store', {
+        stateJson: {
+          Type: 'Task',
+          Resource: 'arn:aws:states:::store',
+          Parameters: { 'text.$': 'States.JsonToString($)' },
+          Retry: [{ ErrorEquals: ['States.ALL'], MaxAttempts: 3 }],
+        },
+      }),
+    );
+    const sim = await Simulator.start(stack, { taskHandlers: { Store: async () => ++calls } });
+    try {
+      const machine = sim.stateMachine(logicalId(sm.node.defaultChild as any));
+      // 100,000 quotes: 200 KB of input; as escaped JSON text inside the parameters, 400 KB.
+      const tooLarge = await sim.startExecution(machine, { q: '"'.repeat(100_000) }).done;
+      expect([tooLarge.status, tooLarge.error]).toEqual(['FAILED', 'States.DataLimitExceeded']);
+      expect(calls).toBe(0);
+      const fits = await sim.startExecution(machine, { q: 'x'.repeat(100_000) }).done;
+      expect([fits.status, calls]).toEqual(['SUCCEEDED', 1]);
+    } finally {
+      await sim.stop();
+    }
+  });
+
   test('a Task without TimeoutSeconds does not time out after 60 s', async () => {
     const { stack, sm } = machineStack((s) => new sfn.CustomState(s, 'Slow', { stateJson: { Type: 'Task', Resource: 'arn:aws:states:::slow' } }));
     const sim = await Simulator.start(stack, {
