@@ -4,10 +4,10 @@ import * as events from 'aws-cdk-lib/aws-events';
 import * as targets from 'aws-cdk-lib/aws-events-targets';
 import * as iam from 'aws-cdk-lib/aws-iam';
 import * as lambda from 'aws-cdk-lib/aws-lambda';
-import * as logs from 'aws-cdk-lib/aws-logs';
 import * as sfn from 'aws-cdk-lib/aws-stepfunctions';
 import { Construct } from 'constructs';
 import { executionArnPattern } from './private/arns';
+import { functionWithOwnLogs } from './private/function-logs';
 import { ReconcilerFunction } from './private/reconciler-function';
 import { numberValue, stringValue } from './private/runtime-value';
 import { validateWholeSeconds } from './private/validation';
@@ -131,31 +131,21 @@ export class SemaphoreReconciler extends Construct {
     this.tableName = props.table.tableName;
     const stateMachines = props.stateMachines ?? [];
 
-    // Its own role and log group, rather than the managed AWSLambdaBasicExecutionRole: write access
-    // to exactly its log group, nothing else.
-    const role = new iam.Role(this, 'Role', { assumedBy: new iam.ServicePrincipal('lambda.amazonaws.com') });
-    this.reconcilerFunction = new ReconcilerFunction(this, 'Function', {
-      role,
-      timeout: Duration.minutes(5),
-      memorySize: 256,
-      description: 'Frees semaphore permits that no running execution or live lease holds (cdk-sfn-semaphore)',
-      environment: {
-        TABLE_NAME: props.table.tableName,
-        STATE_MACHINE_ARNS: stateMachines.map((sm) => sm.stateMachineArn).join(','),
-        CLOCK_SKEW_SECONDS: String(clockSkew.toSeconds()),
-        METRICS_NAMESPACE: this.namespace,
-      },
-    });
-    const logGroup = new logs.LogGroup(this, 'LogGroup', {
-      logGroupName: `/aws/lambda/${this.reconcilerFunction.functionName}`,
-      retention: logs.RetentionDays.THREE_MONTHS,
-    });
-    // A policy of its own: in the role's default policy, which the function depends on, it would
-    // close a cycle (policy -> log group -> function name -> function -> policy).
-    new iam.Policy(this, 'LogPolicy', {
-      roles: [role],
-      statements: [new iam.PolicyStatement({ actions: ['logs:CreateLogStream', 'logs:PutLogEvents'], resources: [logGroup.logGroupArn] })],
-    });
+    const { fn, role } = functionWithOwnLogs(this, (functionRole) =>
+      new ReconcilerFunction(this, 'Function', {
+        role: functionRole,
+        timeout: Duration.minutes(5),
+        memorySize: 256,
+        description: 'Frees semaphore permits that no running execution or live lease holds (cdk-sfn-semaphore)',
+        environment: {
+          TABLE_NAME: props.table.tableName,
+          STATE_MACHINE_ARNS: stateMachines.map((sm) => sm.stateMachineArn).join(','),
+          CLOCK_SKEW_SECONDS: String(clockSkew.toSeconds()),
+          METRICS_NAMESPACE: this.namespace,
+        },
+      }),
+    );
+    this.reconcilerFunction = fn;
     props.table.table.grant(role, 'dynamodb:Scan', 'dynamodb:UpdateItem');
     props.table.table.encryptionKey?.grantEncryptDecrypt(role);
     if (stateMachines.length > 0) {
