@@ -47,12 +47,16 @@ const project = new awscdk.AwsCdkConstructLibrary({
     projectService: false,
   },
   experimentalIntegRunner: true,
-  lambdaAutoDiscover: false, // the one handler lives in lambda/, registered below
+  lambdaAutoDiscover: false, // the handlers live in lambda/, registered below
+  // The constructs check JMESPath key expressions at synth time with the same library the key
+  // function runs; jsii packages need their non-jsii dependencies bundled.
+  bundledDeps: ['jmespath@^0.16.0'],
   devDeps: [
     '@aws-sdk/client-dynamodb@^3',
     '@aws-sdk/client-sfn@^3',
     '@aws-sdk/lib-dynamodb@^3',
     'aws-sdk-client-mock@^4',
+    '@types/jmespath@^0.15.2',
     'aws-local-stepfunctions@^3',
     'asl-validator@^4',
     'dynalite@^4',
@@ -90,6 +94,16 @@ new awscdk.LambdaFunction(project, {
   cdkDeps: project.cdkDeps,
   // Node.js 18 can no longer be deployed; projen writes `new lambda.Runtime('nodejs22.x', ...)`,
   // which our aws-cdk-lib floor accepts although it predates Runtime.NODEJS_22_X.
+  runtime: awscdk.LambdaRuntime.NODEJS_22_X,
+});
+
+// The key function of idempotent workflows: pure (no AWS calls), bundled with the key module it shares
+// with the constructs.
+new awscdk.LambdaFunction(project, {
+  entrypoint: 'lambda/idempotency-key.lambda.ts',
+  constructFile: 'src/private/idempotency-key-function.ts',
+  constructName: 'IdempotencyKeyFunction',
+  cdkDeps: project.cdkDeps,
   runtime: awscdk.LambdaRuntime.NODEJS_22_X,
 });
 

@@ -7,10 +7,19 @@ import * as sfn from 'aws-cdk-lib/aws-stepfunctions';
 import * as tasks from 'aws-cdk-lib/aws-stepfunctions-tasks';
 import { Construct } from 'constructs';
 import { CleanFromIncomplete } from './clean-from-incomplete';
+import { IdempotencyOptions } from './idempotency-options';
+import { IIdempotencyTable } from './idempotency-table';
 import { CONDITIONAL_CHECK_FAILED, SERVER_ERRORS, THROTTLING_ERRORS, transientRetry } from './private/dynamodb-errors';
+import { defaultStateMachineName, renderIdempotency } from './private/idempotency-config';
+import {
+  ERROR_PATH as IDEMPOTENT_ERROR_PATH,
+  IdempotencyStates,
+  INPUT_PATH as IDEMPOTENT_INPUT_PATH,
+  OUTPUT_PATH as IDEMPOTENT_OUTPUT_PATH,
+} from './private/idempotency-states';
 import { MAX_LOCK_NAME_LENGTH } from './private/lock-schema';
 import { acquireTask, LockTaskProps, releaseTask } from './private/lock-tasks';
-import { numberValue, pathFromExecutionInput, RuntimeValue, stringValue } from './private/runtime-value';
+import { numberValue, pathFromExecutionInput, pathFromParsedInput, RuntimeValue, stringValue } from './private/runtime-value';
 import { stateMachineLogs } from './private/state-machine-defaults';
 import { STATE } from './private/state-names';
 import { validateConcurrencyLimit, validateLockName, validateWholeSeconds } from './private/validation';
@@ -167,6 +176,15 @@ export interface ConcurrencyControlledWorkflowProps {
    * @default false
    */
   readonly dashboard?: boolean;
+
+  /**
+   * Make the workflow idempotent: an execution whose input repeats an earlier one's returns the stored
+   * result instead of running the body again, and a duplicate that arrives while the first still runs
+   * waits for its result. Repeats are recognized before a permit is taken, so they never wait for one.
+   *
+   * @default - not idempotent: every execution runs the body
+   */
+  readonly idempotency?: IdempotencyOptions;
 }
 
 /**
@@ -250,6 +268,11 @@ export class ConcurrencyControlledWorkflow extends Construct {
    */
   public readonly metricsNamespace: string;
 
+  /**
+   * The table of idempotency records, when the workflow is idempotent.
+   */
+  public readonly idempotencyTable?: IIdempotencyTable;
+
   constructor(scope: Construct, id: string, props: ConcurrencyControlledWorkflowProps) {
     super(scope, id);
 
@@ -281,6 +304,12 @@ export class ConcurrencyControlledWorkflow extends Construct {
 
     this.table = props.table ?? new SemaphoreTable(this, 'LockTable');
 
+    // An idempotent workflow describes its own executions (the owners of records), so its name must
+    // be known before the state machine exists.
+    const stateMachineName = props.stateMachineName ?? (props.idempotency ? defaultStateMachineName(this) : undefined);
+    const idempotency = props.idempotency && renderIdempotency(this, props.idempotency, stateMachineName!);
+    this.idempotencyTable = idempotency?.table;
+
     const definition = this.renderDefinition({
       body: props.body,
       lockName: stringValue('lockName', this.lockName),
@@ -289,12 +318,13 @@ export class ConcurrencyControlledWorkflow extends Construct {
       pollSeconds,
       acquireTimeout: props.acquireTimeout,
       leaseSeconds,
+      idempotency: idempotency?.states,
     });
 
     const logOptions = stateMachineLogs(this, props.logs);
     this.stateMachine = new sfn.StateMachine(this, 'StateMachine', {
       definitionBody: sfn.DefinitionBody.fromChainable(definition),
-      stateMachineName: props.stateMachineName,
+      stateMachineName,
       stateMachineType: sfn.StateMachineType.STANDARD,
       timeout: props.timeout,
       logs: logOptions,
@@ -305,6 +335,7 @@ export class ConcurrencyControlledWorkflow extends Construct {
     });
     // The tasks grant their DynamoDB actions; the key of a customer-managed-key table they leave out.
     this.table.table.encryptionKey?.grantEncryptDecrypt(this.stateMachine);
+    this.idempotencyTable?.table.encryptionKey?.grantEncryptDecrypt(this.stateMachine);
 
     this.cleanup = new CleanFromIncomplete(this, 'Cleanup', {
       table: this.table,
@@ -535,9 +566,13 @@ export class ConcurrencyControlledWorkflow extends Construct {
           sfn.JsonPath.format('{}', sfn.JsonPath.stringAt(pathFromExecutionInput(spec.limit.inputPath))),
         );
     const idempotentWriteRetry = transientRetry([...THROTTLING_ERRORS, ...SERVER_ERRORS]);
+    // With idempotency, the state data is the key function's result: the input at `$.input`, the
+    // body's output at `$.output`, an error at `$.error`; the record is completed after the release.
+    const idem = spec.idempotency;
+    const errorPath = idem ? IDEMPOTENT_ERROR_PATH : '$';
 
     // Failure path: give the permit back if we hold it, then fail with the error that brought us here.
-    const failWithError = new sfn.Fail(this, STATE.failWithError, { errorPath: '$.Error', causePath: '$.Cause' });
+    const failWithError = idem ? idem.markFailed : new sfn.Fail(this, STATE.failWithError, { errorPath: '$.Error', causePath: '$.Cause' });
     const releaseAfterFailure = releaseTask(this, STATE.releaseAfterFailure, lockTask)
       .addRetry(idempotentWriteRetry)
       .addCatch(failWithError, { errors: [CONDITIONAL_CHECK_FAILED], resultPath: sfn.JsonPath.DISCARD })
@@ -547,18 +582,21 @@ export class ConcurrencyControlledWorkflow extends Construct {
     const release = releaseTask(this, STATE.release, lockTask)
       .addRetry(idempotentWriteRetry)
       // Already given back (for example by an operator): the body still succeeded.
-      .addCatch(new sfn.Succeed(this, STATE.alreadyReleased), {
+      .addCatch(idem ? idem.saveResult : new sfn.Succeed(this, STATE.alreadyReleased), {
         errors: [CONDITIONAL_CHECK_FAILED],
         resultPath: sfn.JsonPath.DISCARD,
       });
-    const runBody = new sfn.Parallel(this, STATE.runBody, { outputPath: '$[0]' })
+    if (idem) {
+      release.next(idem.saveResult);
+    }
+    const runBody = new sfn.Parallel(this, STATE.runBody, idem ? { inputPath: IDEMPOTENT_INPUT_PATH, resultPath: IDEMPOTENT_OUTPUT_PATH } : { outputPath: '$[0]' })
       .branch(spec.body)
       // resultPath '$': the failure path needs only the error, and the lock name comes from the context.
-      .addCatch(releaseAfterFailure, { errors: [sfn.Errors.ALL], resultPath: '$' });
+      .addCatch(releaseAfterFailure, { errors: [sfn.Errors.ALL], resultPath: errorPath });
     runBody.next(release);
 
     const waitForPermit = this.renderWaitForPermit(spec, lockTask, limit, runBody)
-      .addCatch(releaseAfterFailure, { errors: [sfn.Errors.ALL], resultPath: '$' })
+      .addCatch(releaseAfterFailure, { errors: [sfn.Errors.ALL], resultPath: errorPath })
       .next(runBody);
 
     // A server error leaves it open whether the write landed. Retrying would then fail on our own
@@ -573,8 +611,9 @@ export class ConcurrencyControlledWorkflow extends Construct {
       .addCatch(waitForPermit, { errors: [CONDITIONAL_CHECK_FAILED], resultPath: sfn.JsonPath.DISCARD })
       .addCatch(undoAcquire, { errors: SERVER_ERRORS, resultPath: sfn.JsonPath.DISCARD })
       .next(runBody);
+    const start = (head: sfn.IChainable) => (idem ? idem.start(head) : head);
     if (spec.limit.inputPath === undefined) {
-      return acquire;
+      return start(acquire);
     }
 
     // A limit read from the input is checked before the first acquire: on a lock nobody holds yet the
@@ -584,11 +623,14 @@ export class ConcurrencyControlledWorkflow extends Construct {
       error: ConcurrencyControlledWorkflow.INVALID_LIMIT_ERROR,
       cause: `The concurrency limit read from the execution input at ${spec.limit.inputPath} must be a number of at least 1`,
     });
-    return new sfn.Choice(this, STATE.checkRuntimeLimit)
-      .when(sfn.Condition.not(sfn.Condition.isPresent(spec.limit.inputPath)), invalidLimit)
-      .when(sfn.Condition.not(sfn.Condition.isNumeric(spec.limit.inputPath)), invalidLimit)
-      .when(sfn.Condition.numberLessThan(spec.limit.inputPath, 1), invalidLimit)
-      .otherwise(acquire);
+    const limitPath = idem ? pathFromParsedInput(spec.limit.inputPath, IDEMPOTENT_INPUT_PATH) : spec.limit.inputPath;
+    return start(
+      new sfn.Choice(this, STATE.checkRuntimeLimit)
+        .when(sfn.Condition.not(sfn.Condition.isPresent(limitPath)), invalidLimit)
+        .when(sfn.Condition.not(sfn.Condition.isNumeric(limitPath)), invalidLimit)
+        .when(sfn.Condition.numberLessThan(limitPath, 1), invalidLimit)
+        .otherwise(acquire),
+    );
   }
 
   /**
@@ -664,6 +706,7 @@ interface DefinitionSpec {
   readonly pollSeconds?: number;
   readonly acquireTimeout?: Duration;
   readonly leaseSeconds?: number;
+  readonly idempotency?: IdempotencyStates;
 }
 
 /** The construct path, or a unique name of the right length when the path is too long. */

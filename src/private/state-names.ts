@@ -22,6 +22,23 @@ export const STATE = {
   alreadyReleased: 'Permit Already Released',
   releaseAfterFailure: 'Release Permit After Failure',
   failWithError: 'Fail With Original Error',
+
+  // Idempotency (before the permit is taken, and after it is given back).
+  computeKey: 'Compute Idempotency Key',
+  claimRecord: 'Claim Idempotency Record',
+  readRecord: 'Read Idempotency Record',
+  checkRecord: 'Check Idempotency Record',
+  validationFailed: 'Idempotency Validation Failed',
+  returnStoredResult: 'Return Stored Result',
+  checkOwner: 'Check Record Owner',
+  isOwnerRunning: 'Is Record Owner Running',
+  waitForDuplicate: 'Wait For Duplicate',
+  takeOverRecord: 'Take Over Idempotency Record',
+  saveResult: 'Save Idempotent Result',
+  resultNotSaved: 'Result Not Saved',
+  markResultTooLarge: 'Mark Result Too Large',
+  resultTooLarge: 'Result Too Large',
+  markFailed: 'Mark Idempotency Record Failed',
 } as const;
 
 /**
@@ -42,6 +59,16 @@ export const BEFORE_BODY_STATES: string[] = [
   STATE.permitAcquired,
   STATE.acquireTimer,
   STATE.acquireTimedOut,
+  STATE.computeKey,
+  STATE.claimRecord,
+  STATE.readRecord,
+  STATE.checkRecord,
+  STATE.validationFailed,
+  STATE.returnStoredResult,
+  STATE.checkOwner,
+  STATE.isOwnerRunning,
+  STATE.waitForDuplicate,
+  STATE.takeOverRecord,
 ];
 
 /**

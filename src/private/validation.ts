@@ -1,4 +1,5 @@
 import { Duration, Token } from 'aws-cdk-lib';
+import { parseFieldPath } from './idempotency-key';
 import { MAX_LOCK_NAME_LENGTH } from './lock-schema';
 
 /*
@@ -38,6 +39,22 @@ export function validateWholeSeconds(prop: string, duration: Duration, minSecond
     );
   }
   return millis / 1000;
+}
+
+export function validateFieldPaths(prop: string, paths: string[]): void {
+  if (paths.length === 0) {
+    throw new Error(`\`${prop}\` must list at least one JSONPath, got an empty list`);
+  }
+  for (const path of paths) {
+    if (Token.isUnresolved(path)) {
+      throw new Error(`\`${prop}\` must be literal JSONPaths, got a token: ${path}`);
+    }
+    if (parseFieldPath(path) === undefined) {
+      throw new Error(
+        `\`${prop}\` must be JSONPaths into the execution input made of \`.name\`, \`['name']\` and \`[index]\` steps after \`$\` (for example \`$.order.id\`), got: '${path}'`,
+      );
+    }
+  }
 }
 
 function abbreviate(s: string): string {

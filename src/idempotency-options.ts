@@ -1,0 +1,102 @@
+import { Duration } from 'aws-cdk-lib';
+import { IIdempotencyTable } from './idempotency-table';
+import { jmesPathError, KeySelection } from './private/idempotency-key';
+import { validateFieldPaths } from './private/validation';
+
+/**
+ * Which part of an execution's input identifies a repeat.
+ *
+ * The key is a SHA-256 hash over a canonical JSON text of the selected part, with the keys of every
+ * object sorted: the order of keys inside the input never changes the key, while any other
+ * difference does (`"1"` and `1` are different keys).
+ */
+export class IdempotencyKey {
+  /**
+   * The whole execution input.
+   */
+  public static wholeInput(): IdempotencyKey {
+    return new IdempotencyKey({ kind: 'input' });
+  }
+
+  /**
+   * The values at these JSONPaths of the input (`$.orderId`, `$.customer['id']`, `$.items[0].sku`).
+   * A missing field counts as `null`; when every field is missing the execution fails with
+   * `IdempotencyKeyMissing`.
+   *
+   * @param paths JSONPaths into the execution input, with `.name`, `['name']` and `[index]` steps
+   */
+  public static fromFields(...paths: string[]): IdempotencyKey {
+    validateFieldPaths('key', paths);
+    return new IdempotencyKey({ kind: 'fields', paths });
+  }
+
+  /**
+   * The result of a JMESPath expression over the input, as in the AWS idempotent-workflow sample
+   * (for example `[orderId, customer.id]`). When it gives `null` the execution fails with
+   * `IdempotencyKeyMissing`.
+   *
+   * @param expression a JMESPath expression
+   */
+  public static fromJmesPath(expression: string): IdempotencyKey {
+    const error = expression.trim() === '' ? 'it is empty' : jmesPathError(expression);
+    if (error !== undefined) {
+      throw new Error(`\`key\` must be a valid JMESPath expression, got: '${expression}' (${error})`);
+    }
+    return new IdempotencyKey({ kind: 'jmespath', expression });
+  }
+
+  private constructor(
+    /** @internal */
+    public readonly _selection: KeySelection,
+  ) {}
+}
+
+/**
+ * How a workflow recognizes repeated inputs and replays their results.
+ */
+export interface IdempotencyOptions {
+  /**
+   * Which part of the input identifies a repeat.
+   *
+   * @default IdempotencyKey.wholeInput()
+   */
+  readonly key?: IdempotencyKey;
+
+  /**
+   * JSONPaths of fields that a repeat must match (payload validation, as in Powertools for AWS Lambda).
+   * A repeat whose key matches but whose validated fields differ fails with
+   * `IdempotencyValidationError` instead of returning the stored result.
+   *
+   * @default - no validation: a matching key is a repeat
+   */
+  readonly validateFields?: string[];
+
+  /**
+   * How long a record counts. After that, the same input runs the body again. Checked by timestamp in
+   * the workflow itself; DynamoDB TTL removes expired records, up to days later.
+   *
+   * Whole seconds, at least 1 second. An execution that runs longer than this no longer keeps its
+   * duplicates waiting.
+   *
+   * @default Duration.hours(24)
+   */
+  readonly expiresAfter?: Duration;
+
+  /**
+   * The table of records.
+   *
+   * @default - a new `IdempotencyTable`
+   */
+  readonly table?: IIdempotencyTable;
+
+  /**
+   * How often a duplicate that arrives while the first execution still runs checks whether it has
+   * finished. Each check waits a random whole number of seconds between half this interval and all
+   * of it (jitter), so duplicates started together do not poll together.
+   *
+   * Whole seconds, at least 1 second.
+   *
+   * @default Duration.seconds(10)
+   */
+  readonly duplicatePollInterval?: Duration;
+}

@@ -1,0 +1,299 @@
+import { App, CfnElement, Duration, Stack } from 'aws-cdk-lib';
+import * as lambda from 'aws-cdk-lib/aws-lambda';
+import * as tasks from 'aws-cdk-lib/aws-stepfunctions-tasks';
+import { lockState, logicalId, stateMachineLogicalId, statuses, WorkTracker } from './helpers';
+import { Execution, Simulator, SimulatorOptions, TaskContext } from '../simulator';
+import { ConcurrencyControlledWorkflow, IdempotencyKey, IdempotencyOptions, IdempotentWorkflow } from '../src';
+
+/*
+ * Idempotent workflows, executed: the synthesized state machine (key function included, run from its
+ * esbuild bundle) in the local simulator against dynalite.
+ */
+
+const BODY_STATES = new Set(['Do Work']);
+
+function overhead(e: Execution): number {
+  return [...e.stateTransitions].filter(([name]) => !BODY_STATES.has(name)).reduce((sum, [, n]) => sum + n, 0);
+}
+
+/** A stack with one idempotent workflow (or, with `limit`, a concurrency-controlled one) around "Do Work". */
+function idempotentStack(options: IdempotencyOptions = {}, limit?: number) {
+  const app = new App();
+  const stack = new Stack(app, 'TestStack');
+  const workFunction = new lambda.Function(stack, 'WorkFunction', {
+    runtime: lambda.Runtime.NODEJS_18_X,
+    handler: 'index.handler',
+    code: lambda.Code.fromInline('exports.handler = async (event) => event;'),
+  });
+  const body = new tasks.LambdaInvoke(stack, 'Do Work', { lambdaFunction: workFunction, payloadResponseOnly: true });
+  const stateMachine =
+    limit === undefined
+      ? new IdempotentWorkflow(stack, 'Workflow', { body, ...options }).stateMachine
+      : new ConcurrencyControlledWorkflow(stack, 'Workflow', { body, concurrencyLimit: limit, idempotency: options }).stateMachine;
+  return { stack, stateMachineId: stateMachineLogicalId(stateMachine), workFunctionId: logicalId(workFunction.node.defaultChild as CfnElement) };
+}
+
+async function simulate(stack: Stack, options: SimulatorOptions, fn: (sim: Simulator) => Promise<void>): Promise<void> {
+  const sim = await Simulator.start(stack, options);
+  try {
+    await fn(sim);
+  } finally {
+    await sim.stop();
+  }
+}
+
+/** The idempotency records, as plain objects. */
+async function records(sim: Simulator) {
+  const items = await sim.scan('WorkflowIdempotencyTable');
+  return items.map((item) => ({ status: item.status?.S, owner: item.owner?.S, result: item.result?.S && JSON.parse(item.result.S) }));
+}
+
+describe('repeats', () => {
+  test('a repeat returns the stored result without running the body; key order inside the input does not matter', async () => {
+    const { stack, stateMachineId, workFunctionId } = idempotentStack();
+    const work = new WorkTracker();
+    await simulate(stack, { lambdaHandlers: { [workFunctionId]: work.handler } }, async (sim) => {
+      const sm = sim.stateMachine(stateMachineId);
+      // The note survives the round trip through the record as JSON text: quotes, backslash, unicode.
+      const note = 'say "hi" \\ bye, ünïcode';
+      const first = await sim.startExecution(sm, { order: 7, customer: { id: 'c1', tier: 'gold' }, note }).done;
+      expect(first.status).toBe('SUCCEEDED');
+      expect(first.output).toEqual({ worked: true, echo: { order: 7, customer: { id: 'c1', tier: 'gold' }, note } });
+      // Beside the body: key, claim, body Parallel, save. Claim and save are the DynamoDB calls.
+      expect(overhead(first)).toBe(4);
+      expect(first.dynamoCalls).toBe(2);
+
+      // The same input with its keys in another order, at both levels.
+      const repeat = await sim.startExecution(sm, { note, customer: { tier: 'gold', id: 'c1' }, order: 7 }).done;
+      expect(repeat.status).toBe('SUCCEEDED');
+      expect(repeat.output).toEqual(first.output);
+      expect(repeat.stateTransitions.get('Return Stored Result')).toBe(1);
+      expect(repeat.stateTransitions.has('Do Work')).toBe(false);
+      expect(overhead(repeat)).toBe(5);
+      expect(repeat.dynamoCalls).toBe(2);
+      expect(work.runs).toBe(1);
+
+      // Any difference in a value is another key: "7" is not 7.
+      const other = await sim.startExecution(sm, { order: '7', customer: { id: 'c1', tier: 'gold' }, note }).done;
+      expect(other.status).toBe('SUCCEEDED');
+      expect(work.runs).toBe(2);
+      expect((await records(sim)).map((r) => r.status)).toEqual(['SUCCEEDED', 'SUCCEEDED']);
+    });
+  });
+
+  test('20 concurrent duplicates: the body runs once, every execution returns its result', async () => {
+    const { stack, stateMachineId, workFunctionId } = idempotentStack({ duplicatePollInterval: Duration.seconds(4) });
+    const work = new WorkTracker(() => 30);
+    await simulate(stack, { lambdaHandlers: { [workFunctionId]: work.handler } }, async (sim) => {
+      const sm = sim.stateMachine(stateMachineId);
+      const executions = Array.from({ length: 20 }, () => sim.startExecution(sm, { job: 'nightly' }));
+      await Promise.all(executions.map((e) => e.done));
+
+      expect(statuses(executions)).toEqual({ SUCCEEDED: 20 });
+      expect(work.runs).toBe(1);
+      for (const e of executions) expect(e.output).toEqual({ worked: true, echo: { job: 'nightly' } });
+      const waited = executions.filter((e) => e.stateTransitions.has('Wait For Duplicate'));
+      expect(waited).toHaveLength(19);
+      // Jittered: the duplicates did not all poll at the same moments.
+      const polls = new Set(waited.map((e) => e.stateTransitions.get('Wait For Duplicate')));
+      expect(polls.size).toBeGreaterThan(1);
+    });
+  });
+
+  test('after a failure the next execution runs the body again', async () => {
+    const { stack, stateMachineId, workFunctionId } = idempotentStack();
+    let calls = 0;
+    const failOnce = async (input: unknown) => {
+      if (calls++ === 0) {
+        const error = new Error('first attempt failed');
+        error.name = 'WorkFailed';
+        throw error;
+      }
+      return { worked: true, echo: input };
+    };
+    await simulate(stack, { lambdaHandlers: { [workFunctionId]: failOnce } }, async (sim) => {
+      const sm = sim.stateMachine(stateMachineId);
+      const failed = await sim.startExecution(sm, { job: 'j' }).done;
+      expect(failed.status).toBe('FAILED');
+      expect(failed.error).toBe('WorkFailed');
+      expect((await records(sim)).map((r) => r.status)).toEqual(['FAILED']);
+
+      const retry = await sim.startExecution(sm, { job: 'j' }).done;
+      expect(retry.status).toBe('SUCCEEDED');
+      expect(retry.output).toEqual({ worked: true, echo: { job: 'j' } });
+      expect(calls).toBe(2);
+      expect(await records(sim)).toEqual([{ status: 'SUCCEEDED', owner: retry.arn, result: retry.output }]);
+    });
+  });
+
+  test('records expire by timestamp: after expiresAfter the body runs again, although the item is still there', async () => {
+    const { stack, stateMachineId, workFunctionId } = idempotentStack({ expiresAfter: Duration.minutes(1) });
+    const work = new WorkTracker();
+    await simulate(stack, { lambdaHandlers: { [workFunctionId]: work.handler } }, async (sim) => {
+      const sm = sim.stateMachine(stateMachineId);
+      const first = await sim.startExecution(sm, { job: 'j' }).done;
+      await sim.sleep(30);
+      const within = await sim.startExecution(sm, { job: 'j' }).done;
+      expect(within.stateTransitions.get('Return Stored Result')).toBe(1);
+      expect(work.runs).toBe(1);
+
+      await sim.sleep(31);
+      const after = await sim.startExecution(sm, { job: 'j' }).done;
+      expect(after.status).toBe('SUCCEEDED');
+      expect(after.stateTransitions.has('Return Stored Result')).toBe(false);
+      expect(work.runs).toBe(2);
+      // One item, rewritten by the later execution (dynalite, like DynamoDB TTL, had not removed it).
+      expect(await records(sim)).toEqual([{ status: 'SUCCEEDED', owner: after.arn, result: after.output }]);
+      expect(first.arn).not.toBe(after.arn);
+    });
+  });
+});
+
+describe('keys', () => {
+  test('selected fields: other fields do not matter, a missing field counts as null, no field at all fails', async () => {
+    const { stack, stateMachineId, workFunctionId } = idempotentStack({ key: IdempotencyKey.fromFields('$.orderId', "$.customer['id']") });
+    const work = new WorkTracker();
+    await simulate(stack, { lambdaHandlers: { [workFunctionId]: work.handler } }, async (sim) => {
+      const sm = sim.stateMachine(stateMachineId);
+      const first = await sim.startExecution(sm, { orderId: 1, customer: { id: 'c' }, note: 'a' }).done;
+      const repeat = await sim.startExecution(sm, { note: 'b', customer: { id: 'c', name: 'x' }, orderId: 1 }).done;
+      expect(repeat.output).toEqual(first.output);
+      expect(work.runs).toBe(1);
+
+      await sim.startExecution(sm, { orderId: 2, customer: { id: 'c' } }).done;
+      await sim.startExecution(sm, { orderId: 1 }).done;
+      expect(work.runs).toBe(3);
+
+      const missing = await sim.startExecution(sm, { somethingElse: true }).done;
+      expect(missing.status).toBe('FAILED');
+      expect(missing.error).toBe(IdempotentWorkflow.KEY_MISSING_ERROR);
+      expect(work.runs).toBe(3);
+    });
+  });
+
+  test('a JMESPath expression, as in the AWS sample', async () => {
+    const { stack, stateMachineId, workFunctionId } = idempotentStack({ key: IdempotencyKey.fromJmesPath('[orderId, items[].sku]') });
+    const work = new WorkTracker();
+    await simulate(stack, { lambdaHandlers: { [workFunctionId]: work.handler } }, async (sim) => {
+      const sm = sim.stateMachine(stateMachineId);
+      await sim.startExecution(sm, { orderId: 1, items: [{ sku: 'a', qty: 1 }], at: 'mon' }).done;
+      const repeat = await sim.startExecution(sm, { orderId: 1, items: [{ sku: 'a', qty: 5 }], at: 'tue' }).done;
+      expect(repeat.stateTransitions.get('Return Stored Result')).toBe(1);
+      await sim.startExecution(sm, { orderId: 1, items: [{ sku: 'b', qty: 1 }] }).done;
+      expect(work.runs).toBe(2);
+    });
+  });
+
+  test('payload validation: same key, different validated fields fails with IdempotencyValidationError', async () => {
+    const { stack, stateMachineId, workFunctionId } = idempotentStack({ key: IdempotencyKey.fromFields('$.paymentId'), validateFields: ['$.amount'] });
+    const work = new WorkTracker();
+    await simulate(stack, { lambdaHandlers: { [workFunctionId]: work.handler } }, async (sim) => {
+      const sm = sim.stateMachine(stateMachineId);
+      const first = await sim.startExecution(sm, { paymentId: 'p1', amount: 5, memo: 'x' }).done;
+      const changed = await sim.startExecution(sm, { paymentId: 'p1', amount: 6 }).done;
+      expect(changed.status).toBe('FAILED');
+      expect(changed.error).toBe(IdempotentWorkflow.VALIDATION_ERROR);
+      const same = await sim.startExecution(sm, { paymentId: 'p1', amount: 5, memo: 'y' }).done;
+      expect(same.status).toBe('SUCCEEDED');
+      expect(same.output).toEqual(first.output);
+      expect(work.runs).toBe(1);
+    });
+  });
+});
+
+describe('dead first executions', () => {
+  test('a first execution stopped inside the body does not block a retry', async () => {
+    const { stack, stateMachineId, workFunctionId } = idempotentStack();
+    const work = new WorkTracker((_input, run) => (work.runs === 1 && run === 1 ? 1000 : 1));
+    await simulate(stack, { lambdaHandlers: { [workFunctionId]: work.handler } }, async (sim) => {
+      const sm = sim.stateMachine(stateMachineId);
+      const first = sim.startExecution(sm, { job: 'j' }, { abortAfterSeconds: 5 });
+      await first.done;
+      expect(first.status).toBe('ABORTED');
+      expect((await records(sim)).map((r) => r.status)).toEqual(['IN_PROGRESS']);
+
+      const retry = await sim.startExecution(sm, { job: 'j' }).done;
+      expect(retry.status).toBe('SUCCEEDED');
+      expect(retry.stateTransitions.get('Take Over Idempotency Record')).toBe(1);
+      expect(work.runs).toBe(2);
+      expect(await records(sim)).toEqual([{ status: 'SUCCEEDED', owner: retry.arn, result: retry.output }]);
+    });
+  });
+
+  test('a duplicate waiting for a first execution that is then stopped takes over and runs the body', async () => {
+    const { stack, stateMachineId, workFunctionId } = idempotentStack({ duplicatePollInterval: Duration.seconds(5) });
+    const work = new WorkTracker(() => 60);
+    await simulate(stack, { lambdaHandlers: { [workFunctionId]: work.handler } }, async (sim) => {
+      const sm = sim.stateMachine(stateMachineId);
+      const first = sim.startExecution(sm, { job: 'j' }, { abortAfterSeconds: 20 });
+      await sim.sleep(2);
+      const duplicate = sim.startExecution(sm, { job: 'j' });
+      await Promise.all([first.done, duplicate.done]);
+      expect(first.status).toBe('ABORTED');
+      expect(duplicate.status).toBe('SUCCEEDED');
+      expect(duplicate.stateTransitions.get('Wait For Duplicate')).toBeGreaterThanOrEqual(2);
+      expect(duplicate.stateTransitions.get('Take Over Idempotency Record')).toBe(1);
+      expect(work.runs).toBe(2);
+    });
+  });
+});
+
+describe('limits', () => {
+  test('an output too large to store fails with IdempotencyResultTooLarge and leaves the record FAILED', async () => {
+    const { stack, stateMachineId, workFunctionId } = idempotentStack();
+    let calls = 0;
+    // About 100 KB of quotes: fine as an output (about 200 KB of JSON), too large once stored as a string.
+    const bigOutput = async (input: any, _context: TaskContext) => (calls++ === 0 ? { quotes: '"'.repeat(100_000) } : { small: input.job });
+    await simulate(stack, { lambdaHandlers: { [workFunctionId]: bigOutput } }, async (sim) => {
+      const sm = sim.stateMachine(stateMachineId);
+      const tooLarge = await sim.startExecution(sm, { job: 'j' }).done;
+      expect(tooLarge.status).toBe('FAILED');
+      expect(tooLarge.error).toBe(IdempotentWorkflow.RESULT_TOO_LARGE_ERROR);
+      expect((await records(sim)).map((r) => r.status)).toEqual(['FAILED']);
+
+      const retry = await sim.startExecution(sm, { job: 'j' }).done;
+      expect(retry.status).toBe('SUCCEEDED');
+      expect(retry.output).toEqual({ small: 'j' });
+    });
+  });
+});
+
+describe('with a concurrency limit', () => {
+  test('30 executions, 10 distinct inputs, limit 2: each body runs once, never more than 2 inside, no permit left', async () => {
+    const { stack, stateMachineId, workFunctionId } = idempotentStack({ duplicatePollInterval: Duration.seconds(5) }, 2);
+    const work = new WorkTracker(() => 10);
+    await simulate(stack, { lambdaHandlers: { [workFunctionId]: work.handler } }, async (sim) => {
+      const sm = sim.stateMachine(stateMachineId);
+      const executions = Array.from({ length: 30 }, (_, i) => sim.startExecution(sm, { job: i % 10 }));
+      await Promise.all(executions.map((e) => e.done));
+
+      expect(statuses(executions)).toEqual({ SUCCEEDED: 30 });
+      executions.forEach((e, i) => expect(e.output).toEqual({ worked: true, echo: { job: i % 10 } }));
+      expect(work.runs).toBe(10);
+      expect(work.maxInside).toBe(2);
+      // Duplicates never took a permit: 10 acquisitions in all.
+      const acquired = executions.filter((e) => e.stateTransitions.has('Run Protected Body'));
+      expect(acquired).toHaveLength(10);
+      expect(await lockState(sim)).toEqual([{ lockName: 'TestStack/Workflow', permitsInUse: 0, holders: [] }]);
+      expect((await records(sim)).every((r) => r.status === 'SUCCEEDED')).toBe(true);
+    });
+  });
+
+  test('a failing body gives the permit back and marks the record FAILED; a stored result is returned without a permit', async () => {
+    const { stack, stateMachineId, workFunctionId } = idempotentStack({}, 1);
+    const work = new WorkTracker();
+    await simulate(stack, { lambdaHandlers: { [workFunctionId]: work.handler } }, async (sim) => {
+      const sm = sim.stateMachine(stateMachineId);
+      const failed = await sim.startExecution(sm, { fail: true }).done;
+      expect(failed.status).toBe('FAILED');
+      expect(failed.error).toBe('WorkFailed');
+      expect((await records(sim)).map((r) => r.status)).toEqual(['FAILED']);
+
+      const first = await sim.startExecution(sm, { job: 1 }).done;
+      const repeat = await sim.startExecution(sm, { job: 1 }).done;
+      expect(repeat.output).toEqual(first.output);
+      expect(repeat.stateTransitions.has('Acquire Permit')).toBe(false);
+      expect(await lockState(sim)).toEqual([{ lockName: 'TestStack/Workflow', permitsInUse: 0, holders: [] }]);
+    });
+  });
+});
