@@ -1,5 +1,6 @@
 import { ExpectedResult, IApiCall, IntegTest } from '@aws-cdk/integ-tests-alpha';
 import { Duration } from 'aws-cdk-lib';
+import * as sfn from 'aws-cdk-lib/aws-stepfunctions';
 import { ConcurrencyControlledWorkflow } from '../src';
 
 /*
@@ -8,7 +9,7 @@ import { ConcurrencyControlledWorkflow } from '../src';
  */
 
 /** Start an execution of the workflow with `input`. */
-export function startExecution(integ: IntegTest, workflow: ConcurrencyControlledWorkflow, input: object): IApiCall {
+export function startExecution(integ: IntegTest, workflow: { readonly stateMachine: sfn.IStateMachine }, input: object): IApiCall {
   return integ.assertions.awsApiCall('StepFunctions', 'startExecution', {
     stateMachineArn: workflow.stateMachine.stateMachineArn,
     input: JSON.stringify(input),

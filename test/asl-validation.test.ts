@@ -2,7 +2,7 @@ import { App, Duration, Stack } from 'aws-cdk-lib';
 import { Template } from 'aws-cdk-lib/assertions';
 import * as sfn from 'aws-cdk-lib/aws-stepfunctions';
 import { CfnTemplate, physicalResources, resolve } from '../simulator/cfn';
-import { ConcurrencyControlledWorkflow, ConcurrencyControlledWorkflowProps } from '../src';
+import { ConcurrencyControlledWorkflow, ConcurrencyControlledWorkflowProps, IdempotencyKey, IdempotentWorkflow } from '../src';
 
 // asl-validator has no type declarations.
 // eslint-disable-next-line @typescript-eslint/no-require-imports
@@ -29,6 +29,10 @@ const configurations: Array<[string, Partial<ConcurrencyControlledWorkflowProps>
   ['fixed lock, limit and poll interval', { lockName: 'reports', concurrencyLimit: 4, pollInterval: Duration.seconds(10) }],
   ['lock name and limit from the input', { lockName: sfn.JsonPath.stringAt('$.lock'), concurrencyLimit: sfn.JsonPath.numberAt('$.limit') }],
   ['acquire timeout and execution timeout', { acquireTimeout: Duration.minutes(5), timeout: Duration.hours(1) }],
+  [
+    'idempotent, with validation and a limit from the input',
+    { concurrencyLimit: sfn.JsonPath.numberAt('$.limit'), acquireTimeout: Duration.minutes(5), idempotency: { key: IdempotencyKey.fromJmesPath('[a, b]'), validateFields: ['$.c'] } },
+  ],
 ];
 
 describe('every synthesized definition passes asl-validator', () => {
@@ -47,6 +51,15 @@ describe('every synthesized definition passes asl-validator', () => {
       expect({ id, errors: result.errorsText('\n') }).toEqual({ id, errors: '' });
       expect(result.isValid).toBe(true);
     }
+  });
+
+  test('IdempotentWorkflow', () => {
+    const stack = new Stack(new App(), 'Stack');
+    new IdempotentWorkflow(stack, 'Workflow', { body: new sfn.Pass(stack, 'Work'), validateFields: ['$.amount'] });
+    const [definition] = Object.values(definitions(stack));
+    const result = validate(definition);
+    expect(result.errorsText('\n')).toBe('');
+    expect(result.isValid).toBe(true);
   });
 
   test('the validator does reject a broken definition', () => {

@@ -2,7 +2,7 @@ import { App, Aspects, Stack } from 'aws-cdk-lib';
 import { Annotations, Match } from 'aws-cdk-lib/assertions';
 import * as sfn from 'aws-cdk-lib/aws-stepfunctions';
 import { AwsSolutionsChecks, NagSuppressions } from 'cdk-nag';
-import { ConcurrencyControlledWorkflow } from '../src';
+import { ConcurrencyControlledWorkflow, IdempotencyKey, IdempotentWorkflow } from '../src';
 
 /** Every AwsSolutions finding (errors and warnings), as "construct path: rule[finding]". */
 function findings(stack: Stack): string[] {
@@ -72,4 +72,55 @@ test.each([
   suppressJustifiedFindings(workflow);
 
   expect(findings(stack)).toEqual([]);
+});
+
+describe('idempotency', () => {
+  function idempotentStack(withSemaphore: boolean, suppress: boolean): Stack {
+    const stack = new Stack(new App(), 'Stack');
+    Aspects.of(stack).add(new AwsSolutionsChecks({ verbose: true }));
+    const body = new sfn.Pass(stack, 'Work');
+    const workflow = withSemaphore
+      ? new ConcurrencyControlledWorkflow(stack, 'Workflow', { body, idempotency: { key: IdempotencyKey.fromFields('$.id') } })
+      : new IdempotentWorkflow(stack, 'Workflow', { body });
+    if (!suppress) return stack;
+    if (workflow instanceof ConcurrencyControlledWorkflow) {
+      suppressJustifiedFindings(workflow);
+    }
+    NagSuppressions.addResourceSuppressions(
+      workflow.stateMachine.role,
+      [
+        { id: 'AwsSolutions-IAM5', reason: 'X-Ray and CloudWatch Logs delivery actions support no resource-level permissions', appliesTo: ['Resource::*'] },
+        {
+          id: 'AwsSolutions-IAM5',
+          reason: 'Describe the owners of idempotency records: executions of this state machine, named at run time',
+          appliesTo: [{ regex: '/^Resource::arn:<AWS::Partition>:states:<AWS::Region>:<AWS::AccountId>:execution:.*:\\*$/' }],
+        },
+        {
+          id: 'AwsSolutions-IAM5',
+          reason: 'LambdaInvoke grants the key function and its versions (`:*`)',
+          appliesTo: [{ regex: '/^Resource::<CdkSfnSemaphoreIdempotencyKeyFunction.*\\.Arn>:\\*$/' }],
+        },
+      ],
+      true,
+    );
+    return stack;
+  }
+
+  test.each([
+    ['IdempotentWorkflow', false],
+    ['ConcurrencyControlledWorkflow with idempotency', true],
+  ])('%s: only the findings that cannot be fixed, and none once they are suppressed', (_name, withSemaphore) => {
+    const policy = '/Stack/Workflow/StateMachine/Role/DefaultPolicy/Resource: AwsSolutions-IAM5';
+    const expected = [
+      `${policy}[Resource::*]`,
+      expect.stringMatching(/^\/Stack\/Workflow\/StateMachine\/Role\/DefaultPolicy\/Resource: AwsSolutions-IAM5\[Resource::<CdkSfnSemaphoreIdempotencyKeyFunction.*\.Arn>:\*\]$/),
+      expect.stringMatching(/^\/Stack\/Workflow\/StateMachine\/Role\/DefaultPolicy\/Resource: AwsSolutions-IAM5\[Resource::arn:.*:execution:Stack-Workflow-[0-9A-F]+:\*\]$/),
+    ];
+    // The key function's own role and log group raise nothing; the semaphore's findings are tested above.
+    const actual = findings(idempotentStack(withSemaphore, false)).filter((f) => f.startsWith('/Stack/Workflow/StateMachine/') || f.startsWith('/Stack/CdkSfn'));
+    expect(actual).toEqual(expect.arrayContaining(expected));
+    expect(actual).toHaveLength(expected.length);
+
+    expect(findings(idempotentStack(withSemaphore, true))).toEqual([]);
+  });
 });

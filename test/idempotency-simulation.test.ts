@@ -1,5 +1,6 @@
 import { App, CfnElement, Duration, Stack } from 'aws-cdk-lib';
 import * as lambda from 'aws-cdk-lib/aws-lambda';
+import * as sfn from 'aws-cdk-lib/aws-stepfunctions';
 import * as tasks from 'aws-cdk-lib/aws-stepfunctions-tasks';
 import { lockState, logicalId, stateMachineLogicalId, statuses, WorkTracker } from './helpers';
 import { Execution, Simulator, SimulatorOptions, TaskContext } from '../simulator';
@@ -204,7 +205,7 @@ describe('keys', () => {
 describe('dead first executions', () => {
   test('a first execution stopped inside the body does not block a retry', async () => {
     const { stack, stateMachineId, workFunctionId } = idempotentStack();
-    const work = new WorkTracker((_input, run) => (work.runs === 1 && run === 1 ? 1000 : 1));
+    const work: WorkTracker = new WorkTracker((_input, run): number => (work.runs === 1 && run === 1 ? 1000 : 1));
     await simulate(stack, { lambdaHandlers: { [workFunctionId]: work.handler } }, async (sim) => {
       const sm = sim.stateMachine(stateMachineId);
       const first = sim.startExecution(sm, { job: 'j' }, { abortAfterSeconds: 5 });
@@ -294,6 +295,40 @@ describe('with a concurrency limit', () => {
       expect(repeat.output).toEqual(first.output);
       expect(repeat.stateTransitions.has('Acquire Permit')).toBe(false);
       expect(await lockState(sim)).toEqual([{ lockName: 'TestStack/Workflow', permitsInUse: 0, holders: [] }]);
+    });
+  });
+
+  test('a limit read from the input is checked on the input, not on the record state', async () => {
+    const { stack, stateMachineId, workFunctionId } = idempotentStack({}, sfn.JsonPath.numberAt('$.limit'));
+    const work = new WorkTracker();
+    await simulate(stack, { lambdaHandlers: { [workFunctionId]: work.handler } }, async (sim) => {
+      const sm = sim.stateMachine(stateMachineId);
+      const invalid = await sim.startExecution(sm, { job: 1, limit: 0 }).done;
+      expect([invalid.status, invalid.error]).toEqual(['FAILED', ConcurrencyControlledWorkflow.INVALID_LIMIT_ERROR]);
+      const valid = await sim.startExecution(sm, { job: 1, limit: 3 }).done;
+      expect(valid.status).toBe('SUCCEEDED');
+      expect(work.runs).toBe(1);
+    });
+  });
+
+  test('with throttling and server errors after writes: still once per input, within the limit, nothing left held', async () => {
+    const { stack, stateMachineId, workFunctionId } = idempotentStack({ duplicatePollInterval: Duration.seconds(5) }, 2);
+    const work = new WorkTracker(() => 5);
+    const faults = { dynamoFaults: { throttleRate: 0.1, serverErrorAfterWriteRate: 0.1 }, seed: 7 };
+    await simulate(stack, { ...faults, lambdaHandlers: { [workFunctionId]: work.handler } }, async (sim) => {
+      const sm = sim.stateMachine(stateMachineId);
+      const executions = Array.from({ length: 40 }, (_, i) => sim.startExecution(sm, { job: i % 10 }));
+      await Promise.all(executions.map((e) => e.done));
+
+      expect(statuses(executions)).toEqual({ SUCCEEDED: 40 });
+      executions.forEach((e, i) => expect(e.output).toEqual({ worked: true, echo: { job: i % 10 } }));
+      expect(work.runs).toBe(10);
+      expect(work.maxInside).toBeLessThanOrEqual(2);
+      expect(await lockState(sim)).toEqual([{ lockName: 'TestStack/Workflow', permitsInUse: 0, holders: [] }]);
+      expect((await records(sim)).map((r) => r.status)).toEqual(Array(10).fill('SUCCEEDED'));
+      // The faults did hit the idempotency states.
+      const retried = executions.filter((e) => (e.stateTransitions.get('Claim Idempotency Record') ?? 0) > 1 || (e.stateTransitions.get('Save Idempotent Result') ?? 0) > 1);
+      expect(retried.length).toBeGreaterThan(0);
     });
   });
 });
