@@ -95,6 +95,12 @@ describe('repeats', () => {
       for (const e of executions) expect(e.output).toEqual({ worked: true, echo: { job: 'nightly' } });
       const waited = executions.filter((e) => e.stateTransitions.has('Wait For Duplicate'));
       expect(waited).toHaveLength(19);
+      for (const e of waited) {
+        // Each look at the record is a claim and a read; a poll adds the owner check and the wait.
+        const polls = e.stateTransitions.get('Wait For Duplicate')!;
+        expect(e.dynamoCalls).toBe(2 * (polls + 1));
+        expect(overhead(e)).toBe(5 + 6 * polls);
+      }
       // Jittered: the duplicates did not all poll at the same moments.
       const polls = new Set(waited.map((e) => e.stateTransitions.get('Wait For Duplicate')));
       expect(polls.size).toBeGreaterThan(1);
@@ -291,6 +297,9 @@ describe('with a concurrency limit', () => {
       expect((await records(sim)).map((r) => r.status)).toEqual(['FAILED']);
 
       const first = await sim.startExecution(sm, { job: 1 }).done;
+      // Key, claim, acquire, body, release, save; four of them DynamoDB calls.
+      expect(overhead(first)).toBe(6);
+      expect(first.dynamoCalls).toBe(4);
       const repeat = await sim.startExecution(sm, { job: 1 }).done;
       expect(repeat.output).toEqual(first.output);
       expect(repeat.stateTransitions.has('Acquire Permit')).toBe(false);
