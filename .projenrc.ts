@@ -42,7 +42,7 @@ const project = new awscdk.AwsCdkConstructLibrary({
   // looks for a tsconfig.json next to each file).
   eslintOptions: {
     dirs: ['src'],
-    devdirs: ['test', 'integ', 'simulator', 'demo', 'bench', 'lambda', 'projenrc'],
+    devdirs: ['test', 'integ', 'simulator', 'demo', 'bench', 'lambda', 'client', 'projenrc'],
     tsconfigPath: './tsconfig.dev.json',
     projectService: false,
   },
@@ -83,7 +83,7 @@ project.deps.addDependency(`@aws-cdk/integ-tests-alpha@${CDK_VERSION}-alpha.0`, 
 project.deps.removeDependency('eslint-import-resolver-typescript');
 project.deps.addDependency('eslint-import-resolver-typescript@~3.8.0', DependencyType.BUILD);
 
-['/integ/', '/.ci/', '/simulator/', '/demo/', '/bench/', '/bench-results/', '/rosetta/'].forEach((p) => project.addPackageIgnore(p));
+['/integ/', '/.ci/', '/simulator/', '/demo/', '/bench/', '/bench-results/', '/rosetta/', '/client/'].forEach((p) => project.addPackageIgnore(p));
 
 // The reconciler's handler lives in lambda/ (outside src/, so jsii never compiles it); esbuild bundles
 // it, with the lock schema it imports from src/private, and leaves the AWS SDK to the Lambda runtime.
@@ -106,6 +106,18 @@ new awscdk.LambdaFunction(project, {
   cdkDeps: project.cdkDeps,
   runtime: awscdk.LambdaRuntime.NODEJS_22_X,
 });
+
+// The CLI (`cdk-sfn-semaphore`, the package's bin) and the Node client: outside src/ (jsii exposes only
+// constructs), bundled with the AWS SDK v3 and the lock schema they share with the constructs.
+project.bundler.addBundle('client/cli.ts', {
+  platform: 'node',
+  target: 'node20',
+  outfile: 'cdk-sfn-semaphore.js',
+  banner: '#!/usr/bin/env node',
+  externals: [],
+});
+project.bundler.addBundle('client/index.ts', { platform: 'node', target: 'node20', outfile: 'index.js', externals: [] });
+project.addBins({ 'cdk-sfn-semaphore': 'assets/client/cli/cdk-sfn-semaphore.js' });
 
 // Integration tests live in integ/ (deployable apps, kept away from Jest); the test command verifies
 // their committed snapshots without deploying, `integ:update` rewrites them.

@@ -4,6 +4,7 @@ import { DynamoDBDocumentClient, ScanCommand, ScanCommandOutput, UpdateCommand }
 import {
   ACQUIRE_CONDITION,
   ACQUIRE_UPDATE,
+  CONCURRENCY_LIMIT,
   HOLDER_ACQUIRED_AT,
   HOLDER_LEASE_EXPIRES_AT,
   HOLDER_LEASE_SECONDS,
@@ -371,7 +372,11 @@ async function conditionalUpdate(
         Key: { [LOCK_KEY]: lockName },
         UpdateExpression: update,
         ConditionExpression: condition,
-        ExpressionAttributeNames: { [NAMES.holder]: holder, ...(update.includes(NAMES.permits) ? { [NAMES.permits]: PERMITS_IN_USE } : {}) },
+        ExpressionAttributeNames: {
+          [NAMES.holder]: holder,
+          ...(update.includes(NAMES.permits) ? { [NAMES.permits]: PERMITS_IN_USE } : {}),
+          ...(update.includes(NAMES.limit) ? { [NAMES.limit]: CONCURRENCY_LIMIT } : {}),
+        },
         ExpressionAttributeValues: values,
       }),
     );

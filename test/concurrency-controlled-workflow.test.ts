@@ -116,8 +116,8 @@ describe('definition', () => {
       Parameters: {
         Key: { lockName: { S: 'db-migrations' } },
         ConditionExpression: '(attribute_not_exists(#permits) OR #permits < :limit) AND attribute_not_exists(#holder)',
-        UpdateExpression: 'SET #permits = if_not_exists(#permits, :zero) + :one, #holder = :entry',
-        ExpressionAttributeNames: { '#permits': 'permitsInUse', '#holder.$': '$$.Execution.Id' },
+        UpdateExpression: 'SET #permits = if_not_exists(#permits, :zero) + :one, #holder = :entry, #limit = :limit',
+        ExpressionAttributeNames: { '#permits': 'permitsInUse', '#holder.$': '$$.Execution.Id', '#limit': 'concurrencyLimit' },
         ExpressionAttributeValues: {
           ':limit': { N: '3' },
           ':entry': { M: { acquiredAt: { 'S.$': '$$.State.EnteredTime' } } },

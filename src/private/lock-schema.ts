@@ -6,6 +6,8 @@
  *
  *   lockName     (S, partition key)  the lock's name
  *   permitsInUse (N)                 how many permits are held
+ *   concurrencyLimit (N)             the limit of the last acquire that succeeded (for `status`;
+ *                                    every acquire brings its own limit)
  *   <holder id>  (M)                 one top-level attribute per holder, named by its id (for a
  *                                    workflow, the execution ARN): { acquiredAt: S (ISO-8601),
  *                                    redriveCount?: N (executions: the run that took it),
@@ -22,6 +24,12 @@ export const LOCK_KEY = 'lockName';
 
 /** Number of permits currently held (type N). Never below the number of holder attributes. */
 export const PERMITS_IN_USE = 'permitsInUse';
+
+/**
+ * The concurrency limit the last successful acquire used (type N). Informational: each acquire
+ * compares with its own limit; the CLI shows it and uses it when given no `--limit`.
+ */
+export const CONCURRENCY_LIMIT = 'concurrencyLimit';
 
 /** Field of a holder entry (a map) with the time the permit was taken, ISO-8601. */
 export const HOLDER_ACQUIRED_AT = 'acquiredAt';
@@ -47,6 +55,7 @@ export function isExecutionHolder(holderId: string): boolean {
 export const NAMES = {
   permits: '#permits',
   holder: '#holder',
+  limit: '#limit',
 } as const;
 
 /** Expression attribute values used by every expression below. */
@@ -65,7 +74,7 @@ export const VALUES = {
  * limit never opens the gate; `attribute_not_exists(holder)` so that one holder never counts twice.
  */
 export const ACQUIRE_CONDITION = `(attribute_not_exists(${NAMES.permits}) OR ${NAMES.permits} < ${VALUES.limit}) AND attribute_not_exists(${NAMES.holder})`;
-export const ACQUIRE_UPDATE = `SET ${NAMES.permits} = if_not_exists(${NAMES.permits}, ${VALUES.zero}) + ${VALUES.one}, ${NAMES.holder} = ${VALUES.entry}`;
+export const ACQUIRE_UPDATE = `SET ${NAMES.permits} = if_not_exists(${NAMES.permits}, ${VALUES.zero}) + ${VALUES.one}, ${NAMES.holder} = ${VALUES.entry}, ${NAMES.limit} = ${VALUES.limit}`;
 
 /**
  * Release: the mirror image, conditional on the holder entry, which makes release and every cleanup

@@ -4,6 +4,7 @@ import { Construct } from 'constructs';
 import {
   ACQUIRE_CONDITION,
   ACQUIRE_UPDATE,
+  CONCURRENCY_LIMIT,
   HOLDER_ACQUIRED_AT,
   HOLDER_LEASE_SECONDS,
   HOLDER_REDRIVE_COUNT,
@@ -44,7 +45,7 @@ export function acquireTask(scope: Construct, id: string, props: AcquireTaskProp
     key: { [LOCK_KEY]: props.lockName },
     conditionExpression: ACQUIRE_CONDITION,
     updateExpression: ACQUIRE_UPDATE,
-    expressionAttributeNames: { [NAMES.permits]: PERMITS_IN_USE, [NAMES.holder]: props.holder },
+    expressionAttributeNames: { [NAMES.permits]: PERMITS_IN_USE, [NAMES.holder]: props.holder, [NAMES.limit]: CONCURRENCY_LIMIT },
     expressionAttributeValues: {
       [VALUES.zero]: tasks.DynamoAttributeValue.fromNumber(0),
       [VALUES.one]: tasks.DynamoAttributeValue.fromNumber(1),

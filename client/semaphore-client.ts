@@ -1,0 +1,274 @@
+import { randomUUID } from 'crypto';
+import { AttributeValue, ConditionalCheckFailedException, DynamoDBClient, GetItemCommand, UpdateItemCommand } from '@aws-sdk/client-dynamodb';
+import {
+  ACQUIRE_CONDITION,
+  ACQUIRE_UPDATE,
+  CONCURRENCY_LIMIT,
+  HOLDER_ACQUIRED_AT,
+  HOLDER_LEASE_EXPIRES_AT,
+  HOLDER_LEASE_SECONDS,
+  isExecutionHolder,
+  LOCK_KEY,
+  NAMES,
+  PERMITS_IN_USE,
+  RELEASE_CONDITION,
+  RELEASE_EXPIRED_LEASE_CONDITION,
+  RELEASE_UPDATE,
+  VALUES,
+} from '../src/private/lock-schema';
+
+/*
+ * The client side of the semaphore: scripts, CI jobs and operators take and give back the very same
+ * permits as the workflows, with the same conditional writes (src/private/lock-schema.ts). A client
+ * holder is a lease: an entry named by a lease id, with `acquiredAt` (ISO-8601), `leaseExpiresAt`
+ * (epoch milliseconds) and `owner`. A lease that is not renewed expires; the next acquirer that finds
+ * the lock full reclaims it (conditional on the expired entry being unchanged), and so does the
+ * reconciler's sweep. Both wait `clockSkew` past the expiry first.
+ */
+
+/** Lease ids start with this, so that they never look like an execution ARN. */
+export const LEASE_ID_PREFIX = 'lease-';
+
+/** Field of a client holder entry: who took it (`--owner`, by default user@host). */
+export const HOLDER_OWNER = 'owner';
+
+export interface SemaphoreClientOptions {
+  /** The lock table (a `SemaphoreTable`). */
+  readonly tableName: string;
+  /** @default - a client from the standard SDK configuration (profile, region, AWS_ENDPOINT_URL_DYNAMODB) */
+  readonly dynamodb?: DynamoDBClient;
+  /** How long past its end a lease counts as expired, for clock skew between machines. @default 30 */
+  readonly clockSkewSeconds?: number;
+}
+
+export interface AcquireOptions {
+  /** The concurrency limit. @default - the limit the lock's last acquire used, or 1 */
+  readonly limit?: number;
+  /** The lease: without a renewal, the permit is free again this long after the acquire. @default 900 */
+  readonly leaseSeconds?: number;
+  /** How long to wait for a permit; 0 tries once. @default 0 */
+  readonly waitSeconds?: number;
+  /** Recorded in the holder entry. @default - none */
+  readonly owner?: string;
+  /** Time between attempts while waiting (jittered: half to all of it). @default 2 */
+  readonly pollSeconds?: number;
+  /** Stops the wait (the acquire then returns undefined). */
+  readonly signal?: AbortSignal;
+}
+
+export interface Lease {
+  readonly lockName: string;
+  readonly leaseId: string;
+  /** Epoch milliseconds. */
+  readonly expiresAt: number;
+  /** The limit the acquire used. */
+  readonly limit: number;
+}
+
+export interface HolderStatus {
+  /** Execution ARN or lease id. */
+  readonly id: string;
+  readonly kind: 'execution' | 'lease';
+  readonly owner?: string;
+  readonly acquiredAt: string;
+  readonly ageSeconds: number;
+  /** Leases: when the lease ends, epoch milliseconds. */
+  readonly leaseExpiresAt?: number;
+  /** Executions with a lease: its length in seconds. */
+  readonly leaseSeconds?: number;
+  /** Leases: whether it ended more than the clock-skew margin ago (an acquirer may reclaim it). */
+  readonly expired: boolean;
+}
+
+export interface LockStatus {
+  readonly lockName: string;
+  readonly permitsInUse: number;
+  /** The limit of the last successful acquire, if any. */
+  readonly limit?: number;
+  readonly holders: HolderStatus[];
+}
+
+/** A client of the semaphore table, sharing permits with the workflows. */
+export class SemaphoreClient {
+  private readonly ddb: DynamoDBClient;
+  private readonly tableName: string;
+  private readonly skewMillis: number;
+
+  constructor(options: SemaphoreClientOptions) {
+    if (!options.tableName) throw new Error('a table name is required');
+    this.tableName = options.tableName;
+    this.ddb = options.dynamodb ?? new DynamoDBClient({});
+    this.skewMillis = (options.clockSkewSeconds ?? 30) * 1000;
+  }
+
+  /** Take a permit; undefined when none became free within the wait. */
+  public async acquire(lockName: string, options: AcquireOptions = {}): Promise<Lease | undefined> {
+    const leaseSeconds = options.leaseSeconds ?? 900;
+    positive('leaseSeconds', leaseSeconds);
+    const waitSeconds = options.waitSeconds ?? 0;
+    if (!(waitSeconds >= 0)) throw new Error(`the wait must be 0 or more seconds, got: ${waitSeconds}`);
+    const pollMillis = (options.pollSeconds ?? 2) * 1000;
+    const deadline = Date.now() + waitSeconds * 1000;
+    let limit = options.limit;
+    if (limit !== undefined && (!Number.isInteger(limit) || limit < 1)) {
+      throw new Error(`the limit must be a positive integer (1, 2, 3, ...), got: ${limit}`);
+    }
+    if (limit === undefined) {
+      limit = (await this.status(lockName)).limit ?? 1;
+    }
+    const leaseId = `${LEASE_ID_PREFIX}${randomUUID()}`;
+
+    for (;;) {
+      const now = Date.now();
+      const expiresAt = now + leaseSeconds * 1000;
+      const entry: Record<string, AttributeValue> = {
+        [HOLDER_ACQUIRED_AT]: { S: new Date(now).toISOString() },
+        [HOLDER_LEASE_EXPIRES_AT]: { N: String(expiresAt) },
+        ...(options.owner ? { [HOLDER_OWNER]: { S: options.owner } } : {}),
+      };
+      const taken = await this.conditionalUpdate(lockName, leaseId, ACQUIRE_UPDATE, ACQUIRE_CONDITION, {
+        [VALUES.zero]: { N: '0' },
+        [VALUES.one]: { N: '1' },
+        [VALUES.limit]: { N: String(limit) },
+        [VALUES.entry]: { M: entry },
+      });
+      if (taken) return { lockName, leaseId, expiresAt, limit };
+
+      // Full (or our own write landed although the call failed): look, and reclaim expired leases.
+      const item = await this.getItem(lockName);
+      const ours = item?.[leaseId]?.M;
+      if (ours) {
+        return { lockName, leaseId, expiresAt: Number(ours[HOLDER_LEASE_EXPIRES_AT]?.N), limit };
+      }
+      if (item && (await this.reclaimExpired(lockName, item)) > 0) continue;
+
+      const remaining = deadline - Date.now();
+      if (remaining <= 0 || options.signal?.aborted) return undefined;
+      await sleep(Math.min(remaining, pollMillis / 2 + Math.random() * (pollMillis / 2)), options.signal);
+    }
+  }
+
+  /** Extend a lease to `leaseSeconds` from now: its new end (epoch ms), or undefined when it is not held (any more). */
+  public async renew(lockName: string, leaseId: string, leaseSeconds = 900): Promise<number | undefined> {
+    positive('leaseSeconds', leaseSeconds);
+    if (isExecutionHolder(leaseId)) throw new Error(`${leaseId} is an execution, not a lease: its permit lasts as long as it runs`);
+    const expiresAt = Date.now() + leaseSeconds * 1000;
+    const renewed = await this.conditionalUpdate(
+      lockName,
+      leaseId,
+      `SET ${NAMES.holder}.${HOLDER_LEASE_EXPIRES_AT} = ${VALUES.expiresAt}`,
+      RELEASE_CONDITION,
+      { [VALUES.expiresAt]: { N: String(expiresAt) } },
+    );
+    return renewed ? expiresAt : undefined;
+  }
+
+  /** Give a permit back; false when it is not held (any more). */
+  public async release(lockName: string, leaseId: string): Promise<boolean> {
+    return this.conditionalUpdate(lockName, leaseId, RELEASE_UPDATE, RELEASE_CONDITION, { [VALUES.one]: { N: '1' } });
+  }
+
+  /**
+   * Free the permit of any holder, an execution included (which keeps running: stop it first).
+   * For operators; false when the holder holds nothing.
+   */
+  public async forceRelease(lockName: string, holder: string): Promise<boolean> {
+    return this.release(lockName, holder);
+  }
+
+  /** The lock's holders, their ages and leases, the count and the last limit. */
+  public async status(lockName: string): Promise<LockStatus> {
+    const item = await this.getItem(lockName);
+    const now = Date.now();
+    const holders: HolderStatus[] = [];
+    for (const [id, value] of Object.entries(item ?? {})) {
+      const entry = value.M;
+      if (!entry?.[HOLDER_ACQUIRED_AT]?.S) continue;
+      const acquiredAt = entry[HOLDER_ACQUIRED_AT].S;
+      const leaseExpiresAt = entry[HOLDER_LEASE_EXPIRES_AT]?.N === undefined ? undefined : Number(entry[HOLDER_LEASE_EXPIRES_AT].N);
+      holders.push({
+        id,
+        kind: isExecutionHolder(id) ? 'execution' : 'lease',
+        owner: entry[HOLDER_OWNER]?.S,
+        acquiredAt,
+        ageSeconds: Math.max(0, Math.round((now - Date.parse(acquiredAt)) / 1000)),
+        leaseExpiresAt,
+        leaseSeconds: entry[HOLDER_LEASE_SECONDS]?.N === undefined ? undefined : Number(entry[HOLDER_LEASE_SECONDS].N),
+        expired: !isExecutionHolder(id) && leaseExpiresAt !== undefined && leaseExpiresAt + this.skewMillis < now,
+      });
+    }
+    holders.sort((a, b) => a.acquiredAt.localeCompare(b.acquiredAt));
+    return {
+      lockName,
+      permitsInUse: Number(item?.[PERMITS_IN_USE]?.N ?? 0),
+      limit: item?.[CONCURRENCY_LIMIT]?.N === undefined ? undefined : Number(item[CONCURRENCY_LIMIT].N),
+      holders,
+    };
+  }
+
+  /** Release every lease of the item that ended more than the skew ago; how many were freed. */
+  private async reclaimExpired(lockName: string, item: Record<string, AttributeValue>): Promise<number> {
+    const now = Date.now();
+    let freed = 0;
+    for (const [id, value] of Object.entries(item)) {
+      const expiresAt = value.M?.[HOLDER_LEASE_EXPIRES_AT]?.N;
+      if (isExecutionHolder(id) || !value.M?.[HOLDER_ACQUIRED_AT] || expiresAt === undefined) continue;
+      if (Number(expiresAt) + this.skewMillis >= now) continue;
+      // Conditional on the lease we saw: one renewed meanwhile is left alone.
+      if (await this.conditionalUpdate(lockName, id, RELEASE_UPDATE, RELEASE_EXPIRED_LEASE_CONDITION, { [VALUES.one]: { N: '1' }, [VALUES.expiresAt]: { N: expiresAt } })) {
+        freed++;
+      }
+    }
+    return freed;
+  }
+
+  private async getItem(lockName: string): Promise<Record<string, AttributeValue> | undefined> {
+    const out = await this.ddb.send(new GetItemCommand({ TableName: this.tableName, Key: { [LOCK_KEY]: { S: lockName } }, ConsistentRead: true }));
+    return out.Item;
+  }
+
+  private async conditionalUpdate(
+    lockName: string,
+    holder: string,
+    update: string,
+    condition: string,
+    values: Record<string, AttributeValue>,
+  ): Promise<boolean> {
+    try {
+      await this.ddb.send(
+        new UpdateItemCommand({
+          TableName: this.tableName,
+          Key: { [LOCK_KEY]: { S: lockName } },
+          UpdateExpression: update,
+          ConditionExpression: condition,
+          ExpressionAttributeNames: {
+            [NAMES.holder]: holder,
+            ...(update.includes(NAMES.permits) ? { [NAMES.permits]: PERMITS_IN_USE } : {}),
+            ...(update.includes(NAMES.limit) ? { [NAMES.limit]: CONCURRENCY_LIMIT } : {}),
+          },
+          ExpressionAttributeValues: values,
+        }),
+      );
+      return true;
+    } catch (e) {
+      if (e instanceof ConditionalCheckFailedException || (e as Error).name === 'ConditionalCheckFailedException') return false;
+      throw e;
+    }
+  }
+}
+
+function positive(name: string, value: number): void {
+  if (!(value > 0) || !Number.isFinite(value)) throw new Error(`${name} must be a positive number of seconds, got: ${value}`);
+}
+
+function sleep(ms: number, signal?: AbortSignal): Promise<void> {
+  return new Promise((resolve) => {
+    const timer = setTimeout(done, ms);
+    signal?.addEventListener('abort', done, { once: true });
+    function done() {
+      clearTimeout(timer);
+      signal?.removeEventListener('abort', done);
+      resolve();
+    }
+  });
+}
