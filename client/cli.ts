@@ -192,9 +192,9 @@ async function dispatch(argv: string[], io: CliIo): Promise<number> {
 
   switch (name) {
     case 'acquire': {
-      const lease = await client.acquire(lock, acquireOptions(name, values));
-      if (!lease) throw await notAcquired(client, lock, values);
-      io.stdout(lease.leaseId);
+      const held = await client.acquire(lock, acquireOptions(name, values));
+      if (!held) throw await notAcquired(client, lock, values);
+      io.stdout(held.leaseId);
       return EXIT.ok;
     }
     case 'renew': {
@@ -288,7 +288,9 @@ function lease(h: HolderStatus): string {
   return h.leaseSeconds !== undefined ? `${age(h.leaseSeconds)} (enforced by the reconciler)` : '-';
 }
 
-async function run(client: SemaphoreClient, lock: string, command: string[], values: Record<string, string | boolean | undefined>, io: CliIo): Promise<number> {
+type Values = Record<string, string | boolean | undefined>;
+
+async function run(client: SemaphoreClient, lock: string, command: string[], values: Values, io: CliIo): Promise<number> {
   const options = acquireOptions('run', values);
   // One handler for the whole run, so that no signal finds none: while waiting it ends the wait;
   // once the command runs it is passed on; in between it keeps the command from starting.
