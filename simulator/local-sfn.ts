@@ -20,8 +20,9 @@ import type { Random } from './random';
  *    under a key named "$" instead.
  * 6. Node 20 lacks `Promise.withResolvers`, which the module calls.
  * 7. Every intrinsic function's string result loses all its backslashes, so `States.JsonToString` of a
- *    string containing a quote gives text that is not JSON (`{"q":"a"b"}`). Only the escapes of a
- *    quoted literal argument (`'it\'s'`) are to be undone, and there, not in results.
+ *    string containing a quote gives text that is not JSON (`{"q":"a"b"}`). We leave results intact.
+ *    Escapes in quoted literal arguments (`'it\'s'`) stay escaped now: asl-validator rejects such
+ *    literals, and no definition we synthesize has one.
  *
  * Each patch must apply exactly once, so an upgrade of the module that moves the code fails loudly
  * here instead of silently running at full speed.

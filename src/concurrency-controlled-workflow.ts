@@ -19,7 +19,7 @@ import {
 } from './private/idempotency-states';
 import { MAX_LOCK_NAME_LENGTH } from './private/lock-schema';
 import { acquireTask, LockTaskProps, releaseTask } from './private/lock-tasks';
-import { numberValue, pathFromExecutionInput, pathFromParsedInput, RuntimeValue, stringValue } from './private/runtime-value';
+import { numberValue, pathFromExecutionInput, RuntimeValue, stringValue } from './private/runtime-value';
 import { stateMachineLogs } from './private/state-machine-defaults';
 import { STATE } from './private/state-names';
 import { validateConcurrencyLimit, validateLockName, validateWholeSeconds } from './private/validation';
@@ -623,14 +623,12 @@ export class ConcurrencyControlledWorkflow extends Construct {
       error: ConcurrencyControlledWorkflow.INVALID_LIMIT_ERROR,
       cause: `The concurrency limit read from the execution input at ${spec.limit.inputPath} must be a number of at least 1`,
     });
-    const limitPath = idem ? pathFromParsedInput(spec.limit.inputPath, IDEMPOTENT_INPUT_PATH) : spec.limit.inputPath;
-    return start(
-      new sfn.Choice(this, STATE.checkRuntimeLimit)
-        .when(sfn.Condition.not(sfn.Condition.isPresent(limitPath)), invalidLimit)
-        .when(sfn.Condition.not(sfn.Condition.isNumeric(limitPath)), invalidLimit)
-        .when(sfn.Condition.numberLessThan(limitPath, 1), invalidLimit)
-        .otherwise(acquire),
-    );
+    // With idempotency too, the check comes first: an invalid input never claims a record.
+    return new sfn.Choice(this, STATE.checkRuntimeLimit)
+      .when(sfn.Condition.not(sfn.Condition.isPresent(spec.limit.inputPath)), invalidLimit)
+      .when(sfn.Condition.not(sfn.Condition.isNumeric(spec.limit.inputPath)), invalidLimit)
+      .when(sfn.Condition.numberLessThan(spec.limit.inputPath, 1), invalidLimit)
+      .otherwise(start(acquire));
   }
 
   /**

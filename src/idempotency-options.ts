@@ -72,11 +72,11 @@ export interface IdempotencyOptions {
   readonly validateFields?: string[];
 
   /**
-   * How long a record counts. After that, the same input runs the body again. Checked by timestamp in
-   * the workflow itself; DynamoDB TTL removes expired records, up to days later.
+   * How long a completed record counts, from the start of the execution that wrote it. After that, the
+   * same input runs the body again. Checked by timestamp in the workflow itself; DynamoDB TTL removes
+   * expired records, up to days later. A record IN_PROGRESS never expires while its execution runs.
    *
-   * Whole seconds, at least 1 second. An execution that runs longer than this no longer keeps its
-   * duplicates waiting.
+   * Whole seconds, at least 1 second.
    *
    * @default Duration.hours(24)
    */
@@ -99,4 +99,14 @@ export interface IdempotencyOptions {
    * @default Duration.seconds(10)
    */
   readonly duplicatePollInterval?: Duration;
+
+  /**
+   * How long a duplicate waits for the first execution before it fails with
+   * `IdempotencyDuplicateTimeout`. Counted in checks: the timeout over three quarters of
+   * `duplicatePollInterval` (the average wait), so the actual wait is about this long. At most 1,000
+   * checks fit in an execution's history (25,000 events).
+   *
+   * @default - one hour, or less when `duplicatePollInterval` is under 5 seconds (as long as 1,000 checks take)
+   */
+  readonly duplicateWaitTimeout?: Duration;
 }

@@ -104,8 +104,11 @@ export class IdempotencyTable extends Construct implements IIdempotencyTable {
     return new ImportedIdempotencyTable(scope, id, tableName);
   }
 
+  /** The underlying DynamoDB table. */
   public readonly table: dynamodb.ITable;
+  /** Name of the table. */
   public readonly tableName: string;
+  /** ARN of the table. */
   public readonly tableArn: string;
 
   constructor(scope: Construct, id: string, props: IdempotencyTableProps = {}) {

@@ -7,7 +7,7 @@ import { IdempotencyOptions } from './idempotency-options';
 import { IIdempotencyTable } from './idempotency-table';
 import { defaultStateMachineName, renderIdempotency } from './private/idempotency-config';
 import { KEY_MISSING_ERROR } from './private/idempotency-key';
-import { ERROR_PATH, INPUT_PATH, OUTPUT_PATH, RESULT_TOO_LARGE_ERROR, VALIDATION_ERROR } from './private/idempotency-states';
+import { DUPLICATE_TIMEOUT_ERROR, ERROR_PATH, INPUT_PATH, OUTPUT_PATH, RESULT_TOO_LARGE_ERROR, VALIDATION_ERROR } from './private/idempotency-states';
 import { stateMachineLogs } from './private/state-machine-defaults';
 import { STATE } from './private/state-names';
 
@@ -117,6 +117,12 @@ export class IdempotentWorkflow extends Construct {
    * Error of an execution whose key selects nothing from its input.
    */
   public static readonly KEY_MISSING_ERROR = KEY_MISSING_ERROR;
+
+  /**
+   * Error of a duplicate that waited `duplicateWaitTimeout` for the execution with the same key to
+   * finish.
+   */
+  public static readonly DUPLICATE_TIMEOUT_ERROR = DUPLICATE_TIMEOUT_ERROR;
 
   /**
    * The state machine.

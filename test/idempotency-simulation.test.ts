@@ -4,7 +4,7 @@ import * as sfn from 'aws-cdk-lib/aws-stepfunctions';
 import * as tasks from 'aws-cdk-lib/aws-stepfunctions-tasks';
 import { lockState, logicalId, stateMachineLogicalId, statuses, WorkTracker } from './helpers';
 import { Execution, Simulator, SimulatorOptions, TaskContext } from '../simulator';
-import { ConcurrencyControlledWorkflow, IdempotencyKey, IdempotencyOptions, IdempotentWorkflow } from '../src';
+import { ConcurrencyControlledWorkflow, ConcurrencyControlledWorkflowProps, IdempotencyKey, IdempotencyOptions, IdempotentWorkflow } from '../src';
 
 /*
  * Idempotent workflows, executed: the synthesized state machine (key function included, run from its
@@ -18,7 +18,7 @@ function overhead(e: Execution): number {
 }
 
 /** A stack with one idempotent workflow (or, with `limit`, a concurrency-controlled one) around "Do Work". */
-function idempotentStack(options: IdempotencyOptions = {}, limit?: number) {
+function idempotentStack(options: IdempotencyOptions = {}, limit?: number, semaphore: Partial<ConcurrencyControlledWorkflowProps> = {}) {
   const app = new App();
   const stack = new Stack(app, 'TestStack');
   const workFunction = new lambda.Function(stack, 'WorkFunction', {
@@ -30,7 +30,7 @@ function idempotentStack(options: IdempotencyOptions = {}, limit?: number) {
   const stateMachine =
     limit === undefined
       ? new IdempotentWorkflow(stack, 'Workflow', { body, ...options }).stateMachine
-      : new ConcurrencyControlledWorkflow(stack, 'Workflow', { body, concurrencyLimit: limit, idempotency: options }).stateMachine;
+      : new ConcurrencyControlledWorkflow(stack, 'Workflow', { body, concurrencyLimit: limit, idempotency: options, ...semaphore }).stateMachine;
   return { stack, stateMachineId: stateMachineLogicalId(stateMachine), workFunctionId: logicalId(workFunction.node.defaultChild as CfnElement) };
 }
 
@@ -96,10 +96,10 @@ describe('repeats', () => {
       const waited = executions.filter((e) => e.stateTransitions.has('Wait For Duplicate'));
       expect(waited).toHaveLength(19);
       for (const e of waited) {
-        // Each look at the record is a claim and a read; a poll adds the owner check and the wait.
+        // Each look at the record is a claim and a read; a poll adds the owner check, the count and the wait.
         const polls = e.stateTransitions.get('Wait For Duplicate')!;
         expect(e.dynamoCalls).toBe(2 * (polls + 1));
-        expect(overhead(e)).toBe(5 + 6 * polls);
+        expect(overhead(e)).toBe(5 + 7 * polls);
       }
       // Jittered: the duplicates did not all poll at the same moments.
       const polls = new Set(waited.map((e) => e.stateTransitions.get('Wait For Duplicate')));
@@ -144,7 +144,8 @@ describe('repeats', () => {
       expect(within.stateTransitions.get('Return Stored Result')).toBe(1);
       expect(work.runs).toBe(1);
 
-      await sim.sleep(31);
+      // Counted from completion (at about 1 s): expired from about 61 s on.
+      await sim.sleep(35);
       const after = await sim.startExecution(sm, { job: 'j' }).done;
       expect(after.status).toBe('SUCCEEDED');
       expect(after.stateTransitions.has('Return Stored Result')).toBe(false);
@@ -188,6 +189,9 @@ describe('keys', () => {
       expect(repeat.stateTransitions.get('Return Stored Result')).toBe(1);
       await sim.startExecution(sm, { orderId: 1, items: [{ sku: 'b', qty: 1 }] }).done;
       expect(work.runs).toBe(2);
+      // [null, []] is not a key that every input without an order id would share.
+      const none = await sim.startExecution(sm, { customer: 'y' }).done;
+      expect([none.status, none.error]).toEqual(['FAILED', IdempotentWorkflow.KEY_MISSING_ERROR]);
     });
   });
 
@@ -241,6 +245,68 @@ describe('dead first executions', () => {
       expect(duplicate.stateTransitions.get('Wait For Duplicate')).toBeGreaterThanOrEqual(2);
       expect(duplicate.stateTransitions.get('Take Over Idempotency Record')).toBe(1);
       expect(work.runs).toBe(2);
+    });
+  });
+});
+
+describe('records of running executions', () => {
+  test('an IN_PROGRESS record never expires under a running execution: a late duplicate waits, the body never runs twice at once', async () => {
+    const { stack, stateMachineId, workFunctionId } = idempotentStack({ expiresAfter: Duration.minutes(1), duplicatePollInterval: Duration.seconds(4) });
+    const work: WorkTracker = new WorkTracker((_input, run) => (work.runs === 1 && run === 1 ? 1000 : 100));
+    await simulate(stack, { lambdaHandlers: { [workFunctionId]: work.handler } }, async (sim) => {
+      const sm = sim.stateMachine(stateMachineId);
+      const first = sim.startExecution(sm, { job: 'j' }, { abortAfterSeconds: 50 });
+      await sim.sleep(2);
+      // Waits for the first, takes over when it is stopped (its record's expiry, from its start, is 62 s).
+      const second = sim.startExecution(sm, { job: 'j' });
+      await sim.sleep(68);
+      // Past both expiries, while the second still runs its 100 s body.
+      const third = sim.startExecution(sm, { job: 'j' });
+      await Promise.all([first.done, second.done, third.done]);
+
+      expect([first.status, second.status, third.status]).toEqual(['ABORTED', 'SUCCEEDED', 'SUCCEEDED']);
+      expect(second.stateTransitions.get('Take Over Idempotency Record')).toBe(1);
+      expect(third.stateTransitions.has('Do Work')).toBe(false);
+      expect(third.output).toEqual(second.output);
+      expect(work.maxInside).toBe(1);
+      expect(work.runs).toBe(2);
+    });
+  });
+
+  test('validation is against records that count: a dead first execution\'s fields do not block a corrected retry', async () => {
+    const { stack, stateMachineId, workFunctionId } = idempotentStack({ key: IdempotencyKey.fromFields('$.paymentId'), validateFields: ['$.amount'] });
+    const work: WorkTracker = new WorkTracker((_input, run) => (work.runs === 1 && run === 1 ? 1000 : 1));
+    await simulate(stack, { lambdaHandlers: { [workFunctionId]: work.handler } }, async (sim) => {
+      const sm = sim.stateMachine(stateMachineId);
+      const wrong = sim.startExecution(sm, { paymentId: 'p', amount: 5 }, { abortAfterSeconds: 5 });
+      await wrong.done;
+      const corrected = await sim.startExecution(sm, { paymentId: 'p', amount: 6 }).done;
+      expect(corrected.status).toBe('SUCCEEDED');
+      expect(corrected.stateTransitions.get('Take Over Idempotency Record')).toBe(1);
+      // While a first execution runs, a duplicate with other validated fields is refused at once.
+      const running = sim.startExecution(sm, { paymentId: 'q', amount: 1 }, { abortAfterSeconds: 500 });
+      await sim.sleep(2);
+      const other = await sim.startExecution(sm, { paymentId: 'q', amount: 2 }).done;
+      expect([other.status, other.error]).toEqual(['FAILED', IdempotentWorkflow.VALIDATION_ERROR]);
+      expect(other.stateTransitions.has('Wait For Duplicate')).toBe(false);
+      running.abort();
+      await running.done;
+    });
+  });
+
+  test('a duplicate gives up after duplicateWaitTimeout with IdempotencyDuplicateTimeout', async () => {
+    const { stack, stateMachineId, workFunctionId } = idempotentStack({ duplicatePollInterval: Duration.seconds(4), duplicateWaitTimeout: Duration.seconds(30) });
+    const work = new WorkTracker(() => 1000);
+    await simulate(stack, { lambdaHandlers: { [workFunctionId]: work.handler } }, async (sim) => {
+      const sm = sim.stateMachine(stateMachineId);
+      const first = sim.startExecution(sm, { job: 'long' });
+      await sim.sleep(1);
+      const duplicate = await sim.startExecution(sm, { job: 'long' }).done;
+      expect([duplicate.status, duplicate.error]).toEqual(['FAILED', IdempotentWorkflow.DUPLICATE_TIMEOUT_ERROR]);
+      // 30 s at three quarters of 4 s: 10 waits.
+      expect(duplicate.stateTransitions.get('Wait For Duplicate')).toBe(10);
+      first.abort();
+      await first.done;
     });
   });
 });
@@ -310,10 +376,13 @@ describe('with a concurrency limit', () => {
   test('a limit read from the input is checked on the input, not on the record state', async () => {
     const { stack, stateMachineId, workFunctionId } = idempotentStack({}, sfn.JsonPath.numberAt('$.limit'));
     const work = new WorkTracker();
+    expect(work.runs).toBe(0);
     await simulate(stack, { lambdaHandlers: { [workFunctionId]: work.handler } }, async (sim) => {
       const sm = sim.stateMachine(stateMachineId);
       const invalid = await sim.startExecution(sm, { job: 1, limit: 0 }).done;
       expect([invalid.status, invalid.error]).toEqual(['FAILED', ConcurrencyControlledWorkflow.INVALID_LIMIT_ERROR]);
+      // Checked before the claim: no record is left behind.
+      expect(await records(sim)).toEqual([]);
       const valid = await sim.startExecution(sm, { job: 1, limit: 3 }).done;
       expect(valid.status).toBe('SUCCEEDED');
       expect(work.runs).toBe(1);
@@ -338,6 +407,23 @@ describe('with a concurrency limit', () => {
       // The faults did hit the idempotency states.
       const retried = executions.filter((e) => (e.stateTransitions.get('Claim Idempotency Record') ?? 0) > 1 || (e.stateTransitions.get('Save Idempotent Result') ?? 0) > 1);
       expect(retried.length).toBeGreaterThan(0);
+    });
+  });
+
+  test('an acquire timeout marks the record FAILED, so that a retry runs', async () => {
+    const { stack, stateMachineId, workFunctionId } = idempotentStack({}, 1, { acquireTimeout: Duration.seconds(10) });
+    const work = new WorkTracker((input) => (input.job === 'long' ? 60 : 1));
+    await simulate(stack, { lambdaHandlers: { [workFunctionId]: work.handler } }, async (sim) => {
+      const sm = sim.stateMachine(stateMachineId);
+      const holder = sim.startExecution(sm, { job: 'long' });
+      await sim.sleep(1);
+      const timedOut = await sim.startExecution(sm, { job: 'short' }).done;
+      expect([timedOut.status, timedOut.error]).toEqual(['FAILED', ConcurrencyControlledWorkflow.ACQUIRE_TIMEOUT_ERROR]);
+      expect((await records(sim)).map((r) => r.status).sort()).toEqual(['FAILED', 'IN_PROGRESS']);
+      await holder.done;
+      const retry = await sim.startExecution(sm, { job: 'short' }).done;
+      expect(retry.status).toBe('SUCCEEDED');
+      expect(retry.stateTransitions.has('Take Over Idempotency Record')).toBe(false);
     });
   });
 });

@@ -1,4 +1,4 @@
-import { App, Duration, Stack } from 'aws-cdk-lib';
+import { App, CfnParameter, Duration, Stack } from 'aws-cdk-lib';
 import { Template } from 'aws-cdk-lib/assertions';
 import * as kms from 'aws-cdk-lib/aws-kms';
 import * as sfn from 'aws-cdk-lib/aws-stepfunctions';
@@ -49,6 +49,19 @@ describe('options are checked at synth time', () => {
     ['a zero poll interval', () => idempotent({ duplicatePollInterval: Duration.seconds(0) }), /`duplicatePollInterval` must be a whole number of seconds, at least 1 second/],
     ['validated fields that are not paths', () => idempotent({ validateFields: ['amount'] }), /`validateFields` must be JSONPaths .* got: 'amount'/],
     ['an empty validation list', () => idempotent({ validateFields: [] }), '`validateFields` must list at least one JSONPath, got an empty list'],
+    [
+      'a duplicate wait longer than the history holds',
+      () => idempotent({ duplicateWaitTimeout: Duration.hours(3) }),
+      "`duplicateWaitTimeout` (3 hours) at `duplicatePollInterval` 10 seconds means about 1440 checks; at most 1000 fit in an execution's history of 25,000 events: make the interval longer or the timeout shorter",
+    ],
+    [
+      'a duration token',
+      () => {
+        const stack = newStack();
+        return idempotent({ expiresAfter: Duration.millis(new CfnParameter(stack, 'Ttl', { type: 'Number' }).valueAsNumber) }, stack);
+      },
+      /`expiresAfter` must be a fixed duration, known at synth time, got a token/,
+    ],
     [
       'the option on a workflow too',
       () => new ConcurrencyControlledWorkflow(newStack(), 'W', { body: new sfn.Pass(newStack(), 'P'), idempotency: { expiresAfter: Duration.millis(10) } }),
@@ -147,6 +160,11 @@ describe('the key', () => {
     expect(select(input, { kind: 'fields', paths: ['$.x', '$.a.b', '$.b.c.d'] })).toBeUndefined();
     expect(select(input, { kind: 'jmespath', expression: 'b.c[0]' })).toBe(10);
     expect(select(input, { kind: 'jmespath', expression: 'nothing' })).toBeUndefined();
+    // A list or hash of missing fields selects nothing either: it is not a key all such inputs share.
+    expect(select({ customer: 'y' }, { kind: 'jmespath', expression: '[orderId, items[].sku]' })).toBeUndefined();
+    expect(select({ customer: 'y' }, { kind: 'jmespath', expression: '{o: orderId, c: nope}' })).toBeUndefined();
+    expect(select({ orderId: 1 }, { kind: 'jmespath', expression: '[orderId, items[].sku]' })).toEqual([1, null]);
+    expect(select({ orderId: null, items: [] }, { kind: 'jmespath', expression: '[orderId, items]' })).toEqual([null, []]);
   });
 
   test('key, validation hash and expiry', () => {
@@ -155,9 +173,11 @@ describe('the key', () => {
     const result = computeKey(event, now);
     expect(result.key).toMatch(/^wf#[0-9a-f]{64}$/);
     expect(result.validation).toBe(NO_VALIDATION);
-    expect(result.expiresAtIso).toBe('2026-11-23T13:00:00.250Z');
-    expect(result.expiresAt).toBe(Math.ceil((now + 3_600_000) / 1000));
-    expect(result.input).toBe(event.input);
+    expect(result.notBeforeIso).toBe('2026-11-23T11:00:00.250Z');
+    expect(result.expiresAt).toBe(Math.ceil(now / 1000) + 3600 + 7 * 86400);
+    expect(result.payload).toBe(event.input);
+    expect(result.inProgressExpiresAt).toBe(Math.ceil(now / 1000) + 366 * 86400);
+    expect(result.waits).toEqual({ count: 0 });
 
     const validated = computeKey({ ...event, validate: { kind: 'fields', paths: ['$.amount'] } }, now);
     const changed = computeKey({ ...event, input: { id: 1, amount: 6 }, validate: { kind: 'fields', paths: ['$.amount'] } }, now);

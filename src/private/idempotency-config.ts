@@ -21,8 +21,18 @@ export interface RenderedIdempotency {
  * `ConcurrencyControlledWorkflow`.
  */
 export function renderIdempotency(scope: Construct, options: IdempotencyOptions, stateMachineName: string): RenderedIdempotency {
-  const expiresAfterSeconds = validateWholeSeconds('expiresAfter', options.expiresAfter ?? Duration.hours(24), 1) ?? 24 * 3600;
-  const pollSeconds = validateWholeSeconds('duplicatePollInterval', options.duplicatePollInterval ?? Duration.seconds(10), 1) ?? 10;
+  const expiresAfterSeconds = fixedSeconds('expiresAfter', options.expiresAfter ?? Duration.hours(24), 1);
+  const pollSeconds = fixedSeconds('duplicatePollInterval', options.duplicatePollInterval ?? Duration.seconds(10), 1);
+  // By default an hour, or as long as the checks that fit in the history last at a short interval.
+  const waitTimeout = options.duplicateWaitTimeout ?? Duration.seconds(Math.min(3600, Math.floor(MAX_WAITS * 0.75 * pollSeconds)));
+  const waitSeconds = fixedSeconds('duplicateWaitTimeout', waitTimeout, 1);
+  // A wait lasts half to all of the interval: three quarters on average.
+  const maxWaits = Math.max(1, Math.ceil(waitSeconds / (0.75 * pollSeconds)));
+  if (maxWaits > MAX_WAITS) {
+    throw new Error(
+      `\`duplicateWaitTimeout\` (${waitTimeout.toHumanString()}) at \`duplicatePollInterval\` ${Duration.seconds(pollSeconds).toHumanString()} means about ${maxWaits} checks; at most ${MAX_WAITS} fit in an execution's history of 25,000 events: make the interval longer or the timeout shorter`,
+    );
+  }
   if (options.validateFields !== undefined) {
     validateFieldPaths('validateFields', options.validateFields);
   }
@@ -37,6 +47,7 @@ export function renderIdempotency(scope: Construct, options: IdempotencyOptions,
     validate: options.validateFields === undefined ? undefined : { kind: 'fields', paths: options.validateFields },
     expiresAfterSeconds,
     pollSeconds,
+    maxWaits,
     executionArnPattern: stack.formatArn({
       service: 'states',
       resource: 'execution',
@@ -45,6 +56,21 @@ export function renderIdempotency(scope: Construct, options: IdempotencyOptions,
     }),
   });
   return { states, table, keyFunction };
+}
+
+/**
+ * How many checks a waiting duplicate may make: each costs 7 states, about 20 history events, and an
+ * execution's history holds at most 25,000 events (Step Functions quota), the rest of it included.
+ */
+const MAX_WAITS = 1000;
+
+/** Whole seconds of a duration that must be known at synth time (no token). */
+function fixedSeconds(prop: string, duration: Duration, minSeconds: number): number {
+  const seconds = validateWholeSeconds(prop, duration, minSeconds);
+  if (seconds === undefined) {
+    throw new Error(`\`${prop}\` must be a fixed duration, known at synth time, got a token: ${duration.toString()}`);
+  }
+  return seconds;
 }
 
 /**

@@ -34,17 +34,36 @@ export interface KeyFunctionEvent {
 
 /** What the key function returns; the state machine keeps it as its state data. */
 export interface KeyFunctionResult {
-  /** The execution input, unchanged (the body receives it). */
-  readonly input: unknown;
+  /** The execution input, unchanged (the body receives it; its output then takes its place). */
+  readonly payload: unknown;
   /** `<prefix>#<sha-256 hex>`. */
   readonly key: string;
   /** SHA-256 hex of the validated fields, or `-` when nothing is validated. */
   readonly validation: string;
-  /** When a record written now expires, epoch seconds (the table's TTL attribute). */
+  /**
+   * Completed records that finished before this instant (now minus `expiresAfter`, ISO-8601 with
+   * milliseconds, comparable with `$$.State.EnteredTime`) no longer count.
+   */
+  readonly notBeforeIso: string;
+  /**
+   * TTL of a record this execution completes, epoch seconds: now plus `expiresAfter` plus a margin of
+   * a week for the execution's own run time. TTL only cleans up; expiry is checked by `notBeforeIso`.
+   */
   readonly expiresAt: number;
-  /** The same, ISO-8601 with milliseconds, comparable with `$$.State.EnteredTime`. */
-  readonly expiresAtIso: string;
+  /**
+   * TTL of an IN_PROGRESS record, epoch seconds: a year and a day from now, longer than any Standard
+   * execution runs, so that DynamoDB never deletes the record of a running execution.
+   */
+  readonly inProgressExpiresAt: number;
+  /** How often a duplicate has waited for the first execution: a counter the states increment. */
+  readonly waits: { readonly count: number };
 }
+
+/** A year and a day: Standard executions run at most a year. */
+const IN_PROGRESS_TTL_SECONDS = 366 * 24 * 3600;
+
+/** Run time allowed for before DynamoDB TTL may delete a completed record: a week. */
+export const COMPLETED_TTL_MARGIN_SECONDS = 7 * 24 * 3600;
 
 /** The value of `validation` when no fields are validated. */
 export const NO_VALIDATION = '-';
@@ -114,10 +133,19 @@ export function select(input: unknown, selection: KeySelection): unknown {
       return values.every((v) => v === undefined) ? undefined : values.map((v) => (v === undefined ? null : v));
     }
     case 'jmespath': {
+      // `[a, b]` over an input without a and b gives [null, null], not null: that selects nothing too.
       const value: unknown = jmespath.search(input, selection.expression ?? '@');
-      return value === null ? undefined : value;
+      return onlyNulls(value) ? undefined : value;
     }
   }
+}
+
+/** null, or an array or object that holds nothing but nulls (at any depth). */
+function onlyNulls(value: unknown): boolean {
+  if (value === null || value === undefined) return true;
+  if (typeof value !== 'object') return false;
+  const values = Array.isArray(value) ? value : Object.values(value as Record<string, unknown>);
+  return values.length > 0 && values.every(onlyNulls);
 }
 
 /** JSON text with the keys of every object sorted, so that equal values give equal text. */
@@ -145,13 +173,14 @@ export function computeKey(event: KeyFunctionEvent, nowMillis: number): KeyFunct
     throw error;
   }
   const validated = event.validate === undefined ? undefined : select(event.input, event.validate);
-  const expiresAtMillis = nowMillis + event.expiresAfterSeconds * 1000;
   return {
-    input: event.input,
+    payload: event.input,
     key: `${event.prefix}#${sha256(canonicalJson(selected))}`,
     validation: event.validate === undefined ? NO_VALIDATION : sha256(canonicalJson(validated ?? null)),
-    expiresAt: Math.ceil(expiresAtMillis / 1000),
-    expiresAtIso: new Date(expiresAtMillis).toISOString(),
+    notBeforeIso: new Date(nowMillis - event.expiresAfterSeconds * 1000).toISOString(),
+    expiresAt: Math.ceil(nowMillis / 1000) + event.expiresAfterSeconds + COMPLETED_TTL_MARGIN_SECONDS,
+    inProgressExpiresAt: Math.ceil(nowMillis / 1000) + IN_PROGRESS_TTL_SECONDS,
+    waits: { count: 0 },
   };
 }
 

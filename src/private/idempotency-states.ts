@@ -11,7 +11,7 @@ import {
   COMPLETE_CONDITION,
   FAIL_UPDATE,
   RECORD_EXPIRES_AT,
-  RECORD_EXPIRES_AT_ISO,
+  RECORD_COMPLETED_AT,
   RECORD_KEY,
   RECORD_NAMES,
   RECORD_OWNER,
@@ -28,6 +28,9 @@ import { IIdempotencyTable } from '../idempotency-table';
 
 /** Error of a repeat whose validated fields differ from those of the execution that wrote the record. */
 export const VALIDATION_ERROR = 'IdempotencyValidationError';
+
+/** Error of a duplicate that waited `duplicateWaitTimeout` for the first execution to finish. */
+export const DUPLICATE_TIMEOUT_ERROR = 'IdempotencyDuplicateTimeout';
 
 /** Error of an execution whose output is too large to be stored in its record. */
 export const RESULT_TOO_LARGE_ERROR = 'IdempotencyResultTooLarge';
@@ -53,6 +56,8 @@ export interface IdempotencyConfig {
   readonly expiresAfterSeconds: number;
   /** A waiting duplicate checks again after a random whole number of seconds in [ceil(poll/2), poll]. */
   readonly pollSeconds: number;
+  /** How many times a duplicate waits before it gives up with `IdempotencyDuplicateTimeout`. */
+  readonly maxWaits: number;
   /** The ARN pattern of this workflow's executions (the record owners the states describe). */
   readonly executionArnPattern: string;
 }
@@ -60,16 +65,17 @@ export interface IdempotencyConfig {
 /*
  * The state data, from the first state on, is what the key function returns:
  *
- *   { input, key, validation, expiresAt, expiresAtIso }
+ *   { payload, key, validation, notBeforeIso, expiresAt, inProgressExpiresAt, waits: { count } }
  *
- * The protected part reads the execution input at `$.input`, puts the body's output (a Parallel's,
- * so an array of one) at `$.output` and an error at `$.error`.
+ * The protected part reads the execution input at `$.payload` and puts the body's output (a
+ * Parallel's, so an array of one) in its place, so that input and output never have to fit in the
+ * 256 KiB of state data together; an error goes to `$.error`.
  */
 
 /** Where the protected part finds the execution input. */
-export const INPUT_PATH = '$.input';
-/** Where the protected part puts the body Parallel's result. */
-export const OUTPUT_PATH = '$.output';
+export const INPUT_PATH = '$.payload';
+/** Where the protected part puts the body Parallel's result (replacing the input). */
+export const OUTPUT_PATH = '$.payload';
 /** Where the protected part puts a caught error (`{Error, Cause}`). */
 export const ERROR_PATH = '$.error';
 
@@ -140,13 +146,16 @@ export class IdempotencyStates {
       payload: sfn.TaskInput.fromObject({ input: sfn.JsonPath.entirePayload, ...event }),
       payloadResponseOnly: true,
       resultPath: '$',
-    });
+    })
+      // Bursts of executions are what this library is for; CDK's default retry leaves throttling out.
+      .addRetry(transientRetry(['Lambda.TooManyRequestsException']));
 
     const claimValues = {
       [RECORD_VALUES.inProgress]: tasks.DynamoAttributeValue.fromString(STATUS.inProgress),
       [RECORD_VALUES.me]: tasks.DynamoAttributeValue.fromString(sfn.JsonPath.stringAt('$$.Execution.Id')),
-      [RECORD_VALUES.expiresAt]: tasks.DynamoAttributeValue.numberFromString(sfn.JsonPath.format('{}', sfn.JsonPath.stringAt('$.expiresAt'))),
-      [RECORD_VALUES.expiresAtIso]: tasks.DynamoAttributeValue.fromString(sfn.JsonPath.stringAt('$.expiresAtIso')),
+      [RECORD_VALUES.inProgressExpiresAt]: tasks.DynamoAttributeValue.numberFromString(
+        sfn.JsonPath.format('{}', sfn.JsonPath.stringAt('$.inProgressExpiresAt')),
+      ),
       [RECORD_VALUES.validation]: tasks.DynamoAttributeValue.fromString(sfn.JsonPath.stringAt('$.validation')),
     };
     const claim = new tasks.DynamoUpdateItem(scope, STATE.claimRecord, {
@@ -154,11 +163,12 @@ export class IdempotencyStates {
       key: this.recordKey,
       conditionExpression: CLAIM_CONDITION,
       updateExpression: CLAIM_UPDATE,
-      expressionAttributeNames: this.names(RECORD_STATUS, RECORD_OWNER, RECORD_EXPIRES_AT, RECORD_EXPIRES_AT_ISO, RECORD_VALIDATION, RECORD_RESULT),
+      expressionAttributeNames: this.names(RECORD_STATUS, RECORD_OWNER, RECORD_EXPIRES_AT, RECORD_COMPLETED_AT, RECORD_VALIDATION, RECORD_RESULT),
       expressionAttributeValues: {
         ...claimValues,
         [RECORD_VALUES.failed]: tasks.DynamoAttributeValue.fromString(STATUS.failed),
-        [RECORD_VALUES.now]: tasks.DynamoAttributeValue.fromString(sfn.JsonPath.stringAt('$$.State.EnteredTime')),
+        [RECORD_VALUES.succeeded]: tasks.DynamoAttributeValue.fromString(STATUS.succeeded),
+        [RECORD_VALUES.notBefore]: tasks.DynamoAttributeValue.fromString(sfn.JsonPath.stringAt('$.notBeforeIso')),
       },
       resultPath: sfn.JsonPath.DISCARD,
     })
@@ -181,12 +191,16 @@ export class IdempotencyStates {
     // A duplicate whose first execution still runs waits; one whose first execution is gone takes over.
     const half = Math.ceil(config.pollSeconds / 2);
     const waitForDuplicate = new sfn.Wait(scope, STATE.waitForDuplicate, { time: sfn.WaitTime.secondsPath('$.ownerState.delaySeconds') }).next(claim);
+    const countWait = new sfn.Pass(scope, STATE.countWait, {
+      parameters: { count: sfn.JsonPath.mathAdd(sfn.JsonPath.numberAt('$.waits.count'), 1) },
+      resultPath: '$.waits',
+    }).next(waitForDuplicate);
     const takeOver = new tasks.DynamoUpdateItem(scope, STATE.takeOverRecord, {
       table: config.table.table,
       key: this.recordKey,
       conditionExpression: TAKE_OVER_CONDITION,
       updateExpression: CLAIM_UPDATE,
-      expressionAttributeNames: this.names(RECORD_STATUS, RECORD_OWNER, RECORD_EXPIRES_AT, RECORD_EXPIRES_AT_ISO, RECORD_VALIDATION, RECORD_RESULT),
+      expressionAttributeNames: this.names(RECORD_STATUS, RECORD_OWNER, RECORD_EXPIRES_AT, RECORD_COMPLETED_AT, RECORD_VALIDATION, RECORD_RESULT),
       expressionAttributeValues: {
         ...claimValues,
         [RECORD_VALUES.deadOwner]: tasks.DynamoAttributeValue.fromString(sfn.JsonPath.stringAt('$.record.Item.owner.S')),
@@ -197,6 +211,29 @@ export class IdempotencyStates {
       // Someone else took it first, or a server error left it open whether we did: claim (or see) again.
       .addCatch(claim, { errors: [CONDITIONAL_CHECK_FAILED, ...SERVER_ERRORS], resultPath: sfn.JsonPath.DISCARD });
     takeOver.next(protectedStart);
+
+    // Validation compares with records that count: a SUCCEEDED one, or the IN_PROGRESS one of an
+    // execution that still runs (a dead one's record is taken over, whatever it validated).
+    const validationDiffers = sfn.Condition.not(sfn.Condition.stringEqualsJsonPath('$.record.Item.validation.S', '$.validation'));
+    const validationFailed = new sfn.Fail(scope, STATE.validationFailed, {
+      error: VALIDATION_ERROR,
+      cause: 'An execution with the same idempotency key but different validated fields ran before; this input is not a repeat of it',
+    });
+    const ownerRunning = sfn.Condition.stringEquals('$.ownerState.status', 'RUNNING');
+    const isOwnerRunning = new sfn.Choice(scope, STATE.isOwnerRunning);
+    if (config.validate) {
+      isOwnerRunning.when(sfn.Condition.and(ownerRunning, validationDiffers), validationFailed);
+    }
+    isOwnerRunning
+      .when(
+        sfn.Condition.and(ownerRunning, sfn.Condition.numberGreaterThanEquals('$.waits.count', config.maxWaits)),
+        new sfn.Fail(scope, STATE.duplicateTimedOut, {
+          error: DUPLICATE_TIMEOUT_ERROR,
+          cause: `The execution with the same idempotency key was still running after ${config.maxWaits} checks`,
+        }),
+      )
+      .when(ownerRunning, countWait)
+      .otherwise(takeOver);
     const checkOwner = new tasks.CallAwsService(scope, STATE.checkOwner, {
       service: 'sfn',
       action: 'describeExecution',
@@ -211,36 +248,23 @@ export class IdempotencyStates {
     })
       .addRetry({ errors: ['Sfn.ThrottlingException', 'Sfn.SfnException'], interval: Duration.seconds(1), backoffRate: 2, maxAttempts: 6, jitterStrategy: sfn.JitterType.FULL })
       .addCatch(takeOver, { errors: [EXECUTION_DOES_NOT_EXIST], resultPath: sfn.JsonPath.DISCARD })
-      .next(
-        new sfn.Choice(scope, STATE.isOwnerRunning)
-          .when(sfn.Condition.stringEquals('$.ownerState.status', 'RUNNING'), waitForDuplicate)
-          .otherwise(takeOver),
-      );
+      .next(isOwnerRunning);
 
     const returnStored = new sfn.Pass(scope, STATE.returnStoredResult, {
       parameters: { output: sfn.JsonPath.stringToJson(sfn.JsonPath.stringAt('$.record.Item.result.S')) },
       outputPath: '$.output',
     });
+    const succeeded = sfn.Condition.stringEquals('$.record.Item.status.S', STATUS.succeeded);
     const check = new sfn.Choice(scope, STATE.checkRecord)
       // Gone since the claim failed (expired and deleted): claim again.
       .when(sfn.Condition.isNotPresent('$.record.Item'), claim);
     if (config.validate) {
-      // Only a record that counts (not a FAILED one, which a claim replaces) is compared.
-      check.when(
-        sfn.Condition.and(
-          sfn.Condition.not(sfn.Condition.stringEquals('$.record.Item.status.S', STATUS.failed)),
-          sfn.Condition.not(sfn.Condition.stringEqualsJsonPath('$.record.Item.validation.S', '$.validation')),
-        ),
-        new sfn.Fail(scope, STATE.validationFailed, {
-          error: VALIDATION_ERROR,
-          cause: 'An execution with the same idempotency key but different validated fields ran before; this input is not a repeat of it',
-        }),
-      );
+      check.when(sfn.Condition.and(succeeded, validationDiffers), validationFailed);
     }
     check
-      .when(sfn.Condition.stringEquals('$.record.Item.status.S', STATUS.succeeded), returnStored)
+      .when(succeeded, returnStored)
       .when(sfn.Condition.stringEquals('$.record.Item.status.S', STATUS.inProgress), checkOwner)
-      // FAILED (or expired) since the claim failed: claim again.
+      // FAILED since the claim failed: claim again.
       .otherwise(claim);
     read.next(check);
 
@@ -255,10 +279,12 @@ export class IdempotencyStates {
       key: this.recordKey,
       conditionExpression: COMPLETE_CONDITION,
       updateExpression: update,
-      expressionAttributeNames: this.names(RECORD_STATUS, RECORD_OWNER, ...(succeed ? [RECORD_RESULT] : [])),
+      expressionAttributeNames: this.names(RECORD_STATUS, RECORD_OWNER, RECORD_EXPIRES_AT, RECORD_COMPLETED_AT, ...(succeed ? [RECORD_RESULT] : [])),
       expressionAttributeValues: {
         [RECORD_VALUES.me]: tasks.DynamoAttributeValue.fromString(sfn.JsonPath.stringAt('$$.Execution.Id')),
         [RECORD_VALUES.inProgress]: tasks.DynamoAttributeValue.fromString(STATUS.inProgress),
+        [RECORD_VALUES.expiresAt]: tasks.DynamoAttributeValue.numberFromString(sfn.JsonPath.format('{}', sfn.JsonPath.stringAt('$.expiresAt'))),
+        [RECORD_VALUES.completedAt]: tasks.DynamoAttributeValue.fromString(sfn.JsonPath.stringAt('$$.State.EnteredTime')),
         ...(succeed
           ? {
             [RECORD_VALUES.succeeded]: tasks.DynamoAttributeValue.fromString(STATUS.succeeded),
@@ -276,7 +302,7 @@ export class IdempotencyStates {
       [RECORD_STATUS]: RECORD_NAMES.status,
       [RECORD_OWNER]: RECORD_NAMES.owner,
       [RECORD_EXPIRES_AT]: RECORD_NAMES.expiresAt,
-      [RECORD_EXPIRES_AT_ISO]: RECORD_NAMES.expiresAtIso,
+      [RECORD_COMPLETED_AT]: RECORD_NAMES.completedAt,
       [RECORD_VALIDATION]: RECORD_NAMES.validation,
       [RECORD_RESULT]: RECORD_NAMES.result,
     };

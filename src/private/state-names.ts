@@ -32,6 +32,8 @@ export const STATE = {
   returnStoredResult: 'Return Stored Result',
   checkOwner: 'Check Record Owner',
   isOwnerRunning: 'Is Record Owner Running',
+  countWait: 'Count Duplicate Wait',
+  duplicateTimedOut: 'Duplicate Wait Timed Out',
   waitForDuplicate: 'Wait For Duplicate',
   takeOverRecord: 'Take Over Idempotency Record',
   saveResult: 'Save Idempotent Result',
@@ -67,6 +69,8 @@ export const BEFORE_BODY_STATES: string[] = [
   STATE.returnStoredResult,
   STATE.checkOwner,
   STATE.isOwnerRunning,
+  STATE.countWait,
+  STATE.duplicateTimedOut,
   STATE.waitForDuplicate,
   STATE.takeOverRecord,
 ];
