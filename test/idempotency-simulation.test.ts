@@ -251,7 +251,8 @@ describe('dead first executions', () => {
 
 describe('records of running executions', () => {
   test('an IN_PROGRESS record never expires under a running execution: a late duplicate waits, the body never runs twice at once', async () => {
-    const { stack, stateMachineId, workFunctionId } = idempotentStack({ expiresAfter: Duration.minutes(1), duplicatePollInterval: Duration.seconds(4) });
+    const options = { expiresAfter: Duration.minutes(1), duplicatePollInterval: Duration.seconds(4) };
+    const { stack, stateMachineId, workFunctionId } = idempotentStack(options);
     const work: WorkTracker = new WorkTracker((_input, run) => (work.runs === 1 && run === 1 ? 1000 : 100));
     await simulate(stack, { lambdaHandlers: { [workFunctionId]: work.handler } }, async (sim) => {
       const sm = sim.stateMachine(stateMachineId);
@@ -295,7 +296,8 @@ describe('records of running executions', () => {
   });
 
   test('a duplicate gives up after duplicateWaitTimeout with IdempotencyDuplicateTimeout', async () => {
-    const { stack, stateMachineId, workFunctionId } = idempotentStack({ duplicatePollInterval: Duration.seconds(4), duplicateWaitTimeout: Duration.seconds(30) });
+    const options = { duplicatePollInterval: Duration.seconds(4), duplicateWaitTimeout: Duration.seconds(30) };
+    const { stack, stateMachineId, workFunctionId } = idempotentStack(options);
     const work = new WorkTracker(() => 1000);
     await simulate(stack, { lambdaHandlers: { [workFunctionId]: work.handler } }, async (sim) => {
       const sm = sim.stateMachine(stateMachineId);
