@@ -201,6 +201,18 @@ describe('leases', () => {
     expect(await client().release(LOCK, fresh!.leaseId)).toBe(true);
   });
 
+  test('the reconciler sweeps an expired CLI lease and leaves a live one alone', async () => {
+    // The reconciler runs on the simulation's clock, 100 times faster than this test's: a lease of a
+    // second has long expired (30 s margin included) for it, one of a day has not.
+    const stale = await client().acquire(LOCK, { leaseSeconds: 1, limit: 2, owner: 'crashed-job' });
+    const live = await client().acquire(LOCK, { leaseSeconds: 86_400, limit: 2 });
+    await sim.sleep(60);
+    const result = (await sim.invokeFunction('WorkflowReconcilerFunction', {})) as { reclaimed: Array<{ holder: string; reason: string }> };
+    expect(result.reclaimed).toEqual([{ lockName: LOCK, holder: stale!.leaseId, reason: expect.stringMatching(/^lease expired at /) }]);
+    expect((await client().status(LOCK)).holders.map((h) => h.id)).toEqual([live!.leaseId]);
+    expect(await client().release(LOCK, live!.leaseId)).toBe(true);
+  });
+
   test('renew extends the lease; the new end is printed', async () => {
     const lease = await client().acquire(LOCK, { leaseSeconds: 60 });
     const renewed = await cli('renew', LOCK, lease!.leaseId, '--lease', '2h');
