@@ -42,7 +42,12 @@ export const RESULT_TOO_LARGE_ERROR = 'IdempotencyResultTooLarge';
  */
 const DATA_LIMIT_EXCEEDED = 'States.DataLimitExceeded';
 
-/** AWS SDK integration error of DescribeExecution for an execution that does not exist. */
+/**
+ * AWS SDK integration error of DescribeExecution for an execution that does not exist. SDK integrations
+ * name errors `ServiceName.ErrorName`, both PascalCase, always with the `Exception` suffix (`sfn` gives
+ * `Sfn`, as `acmpca` gives `AcmPca`).
+ * https://docs.aws.amazon.com/step-functions/latest/dg/supported-services-awssdk.html
+ */
 const EXECUTION_DOES_NOT_EXIST = 'Sfn.ExecutionDoesNotExistException';
 
 /** Everything the idempotency states need to know, checked and resolved by the construct. */
