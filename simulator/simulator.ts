@@ -1,5 +1,6 @@
 import * as ddb from '@aws-sdk/client-dynamodb';
 import { Stack, Stage } from 'aws-cdk-lib';
+import { CallbackTokens, WAIT_FOR_TASK_TOKEN, withToken, withTokenMarkers } from './callbacks';
 import { ACCOUNT, CfnTemplate, PhysicalResource, physicalResources, REGION, resolve } from './cfn';
 import { DynamoFaults, DynamoTaskRunner, LocalDynamoDb, TaskError } from './dynamodb';
 import { EventPattern, matchesPattern, TargetInput, targetInput } from './eventbridge';
@@ -197,6 +198,8 @@ export class Simulator {
   private readonly stateListeners: Array<(execution: Execution, stateName: string) => void> = [];
   private readonly taskListeners: Array<(execution: Execution, stateName: string) => void> = [];
   private readonly stopListeners: Array<(execution: Execution) => void> = [];
+  /** Task tokens of `.waitForTaskToken` tasks. */
+  public readonly callbacks = new CallbackTokens((seconds, signal) => this.sleep(seconds, signal));
 
   private constructor(
     private readonly template: CfnTemplate,
@@ -453,16 +456,19 @@ export class Simulator {
       .map((e) => ({ executionArn: e.arn, stateMachineArn, name: e.name, status: e.status, startDate: e.startDate / 1000 }));
   }
 
-  public sendTaskSuccess(_taskToken: string, _output: string): void {
-    throw new ApiError('TaskDoesNotExist', 'the simulator issues no task tokens yet');
+  /** `SendTaskSuccess`: the task waiting on `taskToken` ends with `output` (JSON text). */
+  public sendTaskSuccess(taskToken: string, output: string): void {
+    this.callbacks.sendTaskSuccess(taskToken, output);
   }
 
-  public sendTaskFailure(_taskToken: string, _error?: string, _cause?: string): void {
-    throw new ApiError('TaskDoesNotExist', 'the simulator issues no task tokens yet');
+  /** `SendTaskFailure`: the task waiting on `taskToken` fails with `error` and `cause`. */
+  public sendTaskFailure(taskToken: string, error?: string, cause?: string): void {
+    this.callbacks.sendTaskFailure(taskToken, error, cause);
   }
 
-  public sendTaskHeartbeat(_taskToken: string): void {
-    throw new ApiError('TaskDoesNotExist', 'the simulator issues no task tokens yet');
+  /** `SendTaskHeartbeat`: the task waiting on `taskToken` starts its HeartbeatSeconds afresh. */
+  public sendTaskHeartbeat(taskToken: string): void {
+    this.callbacks.sendTaskHeartbeat(taskToken);
   }
 
   private startExecutionApi(stateMachineArn: string, input?: string, name?: string): Record<string, unknown> {
@@ -574,7 +580,7 @@ export class Simulator {
 
   private async run(execution: Execution, resume?: { definition: any; input: unknown }): Promise<void> {
     const machine = resume
-      ? new this.sfn.StateMachine(resume.definition, { validationOptions: { noValidate: true } })
+      ? new this.sfn.StateMachine(withTokenMarkers(resume.definition) as any, { validationOptions: { noValidate: true } })
       : this.interpreter(execution.stateMachine);
     const sim = this;
     const run = machine.run((resume ? resume.input : execution.input) as any, {
@@ -648,7 +654,7 @@ export class Simulator {
   private interpreter(stateMachine: SimStateMachine): InstanceType<LocalStepFunctions['StateMachine']> {
     let machine = this.interpreters.get(stateMachine.arn);
     if (!machine) {
-      machine = new this.sfn.StateMachine(stateMachine.definition, { validationOptions: { checkArn: false } });
+      machine = new this.sfn.StateMachine(withTokenMarkers(stateMachine.definition) as any, { validationOptions: { checkArn: false } });
       this.interpreters.set(stateMachine.arn, machine);
     }
     return machine;
@@ -672,11 +678,47 @@ export class Simulator {
   private async runTask(execution: Execution, stateName: string, resource: string, input: any): Promise<unknown> {
     const context: TaskContext = { simulator: this, execution, stateName, signal: execution.stopped.signal };
     this.taskListeners.forEach((l) => l(execution, stateName));
+    if (resource.endsWith(WAIT_FOR_TASK_TOKEN)) {
+      return this.runCallbackTask(execution, stateName, resource, input, context);
+    }
     checkPayloadSize(stateName, input);
     const override = this.options.taskHandlers?.[stateName];
     if (override) {
       return override(input, context);
     }
+    return this.dispatch(execution, stateName, resource, input, context);
+  }
+
+  /**
+   * A `.waitForTaskToken` task: a token for this attempt, the call with it, then the wait for the
+   * callback. The wait is registered before the call, so that a callback sent while the call is
+   * still under way is not lost.
+   */
+  private async runCallbackTask(execution: Execution, stateName: string, resource: string, input: any, context: TaskContext): Promise<unknown> {
+    const token = this.callbacks.issue(execution.arn, stateName);
+    const state = allStates(execution.stateMachine.definition).find(([name]) => name === stateName)![1];
+    const callback = this.callbacks.wait(
+      token,
+      execution.arn,
+      stateName,
+      { heartbeatSeconds: state.HeartbeatSeconds, timeoutSeconds: state.TimeoutSeconds },
+      execution.stopped.signal,
+    );
+    // The callback can come before the call has returned; the task takes its outcome after that.
+    callback.catch(() => undefined);
+    const call = withToken(input, token);
+    try {
+      checkPayloadSize(stateName, call);
+      const override = this.options.taskHandlers?.[stateName];
+      await (override ? override(call, context) : this.dispatch(execution, stateName, resource.slice(0, -WAIT_FOR_TASK_TOKEN.length), call, context));
+    } catch (e) {
+      this.callbacks.close(token);
+      throw e;
+    }
+    return callback;
+  }
+
+  private async dispatch(execution: Execution, stateName: string, resource: string, input: any, context: TaskContext): Promise<unknown> {
     if (DynamoTaskRunner.handles(resource)) {
       execution.dynamoCalls++;
       return this.dynamo.run(resource, input);
@@ -686,6 +728,15 @@ export class Simulator {
     }
     if (resource === 'arn:aws:states:::aws-sdk:sfn:stopExecution') {
       return sdkIntegrationCall('Sfn', () => pascalKeys(this.stopExecution(input.ExecutionArn, input.Error, input.Cause)));
+    }
+    if (resource === 'arn:aws:states:::aws-sdk:sfn:sendTaskSuccess') {
+      return sdkIntegrationCall('Sfn', () => (this.sendTaskSuccess(input.TaskToken, input.Output), {}));
+    }
+    if (resource === 'arn:aws:states:::aws-sdk:sfn:sendTaskFailure') {
+      return sdkIntegrationCall('Sfn', () => (this.sendTaskFailure(input.TaskToken, input.Error, input.Cause), {}));
+    }
+    if (resource === 'arn:aws:states:::aws-sdk:sfn:sendTaskHeartbeat') {
+      return sdkIntegrationCall('Sfn', () => (this.sendTaskHeartbeat(input.TaskToken), {}));
     }
     if (resource === 'arn:aws:states:::lambda:invoke') {
       const payload = await this.invokeLambda(this.functionByArnOrName(String(input.FunctionName)), input.Payload, context);

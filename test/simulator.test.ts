@@ -360,3 +360,127 @@ test('a stopped execution\'s status event goes out at once, while its call is st
     await sim.stop();
   }
 });
+
+describe('callbacks: .waitForTaskToken', () => {
+  /**
+   * A state machine whose "Wait For Callback" task writes its token to the table with the AWS SDK
+   * integration and then waits, and a "Notify" machine that sends SendTaskSuccess from a task,
+   * catching a closed token.
+   */
+  function callbackStack(waitProps: { heartbeat?: Duration; timeout?: Duration; retry?: boolean } = {}) {
+    const stack = new Stack(new App(), 'Sim');
+    const table = new dynamodb.Table(stack, 'Table', { partitionKey: { name: 'pk', type: dynamodb.AttributeType.STRING } });
+    const waitForCallback = new tasks.CallAwsService(stack, 'Wait For Callback', {
+      service: 'dynamodb',
+      action: 'putItem',
+      integrationPattern: sfn.IntegrationPattern.WAIT_FOR_TASK_TOKEN,
+      iamResources: [table.tableArn],
+      parameters: { TableName: table.tableName, Item: { pk: { S: 'waiter' }, token: { S: sfn.JsonPath.taskToken } } },
+      heartbeat: waitProps.heartbeat,
+      taskTimeout: waitProps.timeout && sfn.Timeout.duration(waitProps.timeout),
+    });
+    if (waitProps.retry) waitForCallback.addRetry({ errors: ['States.HeartbeatTimeout'], maxAttempts: 1, interval: Duration.seconds(1) });
+    const waiter = new sfn.StateMachine(stack, 'Waiter', { definitionBody: sfn.DefinitionBody.fromChainable(waitForCallback) });
+    const notify = new tasks.CallAwsService(stack, 'Notify', {
+      service: 'sfn',
+      action: 'sendTaskSuccess',
+      iamResources: ['*'],
+      parameters: { TaskToken: sfn.JsonPath.stringAt('$.token'), Output: sfn.JsonPath.jsonToString(sfn.JsonPath.objectAt('$.output')) },
+    }).addCatch(new sfn.Pass(stack, 'Token Closed', { parameters: { closed: true } }), { errors: ['Sfn.TaskTimedOutException'] });
+    const notifier = new sfn.StateMachine(stack, 'Notifier', { definitionBody: sfn.DefinitionBody.fromChainable(notify) });
+    return { stack, waiter: logicalId(waiter.node.defaultChild as any), notifier: logicalId(notifier.node.defaultChild as any) };
+  }
+
+  async function storedToken(sim: Simulator): Promise<string | undefined> {
+    const items = await sim.scan('Table');
+    return items.find((i) => i.pk.S === 'waiter')?.token?.S;
+  }
+
+  async function tokenOnceWritten(sim: Simulator, previous?: string): Promise<string> {
+    for (let i = 0; i < 500; i++) {
+      const token = await storedToken(sim);
+      if (token && token !== previous) return token;
+      await sim.sleep(0.1);
+    }
+    throw new Error('no token was written');
+  }
+
+  test('the call carries the token; SendTaskSuccess from another state machine ends the wait with its output; the token then closes', async () => {
+    const { stack, waiter, notifier } = callbackStack();
+    const sim = await Simulator.start(stack);
+    try {
+      const waiting = sim.startExecution(sim.stateMachine(waiter));
+      const token = await tokenOnceWritten(sim);
+      await sim.sleep(30);
+      expect(waiting.status).toBe('RUNNING');
+
+      const notified = await sim.startExecution(sim.stateMachine(notifier), { token, output: { granted: true } }).done;
+      expect(notified.status).toBe('SUCCEEDED');
+      await waiting.done;
+      expect([waiting.status, waiting.output]).toEqual(['SUCCEEDED', { granted: true }]);
+
+      // A second notification finds the token closed: TaskTimedOut, which the notifier catches.
+      const late = await sim.startExecution(sim.stateMachine(notifier), { token, output: {} }).done;
+      expect(late.output).toEqual({ closed: true });
+      expect(() => sim.sendTaskSuccess(token, '{}')).toThrow(expect.objectContaining({ name: 'TaskTimedOut' }));
+      expect(() => sim.sendTaskSuccess('not-a-token', '{}')).toThrow(expect.objectContaining({ name: 'InvalidToken' }));
+      expect(sim.callbacks.openTokens).toBe(0);
+    } finally {
+      await sim.stop();
+    }
+  });
+
+  test('SendTaskFailure fails the task with its error and cause', async () => {
+    const { stack, waiter } = callbackStack();
+    const sim = await Simulator.start(stack);
+    try {
+      const waiting = sim.startExecution(sim.stateMachine(waiter));
+      sim.sendTaskFailure(await tokenOnceWritten(sim), 'Denied', 'no permit for you');
+      await waiting.done;
+      expect([waiting.status, waiting.error, waiting.cause]).toEqual(['FAILED', 'Denied', 'no permit for you']);
+    } finally {
+      await sim.stop();
+    }
+  });
+
+  test('HeartbeatSeconds: heartbeats keep the task waiting; without them States.HeartbeatTimeout, and each retry has a token of its own', async () => {
+    const { stack, waiter } = callbackStack({ heartbeat: Duration.seconds(10), retry: true });
+    const sim = await Simulator.start(stack);
+    try {
+      const waiting = sim.startExecution(sim.stateMachine(waiter));
+      const first = await tokenOnceWritten(sim);
+      for (let i = 0; i < 6; i++) {
+        await sim.sleep(5);
+        sim.sendTaskHeartbeat(first);
+      }
+      expect(waiting.status).toBe('RUNNING');
+
+      // No more heartbeats: the attempt times out, the retry writes a new token.
+      const second = await tokenOnceWritten(sim, first);
+      expect(() => sim.sendTaskHeartbeat(first)).toThrow(expect.objectContaining({ name: 'TaskTimedOut' }));
+      await waiting.done;
+      expect([waiting.status, waiting.error]).toEqual(['FAILED', 'States.HeartbeatTimeout']);
+      expect(() => sim.sendTaskSuccess(second, '{}')).toThrow(expect.objectContaining({ name: 'TaskTimedOut' }));
+    } finally {
+      await sim.stop();
+    }
+  });
+
+  test('TimeoutSeconds ends the wait with States.Timeout; a stopped execution closes its token', async () => {
+    const { stack, waiter } = callbackStack({ timeout: Duration.seconds(60) });
+    const sim = await Simulator.start(stack);
+    try {
+      const timedOut = await sim.startExecution(sim.stateMachine(waiter)).done;
+      expect([timedOut.status, timedOut.error]).toEqual(['FAILED', 'States.Timeout']);
+
+      const previous = await storedToken(sim);
+      const stopped = sim.startExecution(sim.stateMachine(waiter));
+      const token = await tokenOnceWritten(sim, previous);
+      stopped.abort();
+      await stopped.done;
+      expect(() => sim.sendTaskSuccess(token, '{}')).toThrow(expect.objectContaining({ name: 'TaskTimedOut' }));
+    } finally {
+      await sim.stop();
+    }
+  });
+});
