@@ -566,8 +566,8 @@ export class ConcurrencyControlledWorkflow extends Construct {
           sfn.JsonPath.format('{}', sfn.JsonPath.stringAt(pathFromExecutionInput(spec.limit.inputPath))),
         );
     const idempotentWriteRetry = transientRetry([...THROTTLING_ERRORS, ...SERVER_ERRORS]);
-    // With idempotency, the state data is the key function's result: the input at `$.input`, the
-    // body's output at `$.output`, an error at `$.error`; the record is completed after the release.
+    // With idempotency, the state data is the key function's result: the input at `$.payload`, which
+    // the body's output replaces, an error at `$.error`; the record is completed after the release.
     const idem = spec.idempotency;
     const errorPath = idem ? IDEMPOTENT_ERROR_PATH : '$';
 

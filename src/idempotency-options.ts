@@ -32,8 +32,8 @@ export class IdempotencyKey {
 
   /**
    * The result of a JMESPath expression over the input, as in the AWS idempotent-workflow sample
-   * (for example `[orderId, customer.id]`). When it gives `null` the execution fails with
-   * `IdempotencyKeyMissing`.
+   * (for example `[orderId, customer.id]`). When it gives `null`, or nothing but nulls (`[null, null]`),
+   * the execution fails with `IdempotencyKeyMissing`.
    *
    * @param expression a JMESPath expression
    */
@@ -72,7 +72,7 @@ export interface IdempotencyOptions {
   readonly validateFields?: string[];
 
   /**
-   * How long a completed record counts, from the start of the execution that wrote it. After that, the
+   * How long a completed record counts, from its completion. After that, the
    * same input runs the body again. Checked by timestamp in the workflow itself; DynamoDB TTL removes
    * expired records, up to days later. A record IN_PROGRESS never expires while its execution runs.
    *

@@ -59,7 +59,7 @@ export function renderIdempotency(scope: Construct, options: IdempotencyOptions,
 }
 
 /**
- * How many checks a waiting duplicate may make: each costs 7 states, about 20 history events, and an
+ * How many checks a waiting duplicate may make: each costs 7 states, about 23 history events, and an
  * execution's history holds at most 25,000 events (Step Functions quota), the rest of it included.
  */
 const MAX_WAITS = 1000;

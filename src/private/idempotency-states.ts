@@ -93,7 +93,8 @@ export const ERROR_PATH = '$.error';
  *                                ▼                                       ▼
  *                         Read Idempotency Record → Check ─┬─ SUCCEEDED → Return Stored Result
  *                                                          ├─ other fields → Idempotency Validation Failed
- *                                                          └─ IN_PROGRESS → Check Record Owner ─┬─ running → Wait For Duplicate → Claim
+ *                                                          └─ IN_PROGRESS → Check Record Owner ─┬─ running → Count → Wait For Duplicate → Claim
+ *                                                                                               ├─ running too long → Duplicate Wait Timed Out
  *                                                                                               └─ gone → Take Over → protected part
  *
  * The uncontended path costs two states (key, claim) and, after the body, one (save).
@@ -113,7 +114,7 @@ export class IdempotencyStates {
     const failWithError = new sfn.Fail(scope, STATE.failWithError, { errorPath: `${ERROR_PATH}.Error`, causePath: `${ERROR_PATH}.Cause` });
     this.markFailed = this.completeTask(STATE.markFailed, FAIL_UPDATE)
       .addRetry(writeRetry)
-      // Not ours any more (taken over after expiry): nothing to mark.
+      // Not ours any more (taken over by a duplicate while this execution was stopped, then redriven).
       .addCatch(failWithError, { errors: [CONDITIONAL_CHECK_FAILED], resultPath: sfn.JsonPath.DISCARD })
       .next(failWithError);
 
