@@ -2,7 +2,8 @@ import { ChildProcess, spawn } from 'child_process';
 import * as os from 'os';
 import { parseArgs, ParseArgsConfig } from 'util';
 import { DynamoDBClient } from '@aws-sdk/client-dynamodb';
-import { HolderStatus, SemaphoreClient } from './semaphore-client';
+import { HolderStatus, SemaphoreClient, WaitState } from './semaphore-client';
+import { isExecutionHolder } from '../src/private/lock-schema';
 
 /*
  * cdk-sfn-semaphore: flock for AWS. The same permits as the Step Functions workflows, for shell
@@ -13,6 +14,9 @@ import { HolderStatus, SemaphoreClient } from './semaphore-client';
 const NAME = 'cdk-sfn-semaphore';
 export const EXIT = { ok: 0, error: 1, usage: 2, notAcquired: 3 } as const;
 const TABLE_ENV = 'CDK_SFN_SEMAPHORE_TABLE';
+const CLOCK_SKEW_ENV = 'CDK_SFN_SEMAPHORE_CLOCK_SKEW';
+/** Shortest lease: `run` renews every third of it, and each renewal is a round trip to DynamoDB. */
+const MIN_LEASE_SECONDS = 10;
 
 class CliError extends Error {
   constructor(
@@ -27,6 +31,8 @@ const COMMON_HELP = `Common options:
   --table NAME      the lock table (a SemaphoreTable); default: $${TABLE_ENV}
   --region REGION   AWS region; default: the SDK's (AWS_REGION, profile)
   --profile NAME    AWS profile; default: the SDK's (AWS_PROFILE)
+  --clock-skew D    how long past its end a lease still counts as held, for clock differences
+                    between machines; default: $${CLOCK_SKEW_ENV}, else 30s
   -h, --help        this help
 The SDK's standard configuration applies, AWS_ENDPOINT_URL_DYNAMODB included.
 Durations: 90 (seconds), 90s, 15m, 2h, 1d.`;
@@ -53,10 +59,11 @@ ${COMMON_HELP}`,
 
 Take a permit of LOCK and print its lease id. Without a renewal (see renew) the permit is free
 again when the lease ends. An expired lease of someone else is reclaimed once it ended more than
-30 s ago (clock skew).
+the clock-skew margin ago (--clock-skew, default 30s). While it waits, it says so on stderr.
 
-  --limit N       the concurrency limit; default: the limit of the lock's last acquire, else 1
-  --lease D       lease duration; default 15m
+  --limit N       the concurrency limit; default: the lock's limit, else 1. The lock's limit (the
+                  workflows', stored on the lock) still applies: --limit can lower it, not raise it
+  --lease D       lease duration, at least 10s; default 15m
   --wait D        give up after D (exit 3); default: wait until a permit is free
   --no-wait       try once (exit 3 when the lock is full)
   --owner NAME    recorded with the permit; default: user@host
@@ -67,27 +74,38 @@ ${COMMON_HELP}`,
 Extend the lease to D from now; prints its new end. Exit 3 when LEASE_ID holds no permit of LOCK
 (any more: it was released, or reclaimed after it expired).
 
-  --lease D       new lease duration from now; default 15m
+  --lease D       new lease duration from now, at least 10s; default 15m
 
 ${COMMON_HELP}`,
   'release': `Usage: ${NAME} release LOCK LEASE_ID
 
-Give the permit back. Exit 3 when LEASE_ID holds no permit of LOCK.
+Give the permit back. Exit 3 when LEASE_ID holds no permit of LOCK. An execution's permit is
+freed with force-release.
 
 ${COMMON_HELP}`,
   'run': `Usage: ${NAME} run LOCK [--limit N] [--lease 15m] [--wait 60s | --no-wait] [--owner NAME] -- COMMAND [ARGS...]
 
 Take a permit, run COMMAND, renew the lease every third of its duration while COMMAND runs, and give
-the permit back when it exits. SIGINT and SIGTERM are passed to COMMAND; the permit is given back once
-it has exited. Exits with COMMAND's exit code (128 + the signal number when a signal ended it), or 3
-when no permit was free within the wait. If a renewal finds the permit gone, COMMAND gets SIGTERM and
-the exit code is 3.
+the permit back when it exits. Exits with COMMAND's exit code (128 + the signal number when a signal
+ended it), or 3 when no permit was free within the wait.
+
+COMMAND runs in a process group (and session) of its own: SIGINT, SIGTERM and SIGHUP sent to ${NAME}
+(Ctrl-C in a terminal included) are passed to that whole group, once, children of COMMAND included;
+the permit is given back once COMMAND has exited. COMMAND has no controlling terminal (/dev/tty).
+A signal that arrives while waiting for a permit ends the wait: exit 128 + its number.
+
+If a renewal finds the permit gone (force-released, or reclaimed after the lease expired), or renewals
+keep failing until the lease has ended (it may be reclaimed), COMMAND's group gets SIGTERM, then
+SIGKILL after min(10s, a third of the lease), and the exit code is 3. If giving the permit back fails
+(after retries), ${NAME} warns and still exits with COMMAND's code: the lease then expires on its own.
+
+  --limit, --lease, --wait, --no-wait, --owner   as for acquire
 
 ${COMMON_HELP}`,
   'status': `Usage: ${NAME} status LOCK [--json]
 
 Show the holders of LOCK (executions and leases), their ages and leases, the permits in use and the
-limit of the last acquire.
+lock's limit.
 
   --json          print JSON instead of a table
 
@@ -104,10 +122,11 @@ ${COMMON_HELP}`,
 };
 
 const COMMON_OPTIONS: ParseArgsConfig['options'] = {
-  table: { type: 'string' },
-  region: { type: 'string' },
-  profile: { type: 'string' },
-  help: { type: 'boolean', short: 'h' },
+  'table': { type: 'string' },
+  'region': { type: 'string' },
+  'profile': { type: 'string' },
+  'clock-skew': { type: 'string' },
+  'help': { type: 'boolean', short: 'h' },
 };
 const ACQUIRE_OPTIONS: ParseArgsConfig['options'] = {
   'limit': { type: 'string' },
@@ -124,6 +143,8 @@ const COMMANDS: Record<string, { options: ParseArgsConfig['options']; positional
   'status': { options: { json: { type: 'boolean' } }, positionals: ['LOCK'] },
   'force-release': { options: { reason: { type: 'string' } }, positionals: ['LOCK', 'HOLDER'] },
 };
+
+type Values = Record<string, string | boolean | undefined>;
 
 /** Where the CLI writes, and how it ends: injectable for tests. */
 export interface CliIo {
@@ -147,8 +168,7 @@ export async function main(argv: string[], io: CliIo = processIo): Promise<numbe
       io.stderr(`${NAME}: ${e.message}`);
       return e.exitCode;
     }
-    const err = e as Error;
-    io.stderr(`${NAME}: ${err.name && err.name !== 'Error' ? `${err.name}: ` : ''}${err.message.split('\n')[0]}`);
+    io.stderr(`${NAME}: ${firstLine(e)}`);
     return EXIT.error;
   }
 }
@@ -158,14 +178,18 @@ async function dispatch(argv: string[], io: CliIo): Promise<number> {
   const args = separator < 0 ? argv : argv.slice(0, separator);
   const command = separator < 0 ? [] : argv.slice(separator + 1);
   const [name, ...rest] = args;
-  if (name === undefined || name === '--help' || name === '-h' || name === 'help') {
+  if (name === undefined) {
+    io.stderr(HELP['']);
+    return EXIT.usage;
+  }
+  if (name === '--help' || name === '-h' || name === 'help') {
     io.stdout(HELP['']);
-    return name === undefined ? EXIT.usage : EXIT.ok;
+    return EXIT.ok;
   }
   const spec = COMMANDS[name];
   if (!spec) throw new CliError(`unknown command '${name}' (acquire, renew, release, run, status, force-release; see --help)`, EXIT.usage);
 
-  let parsed: { values: Record<string, string | boolean | undefined>; positionals: string[] };
+  let parsed: { values: Values; positionals: string[] };
   try {
     parsed = parseArgs({ args: rest, options: { ...COMMON_OPTIONS, ...spec.options }, allowPositionals: true, strict: true }) as typeof parsed;
   } catch (e) {
@@ -182,23 +206,42 @@ async function dispatch(argv: string[], io: CliIo): Promise<number> {
   if (name === 'run' && command.length === 0) throw new CliError(`run: no command after '--' (see ${NAME} run --help)`, EXIT.usage);
   if (name !== 'run' && command.length > 0) throw new CliError(`${name}: unexpected '-- ${command.join(' ')}'`, EXIT.usage);
 
+  const [lock, second] = positionals;
+  if ((name === 'renew' || name === 'release') && isExecutionHolder(second)) {
+    const why = name === 'renew' ? 'its permit lasts as long as it runs' : `free its permit with '${NAME} force-release LOCK HOLDER --reason TEXT' (stop it first)`;
+    throw new CliError(`${name}: ${second} is an execution, not a lease: ${why}`, EXIT.usage);
+  }
+  const acquire = name === 'acquire' || name === 'run' ? acquireOptions(name, values, io.env) : undefined;
+  const renewSeconds = name === 'renew' ? leaseOption(name, values.lease) : 0;
+  const clockSkewSeconds =
+    values['clock-skew'] !== undefined
+      ? durationOption(name, '--clock-skew', values['clock-skew'], { zeroAllowed: true })
+      : io.env[CLOCK_SKEW_ENV]
+        ? durationOption(name, `$${CLOCK_SKEW_ENV}`, io.env[CLOCK_SKEW_ENV], { zeroAllowed: true })
+        : undefined;
+
   const table = (values.table as string | undefined) ?? io.env[TABLE_ENV];
   if (!table) throw new CliError(`${name}: no table: pass --table NAME or set ${TABLE_ENV}`, EXIT.usage);
+
+  // The SDK warns on stderr about Node versions it will drop one day: noise in every script's log.
+  process.env.AWS_SDK_JS_NODE_VERSION_SUPPORT_WARNING_DISABLED ??= 'true';
   const client = new SemaphoreClient({
     tableName: table,
+    clockSkewSeconds,
     dynamodb: new DynamoDBClient({ region: values.region as string | undefined, profile: values.profile as string | undefined }),
   });
-  const [lock, second] = positionals;
 
   switch (name) {
     case 'acquire': {
-      const held = await client.acquire(lock, acquireOptions(name, values));
-      if (!held) throw await notAcquired(client, lock, values);
+      const limits = limitReporter(lock, acquire!, io);
+      const held = await client.acquire(lock, { ...acquire!, onWait: limits.onWait });
+      if (!held) throw await notAcquired(client, lock, acquire!, limits);
+      limits.check(held.lockLimit);
       io.stdout(held.leaseId);
       return EXIT.ok;
     }
     case 'renew': {
-      const expiresAt = await client.renew(lock, second, durationOption(name, 'lease', values.lease, 900));
+      const expiresAt = await client.renew(lock, second, renewSeconds);
       if (expiresAt === undefined) throw new CliError(`${lock}: ${second} holds no permit (released, or reclaimed after its lease expired)`, EXIT.notAcquired);
       io.stdout(new Date(expiresAt).toISOString());
       return EXIT.ok;
@@ -216,12 +259,21 @@ async function dispatch(argv: string[], io: CliIo): Promise<number> {
     case 'status':
       return printStatus(client, lock, values.json === true, io);
     case 'run':
-      return run(client, lock, command, values, io);
+      return run(client, lock, command, acquire!, io);
   }
   throw new CliError(`unknown command '${name}'`, EXIT.usage);
 }
 
-function acquireOptions(command: string, values: Record<string, string | boolean | undefined>) {
+interface CliAcquireOptions {
+  readonly limit?: number;
+  readonly leaseSeconds: number;
+  readonly waitSeconds: number;
+  /** As given, for messages. */
+  readonly wait?: string;
+  readonly owner: string;
+}
+
+function acquireOptions(command: string, values: Values, env: NodeJS.ProcessEnv): CliAcquireOptions {
   if (values.wait !== undefined && values['no-wait']) throw new CliError(`${command}: --wait and --no-wait exclude each other`, EXIT.usage);
   let limit: number | undefined;
   if (values.limit !== undefined) {
@@ -230,31 +282,83 @@ function acquireOptions(command: string, values: Record<string, string | boolean
   }
   return {
     limit,
-    leaseSeconds: durationOption(command, 'lease', values.lease, 900),
-    waitSeconds: values['no-wait'] ? 0 : values.wait === undefined ? Number.POSITIVE_INFINITY : durationOption(command, 'wait', values.wait, 0, true),
-    owner: (values.owner as string | undefined) ?? `${os.userInfo().username}@${os.hostname()}`,
+    leaseSeconds: leaseOption(command, values.lease),
+    waitSeconds: values['no-wait'] ? 0 : values.wait === undefined ? Number.POSITIVE_INFINITY : durationOption(command, '--wait', values.wait, { zeroAllowed: true }),
+    wait: values['no-wait'] ? undefined : ((values.wait as string | undefined) ?? 'forever'),
+    owner: (values.owner as string | undefined) ?? defaultOwner(env),
   };
 }
 
-async function notAcquired(client: SemaphoreClient, lock: string, values: Record<string, string | boolean | undefined>): Promise<CliError> {
+/** user@host; the user from the environment (or the uid) where the system has no entry for it (containers). */
+export function defaultOwner(env: NodeJS.ProcessEnv): string {
+  let user: string | undefined;
+  try {
+    user = os.userInfo().username;
+  } catch {
+    user = env.USER || env.LOGNAME || `uid-${process.getuid?.() ?? 'unknown'}`;
+  }
+  return `${user}@${os.hostname()}`;
+}
+
+/**
+ * What an acquire reports on stderr besides failing: once, that it waits; once, that --limit is above
+ * the lock's limit (which then applies).
+ */
+function limitReporter(lock: string, options: CliAcquireOptions, io: CliIo) {
+  let warned = false;
+  let waiting = false;
+  const check = (lockLimit: number | undefined) => {
+    if (warned || options.limit === undefined || lockLimit === undefined || lockLimit >= options.limit) return;
+    warned = true;
+    io.stderr(`${NAME}: ${lock}: warning: the lock's limit is ${lockLimit}; --limit ${options.limit} cannot raise it`);
+  };
+  const onWait = (state: WaitState) => {
+    check(state.lockLimit);
+    if (waiting) return;
+    waiting = true;
+    const until = options.wait === 'forever' ? 'until one is free' : `up to ${options.wait}`;
+    io.stderr(`${NAME}: ${lock}: ${state.permitsInUse} of ${state.limit} permits in use, waiting ${until}`);
+  };
+  return { check, onWait };
+}
+
+async function notAcquired(
+  client: SemaphoreClient,
+  lock: string,
+  options: CliAcquireOptions,
+  limits: ReturnType<typeof limitReporter>,
+): Promise<CliError> {
   const status = await client.status(lock);
-  const within = values['no-wait'] ? '' : ` within ${values.wait}`;
-  return new CliError(`${lock}: no permit free${within} (${status.permitsInUse} of ${status.limit ?? '?'} held)`, EXIT.notAcquired);
+  limits.check(status.limit);
+  const limit = options.limit === undefined ? status.limit : Math.min(options.limit, status.limit ?? options.limit);
+  const within = options.wait === undefined ? '' : ` within ${options.wait}`;
+  return new CliError(`${lock}: no permit free${within} (${status.permitsInUse} of ${limit ?? '?'} held)`, EXIT.notAcquired);
 }
 
 /** Parse `90`, `90s`, `15m`, `2h`, `1d` into seconds. */
 export function parseDuration(text: string): number | undefined {
-  const m = /^(\d+(?:\.\d+)?)(ms|s|m|h|d)?$/.exec(text.trim());
+  const m = /^(\d+(?:\.\d+)?)(s|m|h|d)?$/.exec(text.trim());
   if (!m) return undefined;
-  const factor = { ms: 0.001, s: 1, m: 60, h: 3600, d: 86400 }[(m[2] ?? 's') as 'ms' | 's' | 'm' | 'h' | 'd'];
+  const factor = { s: 1, m: 60, h: 3600, d: 86400 }[(m[2] ?? 's') as 's' | 'm' | 'h' | 'd'];
   return Number(m[1]) * factor;
 }
 
-function durationOption(command: string, option: string, value: string | boolean | undefined, fallback: number, zeroAllowed = false): number {
-  if (value === undefined) return fallback;
-  const seconds = parseDuration(String(value));
-  if (seconds === undefined || (zeroAllowed ? seconds < 0 : seconds <= 0)) {
-    throw new CliError(`${command}: --${option} must be a duration such as 90s, 15m or 2h${zeroAllowed ? '' : ' (more than 0)'}, got: '${value}'`, EXIT.usage);
+function leaseOption(command: string, value: string | boolean | undefined): number {
+  return durationOption(command, '--lease', value ?? '15m', { min: MIN_LEASE_SECONDS });
+}
+
+/** A duration option (or variable) in seconds; `what` names it in messages. */
+function durationOption(command: string, what: string, value: string | boolean | undefined, limits: { zeroAllowed?: boolean; min?: number }): number {
+  const text = String(value);
+  if (/^\s*\d+(?:\.\d+)?\s*ms\s*$/.test(text)) {
+    throw new CliError(`${command}: ${what} takes seconds, minutes, hours or days (90s, 15m, 2h, 1d), not milliseconds, got: '${text}'`, EXIT.usage);
+  }
+  const seconds = parseDuration(text);
+  if (seconds === undefined || (limits.zeroAllowed ? seconds < 0 : seconds <= 0)) {
+    throw new CliError(`${command}: ${what} must be a duration such as 90s, 15m or 2h${limits.zeroAllowed ? '' : ' (more than 0)'}, got: '${text}'`, EXIT.usage);
+  }
+  if (limits.min !== undefined && seconds < limits.min) {
+    throw new CliError(`${command}: ${what} must be at least ${limits.min}s (it is renewed every third of it), got: '${text}'`, EXIT.usage);
   }
   return seconds;
 }
@@ -288,56 +392,47 @@ function lease(h: HolderStatus): string {
   return h.leaseSeconds !== undefined ? `${age(h.leaseSeconds)} (enforced by the reconciler)` : '-';
 }
 
-type Values = Record<string, string | boolean | undefined>;
-
-async function run(client: SemaphoreClient, lock: string, command: string[], values: Values, io: CliIo): Promise<number> {
-  const options = acquireOptions('run', values);
+async function run(client: SemaphoreClient, lock: string, command: string[], options: CliAcquireOptions, io: CliIo): Promise<number> {
   // One handler for the whole run, so that no signal finds none: while waiting it ends the wait;
-  // once the command runs it is passed on; in between it keeps the command from starting.
+  // once the command runs it is passed on to its group; in between it keeps the command from starting.
   const abort = new AbortController();
   let child: ChildProcess | undefined;
   let received: NodeJS.Signals | undefined;
   const onSignal = (signal: NodeJS.Signals) => {
     received ??= signal;
-    if (child) child.kill(signal);
+    if (child) signalGroup(child, signal);
     else abort.abort();
   };
   const signals = ['SIGINT', 'SIGTERM', 'SIGHUP'] as const;
   for (const signal of signals) process.on(signal, onSignal);
   try {
-    const held = await client.acquire(lock, { ...options, signal: abort.signal });
+    const limits = limitReporter(lock, options, io);
+    const held = await client.acquire(lock, { ...options, signal: abort.signal, onWait: limits.onWait });
     if (!held) {
-      if (received) throw new CliError(`${lock}: interrupted (${received}) while waiting for a permit`, EXIT.notAcquired);
-      throw await notAcquired(client, lock, values);
+      if (received) {
+        io.stderr(`${NAME}: ${lock}: interrupted (${received}) while waiting for a permit`);
+        return exitCodeOf(received);
+      }
+      throw await notAcquired(client, lock, options, limits);
     }
+    limits.check(held.lockLimit);
     if (received) {
-      await client.release(lock, held.leaseId);
+      await releaseWithRetries(client, lock, held.leaseId, held.expiresAt, io);
       return exitCodeOf(received);
     }
 
-    let lost = false;
-    const running = spawn(command[0], command.slice(1), { stdio: 'inherit' });
+    // Its own process group (a session, in fact): a signal reaches the command and its children once,
+    // from us, and stopping the group stops them all.
+    const running = spawn(command[0], command.slice(1), { stdio: 'inherit', detached: true });
     child = running;
-    const renewal = setInterval(() => {
-      client.renew(lock, held.leaseId, options.leaseSeconds).then(
-        (expiresAt) => {
-          if (expiresAt === undefined && !lost) {
-            lost = true;
-            io.stderr(`${NAME}: ${lock}: the permit of ${held.leaseId} is gone (reclaimed after its lease expired?): stopping the command`);
-            running.kill('SIGTERM');
-          }
-        },
-        (e: Error) => io.stderr(`${NAME}: ${lock}: renewing ${held.leaseId} failed, will retry: ${e.message.split('\n')[0]}`),
-      );
-    }, Math.max(1000, (options.leaseSeconds * 1000) / 3));
-
+    const keeper = keepLease(client, lock, held.leaseId, held.expiresAt, options.leaseSeconds, running, io);
     const exit = await new Promise<{ code: number | null; signal: NodeJS.Signals | null; error?: Error }>((resolve) => {
       running.once('error', (error) => resolve({ code: null, signal: null, error }));
       running.once('exit', (code, signal) => resolve({ code, signal }));
     });
-    clearInterval(renewal);
-    const released = await client.release(lock, held.leaseId);
-    if (!released && !lost) io.stderr(`${NAME}: ${lock}: ${held.leaseId} was no longer held when the command ended`);
+    const lost = keeper.stop();
+    const released = await releaseWithRetries(client, lock, held.leaseId, keeper.leaseEnd(), io);
+    if (released === false && !lost) io.stderr(`${NAME}: ${lock}: ${held.leaseId} was no longer held when the command ended`);
     if (exit.error) throw new CliError(`run: cannot start '${command[0]}': ${exit.error.message}`, EXIT.error);
     if (lost) return EXIT.notAcquired;
     if (exit.signal) return exitCodeOf(exit.signal);
@@ -345,6 +440,133 @@ async function run(client: SemaphoreClient, lock: string, command: string[], val
   } finally {
     for (const signal of signals) process.off(signal, onSignal);
   }
+}
+
+/**
+ * Renew the lease every third of its duration while `running` runs, one renewal at a time. The permit
+ * is lost when a renewal finds it gone, or when renewals kept failing until the last confirmed end of
+ * the lease (anyone may reclaim it then): the command's group then gets SIGTERM, and SIGKILL after a
+ * grace period. `stop` (once the command has exited) ends the renewals, ignores any still under way,
+ * kills what is left of the group of a command that lost its permit, and says whether it did.
+ */
+function keepLease(
+  client: SemaphoreClient,
+  lock: string,
+  leaseId: string,
+  expiresAt: number,
+  leaseSeconds: number,
+  running: ChildProcess,
+  io: CliIo,
+) {
+  const everyMillis = (leaseSeconds * 1000) / 3;
+  const graceMillis = Math.min(10_000, everyMillis);
+  const stopped = new AbortController();
+  let leaseEnd = expiresAt;
+  let lost = false;
+  let killTimer: NodeJS.Timeout | undefined;
+  let deadline: NodeJS.Timeout | undefined;
+
+  const lose = (why: string) => {
+    if (lost || stopped.signal.aborted) return;
+    lost = true;
+    io.stderr(`${NAME}: ${lock}: ${why}: stopping the command (SIGTERM, then SIGKILL after ${Math.round(graceMillis / 100) / 10}s)`);
+    signalGroup(running, 'SIGTERM');
+    killTimer = setTimeout(() => signalGroup(running, 'SIGKILL'), graceMillis);
+  };
+  // Fires at the lease's end even while a renewal hangs; re-armed by each renewal (and in steps, as
+  // timers do not take more than 2^31 - 1 ms).
+  const armDeadline = () => {
+    clearTimeout(deadline);
+    const left = leaseEnd - Date.now();
+    if (left <= 0) lose(`renewals of ${leaseId} failed until its lease ended at ${new Date(leaseEnd).toISOString()}, it may be reclaimed`);
+    else deadline = setTimeout(armDeadline, Math.min(left, 2 ** 31 - 1));
+  };
+  armDeadline();
+
+  void (async () => {
+    let delay = everyMillis;
+    while (!lost && !stopped.signal.aborted) {
+      await sleep(delay, stopped.signal);
+      if (lost || stopped.signal.aborted) return;
+      try {
+        const end = await client.renew(lock, leaseId, leaseSeconds);
+        if (lost || stopped.signal.aborted) return;
+        if (end === undefined) {
+          lose(`the permit of ${leaseId} is gone (force-released, or reclaimed after its lease expired)`);
+          return;
+        }
+        leaseEnd = end;
+        armDeadline();
+        delay = everyMillis;
+      } catch (e) {
+        if (lost || stopped.signal.aborted) return;
+        io.stderr(`${NAME}: ${lock}: renewing ${leaseId} failed, retrying (the lease ends at ${new Date(leaseEnd).toISOString()}): ${firstLine(e)}`);
+        delay = Math.min(everyMillis, 5000);
+      }
+    }
+  })();
+
+  return {
+    leaseEnd: () => leaseEnd,
+    stop: (): boolean => {
+      stopped.abort();
+      clearTimeout(deadline);
+      clearTimeout(killTimer);
+      if (lost && running.pid !== undefined) {
+        try {
+          process.kill(-running.pid, 'SIGKILL');
+        } catch {
+          // No one left in the group.
+        }
+      }
+      return lost;
+    },
+  };
+}
+
+/** Give the permit back, retrying errors: true, false when it was not held, undefined when every attempt failed (then warns). */
+async function releaseWithRetries(client: SemaphoreClient, lock: string, leaseId: string, leaseEnd: number, io: CliIo): Promise<boolean | undefined> {
+  for (let attempt = 1; ; attempt++) {
+    try {
+      return await client.release(lock, leaseId);
+    } catch (e) {
+      if (attempt === 4) {
+        io.stderr(
+          `${NAME}: ${lock}: warning: could not give the permit of ${leaseId} back (${firstLine(e)}); ` +
+            `it is free again once its lease has ended, at ${new Date(leaseEnd).toISOString()} (plus the clock-skew margin)`,
+        );
+        return undefined;
+      }
+      await sleep(500 * 2 ** (attempt - 1));
+    }
+  }
+}
+
+/** Signal the process group of a command that still runs (or the command alone, should that fail). */
+function signalGroup(child: ChildProcess, signal: NodeJS.Signals): void {
+  if (child.pid === undefined || child.exitCode !== null || child.signalCode !== null) return;
+  try {
+    process.kill(-child.pid, signal);
+  } catch {
+    child.kill(signal);
+  }
+}
+
+function firstLine(e: unknown): string {
+  const err = e as Error;
+  return `${err.name && err.name !== 'Error' ? `${err.name}: ` : ''}${String(err.message).split('\n')[0]}`;
+}
+
+function sleep(ms: number, signal?: AbortSignal): Promise<void> {
+  return new Promise((resolve) => {
+    const timer = setTimeout(done, ms);
+    signal?.addEventListener('abort', done, { once: true });
+    function done() {
+      clearTimeout(timer);
+      signal?.removeEventListener('abort', done);
+      resolve();
+    }
+  });
 }
 
 /** A shell's exit code for a process ended by `signal`: 128 + its number. */

@@ -1,8 +1,8 @@
 import { randomUUID } from 'crypto';
 import { AttributeValue, ConditionalCheckFailedException, DynamoDBClient, GetItemCommand, UpdateItemCommand } from '@aws-sdk/client-dynamodb';
 import {
-  ACQUIRE_CONDITION,
-  ACQUIRE_UPDATE,
+  CLIENT_ACQUIRE_CONDITION,
+  CLIENT_ACQUIRE_UPDATE,
   CONCURRENCY_LIMIT,
   HOLDER_ACQUIRED_AT,
   HOLDER_LEASE_EXPIRES_AT,
@@ -24,6 +24,10 @@ import {
  * (epoch milliseconds) and `owner`. A lease that is not renewed expires; the next acquirer that finds
  * the lock full reclaims it (conditional on the expired entry being unchanged), and so does the
  * reconciler's sweep. Both wait `clockSkew` past the expiry first.
+ *
+ * A client's limit can only lower the gate: an acquire also needs a permit below the limit stored on
+ * the lock item (the workflows' limit, written by each of their acquires), and records its own limit
+ * there only when the lock has none yet.
  */
 
 /** Lease ids start with this, so that they never look like an execution ARN. */
@@ -42,7 +46,11 @@ export interface SemaphoreClientOptions {
 }
 
 export interface AcquireOptions {
-  /** The concurrency limit. @default - the limit the lock's last acquire used, or 1 */
+  /**
+   * The concurrency limit. The limit stored on the lock (the workflows') still applies when it is
+   * lower: the acquire gets in only below both.
+   * @default - the limit stored on the lock, or 1
+   */
   readonly limit?: number;
   /** The lease: without a renewal, the permit is free again this long after the acquire. @default 900 */
   readonly leaseSeconds?: number;
@@ -54,6 +62,17 @@ export interface AcquireOptions {
   readonly pollSeconds?: number;
   /** Stops the wait (the acquire then returns undefined). */
   readonly signal?: AbortSignal;
+  /** Called after each attempt that found the lock full, before waiting for the next one. */
+  readonly onWait?: (state: WaitState) => void;
+}
+
+/** What an acquire that has to wait saw on the lock. */
+export interface WaitState {
+  readonly permitsInUse: number;
+  /** The limit the acquire applies: the smaller of its own and the lock's. */
+  readonly limit: number;
+  /** The limit stored on the lock item, if any. */
+  readonly lockLimit?: number;
 }
 
 export interface Lease {
@@ -61,8 +80,10 @@ export interface Lease {
   readonly leaseId: string;
   /** Epoch milliseconds. */
   readonly expiresAt: number;
-  /** The limit the acquire used. */
+  /** The limit the acquire applied: the smaller of its own and the one stored on the lock. */
   readonly limit: number;
+  /** The limit stored on the lock item after the acquire. */
+  readonly lockLimit?: number;
 }
 
 export interface HolderStatus {
@@ -126,24 +147,32 @@ export class SemaphoreClient {
         [HOLDER_LEASE_EXPIRES_AT]: { N: String(expiresAt) },
         ...(options.owner ? { [HOLDER_OWNER]: { S: options.owner } } : {}),
       };
-      const taken = await this.conditionalUpdate(lockName, leaseId, ACQUIRE_UPDATE, ACQUIRE_CONDITION, {
-        [VALUES.zero]: { N: '0' },
-        [VALUES.one]: { N: '1' },
-        [VALUES.limit]: { N: String(limit) },
-        [VALUES.entry]: { M: entry },
-      });
-      if (taken) return { lockName, leaseId, expiresAt, limit };
+      const taken = await this.conditionalUpdate(
+        lockName,
+        leaseId,
+        CLIENT_ACQUIRE_UPDATE,
+        CLIENT_ACQUIRE_CONDITION,
+        {
+          [VALUES.zero]: { N: '0' },
+          [VALUES.one]: { N: '1' },
+          [VALUES.limit]: { N: String(limit) },
+          [VALUES.entry]: { M: entry },
+        },
+        'UPDATED_NEW',
+      );
+      if (taken) return { lockName, leaseId, expiresAt, ...limits(limit, taken) };
 
       // Full (or our own write landed although the call failed): look, and reclaim expired leases.
       const item = await this.getItem(lockName);
       const ours = item?.[leaseId]?.M;
       if (ours) {
-        return { lockName, leaseId, expiresAt: Number(ours[HOLDER_LEASE_EXPIRES_AT]?.N), limit };
+        return { lockName, leaseId, expiresAt: Number(ours[HOLDER_LEASE_EXPIRES_AT]?.N), ...limits(limit, item) };
       }
       if (item && (await this.reclaimExpired(lockName, item)) > 0) continue;
 
       const remaining = deadline - Date.now();
       if (remaining <= 0 || options.signal?.aborted) return undefined;
+      options.onWait?.({ permitsInUse: Number(item?.[PERMITS_IN_USE]?.N ?? 0), ...limits(limit, item) });
       await sleep(Math.min(remaining, pollMillis / 2 + Math.random() * (pollMillis / 2)), options.signal);
     }
   }
@@ -151,7 +180,7 @@ export class SemaphoreClient {
   /** Extend a lease to `leaseSeconds` from now: its new end (epoch ms), or undefined when it is not held (any more). */
   public async renew(lockName: string, leaseId: string, leaseSeconds = 900): Promise<number | undefined> {
     positive('leaseSeconds', leaseSeconds);
-    if (isExecutionHolder(leaseId)) throw new Error(`${leaseId} is an execution, not a lease: its permit lasts as long as it runs`);
+    notAnExecution(leaseId);
     const expiresAt = Date.now() + leaseSeconds * 1000;
     const renewed = await this.conditionalUpdate(
       lockName,
@@ -163,9 +192,10 @@ export class SemaphoreClient {
     return renewed ? expiresAt : undefined;
   }
 
-  /** Give a permit back; false when it is not held (any more). */
+  /** Give a lease's permit back; false when it is not held (any more). An execution's permit needs forceRelease. */
   public async release(lockName: string, leaseId: string): Promise<boolean> {
-    return this.conditionalUpdate(lockName, leaseId, RELEASE_UPDATE, RELEASE_CONDITION, { [VALUES.one]: { N: '1' } });
+    notAnExecution(leaseId);
+    return this.releaseHolder(lockName, leaseId);
   }
 
   /**
@@ -173,7 +203,7 @@ export class SemaphoreClient {
    * For operators; false when the holder holds nothing.
    */
   public async forceRelease(lockName: string, holder: string): Promise<boolean> {
-    return this.release(lockName, holder);
+    return this.releaseHolder(lockName, holder);
   }
 
   /** The lock's holders, their ages and leases, the count and the last limit. */
@@ -206,6 +236,10 @@ export class SemaphoreClient {
     };
   }
 
+  private async releaseHolder(lockName: string, holder: string): Promise<boolean> {
+    return !!(await this.conditionalUpdate(lockName, holder, RELEASE_UPDATE, RELEASE_CONDITION, { [VALUES.one]: { N: '1' } }));
+  }
+
   /** Release every lease of the item that ended more than the skew ago; how many were freed. */
   private async reclaimExpired(lockName: string, item: Record<string, AttributeValue>): Promise<number> {
     const now = Date.now();
@@ -233,9 +267,11 @@ export class SemaphoreClient {
     update: string,
     condition: string,
     values: Record<string, AttributeValue>,
-  ): Promise<boolean> {
+    returnValues: 'NONE' | 'UPDATED_NEW' = 'NONE',
+  ): Promise<Record<string, AttributeValue> | undefined> {
+    const expressions = `${update} ${condition}`;
     try {
-      await this.ddb.send(
+      const out = await this.ddb.send(
         new UpdateItemCommand({
           TableName: this.tableName,
           Key: { [LOCK_KEY]: { S: lockName } },
@@ -243,17 +279,32 @@ export class SemaphoreClient {
           ConditionExpression: condition,
           ExpressionAttributeNames: {
             [NAMES.holder]: holder,
-            ...(update.includes(NAMES.permits) ? { [NAMES.permits]: PERMITS_IN_USE } : {}),
-            ...(update.includes(NAMES.limit) ? { [NAMES.limit]: CONCURRENCY_LIMIT } : {}),
+            ...(expressions.includes(NAMES.permits) ? { [NAMES.permits]: PERMITS_IN_USE } : {}),
+            ...(expressions.includes(NAMES.limit) ? { [NAMES.limit]: CONCURRENCY_LIMIT } : {}),
           },
           ExpressionAttributeValues: values,
+          ReturnValues: returnValues,
         }),
       );
-      return true;
+      return out.Attributes ?? {};
     } catch (e) {
-      if (e instanceof ConditionalCheckFailedException || (e as Error).name === 'ConditionalCheckFailedException') return false;
+      if (e instanceof ConditionalCheckFailedException || (e as Error).name === 'ConditionalCheckFailedException') return undefined;
       throw e;
     }
+  }
+}
+
+/** The limit an acquire applies (the smaller of its own and the lock's) and the lock's, from the item or the updated attributes. */
+function limits(own: number, item: Record<string, AttributeValue> | undefined): { limit: number; lockLimit?: number } {
+  const stored = item?.[CONCURRENCY_LIMIT]?.N;
+  if (stored === undefined) return { limit: own };
+  const lockLimit = Number(stored);
+  return { limit: Math.min(own, lockLimit), lockLimit };
+}
+
+function notAnExecution(holder: string): void {
+  if (isExecutionHolder(holder)) {
+    throw new Error(`${holder} is an execution, not a lease: its permit lasts as long as it runs (forceRelease frees it)`);
   }
 }
 

@@ -1,8 +1,11 @@
 import { ChildProcess, spawn } from 'child_process';
+import * as fs from 'fs';
+import * as http from 'http';
+import * as os from 'os';
 import * as path from 'path';
 import { DynamoDBClient } from '@aws-sdk/client-dynamodb';
 import { stateMachineLogicalId, WorkTracker, workflowStack } from './helpers';
-import { main, parseDuration } from '../client/cli';
+import { defaultOwner, main, parseDuration } from '../client/cli';
 import { SemaphoreClient } from '../client/semaphore-client';
 import { Simulator } from '../simulator';
 
@@ -10,11 +13,13 @@ import { Simulator } from '../simulator';
  * The CLI and the client against dynalite, on the very lock item a workflow executing in the simulator
  * uses. The CLI runs as the package's bin (the esbuild bundle the test command builds first) where
  * processes and signals matter, in process elsewhere. Simulated time runs 100 times faster than the
- * CLI's real time.
+ * CLI's real time. Where DynamoDB has to fail, the bin talks to it through a proxy that drops the
+ * connections of the calls we choose.
  */
 
 const BIN = path.resolve(__dirname, '..', 'assets', 'client', 'cli', 'cdk-sfn-semaphore.js');
 const LOCK = 'TestStack/Workflow';
+const EXECUTION_ARN = 'arn:aws:states:us-east-1:123456789012:execution:Workflow:run-1';
 
 let sim: Simulator;
 let table: string;
@@ -22,6 +27,12 @@ let env: NodeJS.ProcessEnv;
 let work: WorkTracker;
 /** Resolves the body of the execution that is inside. */
 let finishBody: (() => void) | undefined;
+/** Marker files of the commands that `run` starts. */
+let tmp: string;
+/** Every process a test started (CLIs, and the commands and children they wrote pid files for): afterAll kills what is left. */
+const spawned: ChildProcess[] = [];
+const pids: number[] = [];
+let proxy: FaultyProxy;
 
 beforeAll(async () => {
   const { stack, workFunctionId } = workflowStack({ concurrencyLimit: 1 });
@@ -45,9 +56,15 @@ beforeAll(async () => {
     AWS_SECRET_ACCESS_KEY: 'local',
     CDK_SFN_SEMAPHORE_TABLE: table,
   };
+  tmp = fs.mkdtempSync(path.join(os.tmpdir(), 'cli-test-'));
+  proxy = await FaultyProxy.start(sim.db.endpoint);
 });
 
 afterAll(async () => {
+  for (const child of spawned) if (child.exitCode === null && child.signalCode === null) child.kill('SIGKILL');
+  for (const pid of pids) if (alive(pid)) process.kill(pid, 'SIGKILL');
+  await proxy?.stop();
+  fs.rmSync(tmp, { recursive: true, force: true });
   await sim.stop();
 });
 
@@ -61,28 +78,75 @@ function client(clockSkewSeconds?: number) {
 
 /** The CLI in this process: exit code and what it wrote. */
 async function cli(...argv: string[]) {
+  return cliWith({}, ...argv);
+}
+
+/** The CLI in this process, with more environment variables. */
+async function cliWith(moreEnv: NodeJS.ProcessEnv, ...argv: string[]) {
   const out: string[] = [];
   const err: string[] = [];
-  const code = await main(argv, { stdout: (l) => out.push(l), stderr: (l) => err.push(l), env });
+  const code = await main(argv, { stdout: (l) => out.push(l), stderr: (l) => err.push(l), env: { ...env, ...moreEnv } });
   return { code, stdout: out.join('\n'), stderr: err.join('\n') };
 }
 
-/** The CLI as a process (the bin), with its output collected. */
-function binary(...argv: string[]): { child: ChildProcess; done: Promise<{ code: number | null; stdout: string; stderr: string }> } {
-  const child = spawn(process.execPath, [BIN, ...argv], { env });
+interface Exited {
+  readonly code: number | null;
+  readonly stdout: string;
+  readonly stderr: string;
+}
+
+/**
+ * The CLI as a process (the bin), with its output collected: `done` once its output has ended too,
+ * `exited` as soon as it has exited; `stderr()` is what it wrote so far.
+ */
+function binary(...argv: string[]) {
+  return binaryWith({}, ...argv);
+}
+
+function binaryWith(moreEnv: NodeJS.ProcessEnv, ...argv: string[]) {
+  const child = spawn(process.execPath, [BIN, ...argv], { env: { ...env, ...moreEnv } });
+  spawned.push(child);
   let stdout = '';
   let stderr = '';
   child.stdout!.on('data', (d) => (stdout += d));
   child.stderr!.on('data', (d) => (stderr += d));
-  const done = new Promise<{ code: number | null; stdout: string; stderr: string }>((resolve) =>
-    child.on('exit', (code, signal) => resolve({ code: code ?? (signal ? -1 : null), stdout, stderr })),
-  );
-  return { child, done };
+  const done = new Promise<Exited>((resolve) => child.on('close', (code, signal) => resolve({ code: code ?? (signal ? -1 : null), stdout, stderr })));
+  const exited = new Promise<number | null>((resolve) => child.on('exit', (code, signal) => resolve(code ?? (signal ? -1 : null))));
+  return { child, done, exited, stderr: () => stderr };
 }
 
-/** What the CLI itself wrote to stderr (the AWS SDK warns about Node 20 on its own). */
-function ownLines(stderr: string): string[] {
-  return stderr.split('\n').filter((line) => line.startsWith('cdk-sfn-semaphore:'));
+/** A fresh marker file for a command to write its pid to. */
+let markers = 0;
+function marker(): string {
+  return path.join(tmp, `marker-${++markers}`);
+}
+
+/** The pid a command wrote to `file`, once it did; remembered for afterAll. */
+async function pidIn(file: string): Promise<number> {
+  await until(async () => fs.existsSync(file) && /^\d+\s*$/.test(fs.readFileSync(file, 'utf8')), `a pid in ${path.basename(file)}`);
+  const pid = Number(fs.readFileSync(file, 'utf8').trim());
+  pids.push(pid);
+  return pid;
+}
+
+/** A node command that writes its pid to `file`, then runs until killed; with `ignoreTerm`, SIGTERM does not stop it. */
+function longCommand(file: string, ignoreTerm = false): string[] {
+  const trap = ignoreTerm ? "process.on('SIGTERM', () => {});" : '';
+  return [process.execPath, '-e', `${trap} require('fs').writeFileSync(${JSON.stringify(file)}, String(process.pid)); setInterval(() => {}, 1000);`];
+}
+
+/** Whether a process runs (a zombie does not: nobody may be there to reap it). */
+function alive(pid: number): boolean {
+  try {
+    process.kill(pid, 0);
+  } catch {
+    return false;
+  }
+  try {
+    return !/^\d+ \(.*\) Z/.test(fs.readFileSync(`/proc/${pid}/stat`, 'utf8'));
+  } catch {
+    return true;
+  }
 }
 
 async function until(condition: () => Promise<boolean>, what: string, timeoutMs = 20_000): Promise<void> {
@@ -93,12 +157,80 @@ async function until(condition: () => Promise<boolean>, what: string, timeoutMs 
   }
 }
 
+/**
+ * A DynamoDB endpoint in front of dynalite that drops the connection of renewals (`SET holder.leaseExpiresAt`)
+ * or releases (`REMOVE holder`, conditional on the holder alone) while told to, as a network that is down.
+ */
+class FaultyProxy {
+  public static async start(target: string): Promise<FaultyProxy> {
+    const started = new FaultyProxy(new URL(target));
+    await new Promise<void>((resolve) => started.server.listen(0, '127.0.0.1', resolve));
+    return started;
+  }
+
+  public readonly fail = { renew: false, release: false };
+  public readonly dropped = { renew: 0, release: 0 };
+  private readonly server: http.Server;
+
+  private constructor(target: URL) {
+    this.server = http.createServer((req, res) => {
+      const chunks: Buffer[] = [];
+      req.on('data', (c: Buffer) => chunks.push(c));
+      req.on('end', () => {
+        const body = Buffer.concat(chunks);
+        const call = String(req.headers['x-amz-target']).endsWith('.UpdateItem') ? (JSON.parse(body.toString()) as Record<string, string>) : {};
+        const kind = call.UpdateExpression?.startsWith('SET #holder.leaseExpiresAt')
+          ? 'renew'
+          : call.UpdateExpression?.includes('REMOVE #holder') && call.ConditionExpression === 'attribute_exists(#holder)'
+            ? 'release'
+            : undefined;
+        if (kind && this.fail[kind]) {
+          this.dropped[kind]++;
+          req.socket.destroy();
+          return;
+        }
+        const upstream = http.request({ host: target.hostname, port: target.port, method: req.method, path: req.url, headers: req.headers }, (up) => {
+          res.writeHead(up.statusCode!, up.headers);
+          up.pipe(res);
+        });
+        upstream.on('error', () => res.destroy());
+        upstream.end(body);
+      });
+    });
+  }
+
+  public get endpoint(): string {
+    return `http://127.0.0.1:${(this.server.address() as { port: number }).port}`;
+  }
+
+  public stop(): Promise<void> {
+    this.server.closeAllConnections();
+    return new Promise((resolve) => this.server.close(() => resolve()));
+  }
+}
+
 afterEach(async () => {
+  proxy.fail.renew = false;
+  proxy.fail.release = false;
   // Every test leaves the lock free.
   const status = await client().status(LOCK);
   expect(status.holders).toEqual([]);
   expect(status.permitsInUse).toBe(0);
 });
+
+/** Starts an execution whose body waits for finishBody, and resolves once it is inside (holding the permit). */
+async function executionInside() {
+  const execution = sim.startExecution(sim.stateMachine(stateMachineLogicalId(workflowStateMachine())), { hold: true });
+  await until(async () => finishBody !== undefined, 'the execution to enter the body');
+  return execution;
+}
+
+async function finishExecution(execution: Awaited<ReturnType<typeof executionInside>>) {
+  finishBody!();
+  finishBody = undefined;
+  await execution.done;
+  expect(execution.status).toBe('SUCCEEDED');
+}
 
 describe('CLI holders and workflow executions share one lock', () => {
   test('a CLI lease makes an execution wait; the release lets it in', async () => {
@@ -123,29 +255,49 @@ describe('CLI holders and workflow executions share one lock', () => {
   });
 
   test('an execution inside makes the CLI wait or give up with exit code 3, then get the permit', async () => {
-    const execution = sim.startExecution(sim.stateMachine(stateMachineLogicalId(workflowStateMachine())), { hold: true });
-    await until(async () => finishBody !== undefined, 'the execution to enter the body');
+    const execution = await executionInside();
 
     const noWait = await cli('acquire', LOCK, '--no-wait');
     expect(noWait.code).toBe(3);
     expect(noWait.stderr).toBe(`cdk-sfn-semaphore: ${LOCK}: no permit free (1 of 1 held)`);
     const shortWait = await cli('acquire', LOCK, '--wait', '1s');
     expect(shortWait.code).toBe(3);
-    expect(shortWait.stderr).toBe(`cdk-sfn-semaphore: ${LOCK}: no permit free within 1s (1 of 1 held)`);
+    expect(shortWait.stderr.split('\n')).toEqual([
+      `cdk-sfn-semaphore: ${LOCK}: 1 of 1 permits in use, waiting up to 1s`,
+      `cdk-sfn-semaphore: ${LOCK}: no permit free within 1s (1 of 1 held)`,
+    ]);
 
     const status = await cli('status', LOCK);
     expect(status.stdout.split('\n')[0]).toBe(`${LOCK}: 1 of 1 permits in use`);
     expect(status.stdout).toMatch(/^execution\s+arn:aws:states:.*:execution:.*\s+\d+s\s+-$/m);
 
     const waiting = binary('acquire', LOCK, '--wait', '30s');
-    await new Promise((r) => setTimeout(r, 500));
-    finishBody!();
-    finishBody = undefined;
+    // It tried, found the lock full and waits: only now does the permit come free.
+    await until(async () => waiting.stderr().includes('waiting up to 30s'), 'the CLI to find the lock full');
+    await finishExecution(execution);
     const got = await waiting.done;
     expect(got.code).toBe(0);
-    await execution.done;
-    expect(execution.status).toBe('SUCCEEDED');
     expect((await cli('release', LOCK, got.stdout.trim())).code).toBe(0);
+  });
+
+  test('--limit cannot raise the workflows\' limit: the lock\'s applies, with a warning, and stays', async () => {
+    const warning = `cdk-sfn-semaphore: ${LOCK}: warning: the lock's limit is 1; --limit 5 cannot raise it`;
+    const execution = await executionInside();
+    const full = await cli('acquire', LOCK, '--limit', '5', '--no-wait');
+    expect(full.code).toBe(3);
+    expect(full.stderr.split('\n')).toEqual([warning, `cdk-sfn-semaphore: ${LOCK}: no permit free (1 of 1 held)`]);
+    expect(JSON.parse((await cli('status', LOCK, '--json')).stdout)).toMatchObject({ permitsInUse: 1, limit: 1 });
+    await finishExecution(execution);
+
+    // On a free lock it gets in, but does not record its limit: a second one stays out.
+    const first = await cli('acquire', LOCK, '--limit', '5', '--no-wait');
+    expect([first.code, first.stderr]).toEqual([0, warning]);
+    expect(JSON.parse((await cli('status', LOCK, '--json')).stdout)).toMatchObject({ permitsInUse: 1, limit: 1 });
+    const second = await cli('acquire', LOCK, '--limit', '5', '--no-wait');
+    expect(second.code).toBe(3);
+    // A lower limit of its own applies: the lock's does not raise it either.
+    expect((await client().acquire(LOCK, { limit: 1 }))).toBeUndefined();
+    expect((await cli('release', LOCK, first.stdout)).code).toBe(0);
   });
 });
 
@@ -153,30 +305,121 @@ describe('run', () => {
   test('exits with the command\'s code and gives the permit back', async () => {
     const result = await binary('run', LOCK, '--', process.execPath, '-e', 'process.exit(7)').done;
     expect(result.code).toBe(7);
+    expect(result.stderr).toBe('');
   });
 
   test('SIGTERM reaches the command, the permit comes back, the exit code says which signal', async () => {
     // The command does not handle SIGTERM: it dies of it, and the CLI exits 128 + 15.
-    const run = binary('run', LOCK, '--lease', '1m', '--', process.execPath, '-e', 'setInterval(() => {}, 1000)');
-    await until(async () => (await client().status(LOCK)).holders.length === 1, 'the run to hold the permit');
+    const file = marker();
+    const run = binary('run', LOCK, '--lease', '1m', '--', ...longCommand(file));
+    const pid = await pidIn(file);
     run.child.kill('SIGTERM');
     const result = await run.done;
     expect(result.code).toBe(143);
-    expect(ownLines(result.stderr)).toEqual([]);
+    // Nothing else on stderr: not even the AWS SDK's warning about Node versions.
+    expect(result.stderr).toBe('');
+    expect(alive(pid)).toBe(false);
+  });
+
+  test('the command runs in a process group of its own: a signal reaches its children too', async () => {
+    const file = marker();
+    const run = binary('run', LOCK, '--', 'sh', '-c', `sleep 60 & echo $! > ${file}; wait`);
+    const grandchild = await pidIn(file);
+    run.child.kill('SIGTERM');
+    // Not `done`: a surviving child would keep the CLI's stdout open.
+    expect(await run.exited).toBe(143);
+    await until(async () => !alive(grandchild), 'the command\'s child to end', 3000);
+    expect((await run.done).stderr).toBe('');
   });
 
   test('renewals keep a long command\'s permit past its lease; nobody reclaims it meanwhile', async () => {
-    const run = binary('run', LOCK, '--lease', '2s', '--', process.execPath, '-e', 'setTimeout(() => {}, 6000)');
-    await until(async () => (await client().status(LOCK)).holders.length === 1, 'the run to hold the permit');
+    const file = marker();
+    const run = binary('run', LOCK, '--lease', '10s', '--', ...longCommand(file));
+    await pidIn(file);
     const first = (await client().status(LOCK)).holders[0];
-    // A competitor that reclaims any lease the moment it ends (no clock-skew margin) tries for 5 s.
-    const competitor = await client(0).acquire(LOCK, { waitSeconds: 5, limit: 1, pollSeconds: 0.2 });
+    // A competitor that reclaims any lease the moment it ends (no clock-skew margin) tries until past its first end.
+    const competitor = await client(0).acquire(LOCK, { waitSeconds: (first.leaseExpiresAt! - Date.now()) / 1000 + 0.5, limit: 1, pollSeconds: 0.5 });
     expect(competitor).toBeUndefined();
     const later = (await client().status(LOCK)).holders[0];
     expect(later.id).toBe(first.id);
-    expect(later.ageSeconds).toBeGreaterThanOrEqual(4);
-    expect(later.leaseExpiresAt!).toBeGreaterThan(first.leaseExpiresAt! + 2000);
-    expect((await run.done).code).toBe(0);
+    expect(later.ageSeconds).toBeGreaterThanOrEqual(10);
+    expect(later.leaseExpiresAt!).toBeGreaterThan(first.leaseExpiresAt! + 6000);
+    run.child.kill('SIGTERM');
+    const result = await run.done;
+    expect([result.code, result.stderr]).toEqual([143, '']);
+  });
+
+  test('a lost permit stops a command that ignores SIGTERM: SIGKILL after the grace period, exit 3', async () => {
+    const file = marker();
+    const run = binary('run', LOCK, '--lease', '10s', '--', ...longCommand(file, true));
+    const pid = await pidIn(file);
+    const [holder] = (await client().status(LOCK)).holders;
+    const lostAt = Date.now();
+    expect(await client().forceRelease(LOCK, holder.id)).toBe(true);
+    const result = await run.done;
+    // The next renewal (a third of the lease) finds it gone; SIGKILL follows a third of the lease later.
+    const took = Date.now() - lostAt;
+    expect(took).toBeGreaterThan(3000);
+    expect(took).toBeLessThan(9000);
+    expect(result.code).toBe(3);
+    expect(result.stderr.trim().split('\n')).toEqual([
+      `cdk-sfn-semaphore: ${LOCK}: the permit of ${holder.id} is gone (force-released, or reclaimed after its lease expired): ` +
+        'stopping the command (SIGTERM, then SIGKILL after 3.3s)',
+    ]);
+    expect(alive(pid)).toBe(false);
+  });
+
+  test('renewals that fail until the lease has ended lose the permit too: the command is stopped, exit 3', async () => {
+    proxy.fail.renew = true;
+    const file = marker();
+    const run = binaryWith({ AWS_ENDPOINT_URL_DYNAMODB: proxy.endpoint }, 'run', LOCK, '--lease', '10s', '--', ...longCommand(file, true));
+    const pid = await pidIn(file);
+    const [holder] = (await client().status(LOCK)).holders;
+    const result = await run.done;
+    expect(result.code).toBe(3);
+    const lines = result.stderr.trim().split('\n');
+    expect(lines.length).toBeGreaterThanOrEqual(3);
+    for (const line of lines.slice(0, -1)) expect(line).toMatch(new RegExp(`^cdk-sfn-semaphore: ${LOCK}: renewing ${holder.id} failed, retrying \\(the lease ends at `));
+    expect(lines[lines.length - 1]).toMatch(new RegExp(`^cdk-sfn-semaphore: ${LOCK}: renewals of ${holder.id} failed until its lease ended at .*, it may be reclaimed: stopping the command`));
+    expect(proxy.dropped.renew).toBeGreaterThanOrEqual(2);
+    expect(alive(pid)).toBe(false);
+    // The release went through: afterEach finds the lock free.
+  });
+
+  test('a release that keeps failing is retried, then a warning: the exit code stays the command\'s', async () => {
+    proxy.fail.release = true;
+    const dropped = proxy.dropped.release;
+    const result = await binaryWith({ AWS_ENDPOINT_URL_DYNAMODB: proxy.endpoint }, 'run', LOCK, '--', process.execPath, '-e', 'process.exit(5)').done;
+    expect(result.code).toBe(5);
+    const [holder] = (await client().status(LOCK)).holders;
+    expect(result.stderr.trim()).toMatch(
+      new RegExp(`^cdk-sfn-semaphore: ${LOCK}: warning: could not give the permit of ${holder.id} back \\(.*\\); it is free again once its lease has ended, at `),
+    );
+    // Four attempts, each retried by the SDK.
+    expect(proxy.dropped.release - dropped).toBeGreaterThanOrEqual(4);
+    expect(await client().release(LOCK, holder.id)).toBe(true);
+  });
+
+  test('a command that cannot start: exit 1, and the permit comes back', async () => {
+    const result = await binary('run', LOCK, '--', path.join(tmp, 'no-such-command')).done;
+    expect(result.code).toBe(1);
+    expect(result.stderr.trim()).toBe(`cdk-sfn-semaphore: run: cannot start '${path.join(tmp, 'no-such-command')}': spawn ${path.join(tmp, 'no-such-command')} ENOENT`);
+  });
+
+  test('a signal while waiting for a permit ends the wait: exit 128 + its number', async () => {
+    const lease = await client().acquire(LOCK, { limit: 1 });
+    const file = marker();
+    const run = binary('run', LOCK, '--wait', '30s', '--', 'sh', '-c', `echo started > ${file}`);
+    await until(async () => run.stderr().includes('waiting up to 30s'), 'the run to find the lock full');
+    run.child.kill('SIGTERM');
+    const result = await run.done;
+    expect(result.code).toBe(143);
+    expect(result.stderr.trim().split('\n')).toEqual([
+      `cdk-sfn-semaphore: ${LOCK}: 1 of 1 permits in use, waiting up to 30s`,
+      `cdk-sfn-semaphore: ${LOCK}: interrupted (SIGTERM) while waiting for a permit`,
+    ]);
+    expect(fs.existsSync(file)).toBe(false);
+    expect(await client().release(LOCK, lease!.leaseId)).toBe(true);
   });
 });
 
@@ -201,16 +444,35 @@ describe('leases', () => {
     expect(await client().release(LOCK, fresh!.leaseId)).toBe(true);
   });
 
+  test('--clock-skew and $CDK_SFN_SEMAPHORE_CLOCK_SKEW set the margin', async () => {
+    const stale = await client().acquire(LOCK, { leaseSeconds: 1, limit: 1 });
+    await new Promise((r) => setTimeout(r, 1200));
+    const expired = async (moreEnv: NodeJS.ProcessEnv, ...argv: string[]) => JSON.parse((await cliWith(moreEnv, ...argv)).stdout).holders[0].expired;
+    expect(await expired({}, 'status', LOCK, '--json')).toBe(false);
+    expect(await expired({ CDK_SFN_SEMAPHORE_CLOCK_SKEW: '0' }, 'status', LOCK, '--json')).toBe(true);
+    // The option wins over the variable.
+    expect(await expired({ CDK_SFN_SEMAPHORE_CLOCK_SKEW: '0' }, 'status', LOCK, '--json', '--clock-skew', '1m')).toBe(false);
+    expect((await cli('acquire', LOCK, '--no-wait')).code).toBe(3);
+    const reclaimed = await cli('acquire', LOCK, '--no-wait', '--clock-skew', '0s');
+    expect(reclaimed.code).toBe(0);
+    expect((await client().status(LOCK)).holders.map((h) => h.id)).toEqual([reclaimed.stdout]);
+    expect(reclaimed.stdout).not.toBe(stale!.leaseId);
+    expect((await cli('release', LOCK, reclaimed.stdout)).code).toBe(0);
+  });
+
   test('the reconciler sweeps an expired CLI lease and leaves a live one alone', async () => {
     // The reconciler runs on the simulation's clock, 100 times faster than this test's: a lease of a
-    // second has long expired (30 s margin included) for it, one of a day has not.
-    const stale = await client().acquire(LOCK, { leaseSeconds: 1, limit: 2, owner: 'crashed-job' });
-    const live = await client().acquire(LOCK, { leaseSeconds: 86_400, limit: 2 });
+    // second has long expired (30 s margin included) for it, one of a day has not. A lock of scripts
+    // alone: the workflow's lock has its limit of 1, which a client's limit cannot raise.
+    const scripts = 'nightly-scripts';
+    const stale = await client().acquire(scripts, { leaseSeconds: 1, limit: 2, owner: 'crashed-job' });
+    const live = await client().acquire(scripts, { leaseSeconds: 86_400, limit: 2 });
     await sim.sleep(60);
     const result = (await sim.invokeFunction('WorkflowReconcilerFunction', {})) as { reclaimed: Array<{ holder: string; reason: string }> };
-    expect(result.reclaimed).toEqual([{ lockName: LOCK, holder: stale!.leaseId, reason: expect.stringMatching(/^lease expired at /) }]);
-    expect((await client().status(LOCK)).holders.map((h) => h.id)).toEqual([live!.leaseId]);
-    expect(await client().release(LOCK, live!.leaseId)).toBe(true);
+    expect(result.reclaimed).toEqual([{ lockName: scripts, holder: stale!.leaseId, reason: expect.stringMatching(/^lease expired at /) }]);
+    expect((await client().status(scripts)).holders.map((h) => h.id)).toEqual([live!.leaseId]);
+    expect(await client().release(scripts, live!.leaseId)).toBe(true);
+    expect(await client().status(scripts)).toMatchObject({ permitsInUse: 0, limit: 2, holders: [] });
   });
 
   test('renew extends the lease; the new end is printed', async () => {
@@ -231,6 +493,12 @@ describe('leases', () => {
     expect([forced.code, forced.stderr]).toEqual([0, `cdk-sfn-semaphore: ${LOCK}: released ${lease!.leaseId} by force: script crashed`]);
     expect((await cli('force-release', LOCK, lease!.leaseId, '--reason', 'again')).code).toBe(3);
   });
+
+  test('the client releases and renews leases only: an execution\'s permit needs forceRelease', async () => {
+    await expect(client().release(LOCK, EXECUTION_ARN)).rejects.toThrow(/is an execution, not a lease/);
+    await expect(client().renew(LOCK, EXECUTION_ARN)).rejects.toThrow(/is an execution, not a lease/);
+    expect(await client().forceRelease(LOCK, EXECUTION_ARN)).toBe(false);
+  });
 });
 
 describe('usage and errors', () => {
@@ -239,17 +507,46 @@ describe('usage and errors', () => {
     expect(help.code).toBe(0);
     expect(help.stdout).toMatch(new RegExp(`^Usage: cdk-sfn-semaphore ${command} LOCK`));
     expect(help.stdout).toContain('AWS_ENDPOINT_URL_DYNAMODB');
+    expect(help.stdout).toContain('--clock-skew D');
+  });
+
+  test('run --help says where signals go', async () => {
+    const help = (await cli('run', '--help')).stdout;
+    expect(help).toContain('SIGINT, SIGTERM and SIGHUP');
+    expect(help).toContain('process group');
+  });
+
+  test('no arguments: the usage on stderr, exit 2', async () => {
+    const result = await cli();
+    expect(result.code).toBe(2);
+    expect(result.stdout).toBe('');
+    expect(result.stderr).toMatch(/^Usage: cdk-sfn-semaphore COMMAND LOCK/);
+  });
+
+  test('the AWS SDK\'s warning about Node versions stays off stderr', async () => {
+    const result = await binary('status', LOCK).done;
+    expect([result.code, result.stderr]).toEqual([0, '']);
   });
 
   test.each<[string[], number, string | RegExp]>([
-    [[], 2, /^$/],
     [['lock'], 2, "cdk-sfn-semaphore: unknown command 'lock' (acquire, renew, release, run, status, force-release; see --help)"],
     [['acquire'], 2, 'cdk-sfn-semaphore: acquire: expected LOCK, got nothing (see cdk-sfn-semaphore acquire --help)'],
     [['acquire', LOCK, '--lease', 'soon'], 2, "cdk-sfn-semaphore: acquire: --lease must be a duration such as 90s, 15m or 2h (more than 0), got: 'soon'"],
+    [['acquire', LOCK, '--lease', '500ms'], 2, "cdk-sfn-semaphore: acquire: --lease takes seconds, minutes, hours or days (90s, 15m, 2h, 1d), not milliseconds, got: '500ms'"],
+    [['acquire', LOCK, '--wait', '100ms'], 2, "cdk-sfn-semaphore: acquire: --wait takes seconds, minutes, hours or days (90s, 15m, 2h, 1d), not milliseconds, got: '100ms'"],
+    [['run', LOCK, '--lease', '9s', '--', 'true'], 2, "cdk-sfn-semaphore: run: --lease must be at least 10s (it is renewed every third of it), got: '9s'"],
+    [['renew', LOCK, 'lease-x', '--lease', '5'], 2, "cdk-sfn-semaphore: renew: --lease must be at least 10s (it is renewed every third of it), got: '5'"],
     [['acquire', LOCK, '--limit', '0'], 2, "cdk-sfn-semaphore: acquire: --limit must be a positive integer, got: '0'"],
     [['acquire', LOCK, '--wait', '5s', '--no-wait'], 2, 'cdk-sfn-semaphore: acquire: --wait and --no-wait exclude each other'],
     [['acquire', LOCK, '--colour'], 2, /^cdk-sfn-semaphore: acquire: Unknown option '--colour'/],
+    [['status', LOCK, '--clock-skew', 'a bit'], 2, "cdk-sfn-semaphore: status: --clock-skew must be a duration such as 90s, 15m or 2h, got: 'a bit'"],
     [['run', LOCK], 2, "cdk-sfn-semaphore: run: no command after '--' (see cdk-sfn-semaphore run --help)"],
+    [
+      ['release', LOCK, EXECUTION_ARN],
+      2,
+      `cdk-sfn-semaphore: release: ${EXECUTION_ARN} is an execution, not a lease: free its permit with 'cdk-sfn-semaphore force-release LOCK HOLDER --reason TEXT' (stop it first)`,
+    ],
+    [['renew', LOCK, EXECUTION_ARN], 2, `cdk-sfn-semaphore: renew: ${EXECUTION_ARN} is an execution, not a lease: its permit lasts as long as it runs`],
     [['release', LOCK, 'lease-nobody'], 3, `cdk-sfn-semaphore: ${LOCK}: lease-nobody holds no permit`],
     [['status', LOCK, '--table', 'no-such-table'], 1, /^cdk-sfn-semaphore: ResourceNotFoundException: /],
   ])('%j exits %i', async (argv, code, message) => {
@@ -260,15 +557,44 @@ describe('usage and errors', () => {
     expect(result.stderr.split('\n')).toHaveLength(1);
   });
 
+  test('a bad $CDK_SFN_SEMAPHORE_CLOCK_SKEW is a usage error naming the variable', async () => {
+    const result = await cliWith({ CDK_SFN_SEMAPHORE_CLOCK_SKEW: '5ms' }, 'status', LOCK);
+    expect([result.code, result.stderr]).toEqual([
+      2,
+      "cdk-sfn-semaphore: status: $CDK_SFN_SEMAPHORE_CLOCK_SKEW takes seconds, minutes, hours or days (90s, 15m, 2h, 1d), not milliseconds, got: '5ms'",
+    ]);
+  });
+
   test('no table: a usage error naming the flag and the variable', async () => {
     const out: string[] = [];
     const code = await main(['status', LOCK], { stdout: () => undefined, stderr: (l) => out.push(l), env: {} });
     expect([code, out]).toEqual([2, ['cdk-sfn-semaphore: status: no table: pass --table NAME or set CDK_SFN_SEMAPHORE_TABLE']]);
   });
 
+  test('the owner is user@host; $USER, $LOGNAME or the uid where the system has no entry for the user', async () => {
+    const host = os.hostname();
+    expect(defaultOwner({})).toBe(`${os.userInfo().username}@${host}`);
+    // The os module itself (the CLI reads its functions when called), not this file's namespace object.
+    const userInfo = jest.spyOn(jest.requireActual<typeof os>('os'), 'userInfo').mockImplementation(() => {
+      throw new Error('ENOENT: no such file or directory, uv_os_get_passwd');
+    });
+    try {
+      expect(defaultOwner({ USER: 'ci', LOGNAME: 'other' })).toBe(`ci@${host}`);
+      expect(defaultOwner({ LOGNAME: 'builder' })).toBe(`builder@${host}`);
+      expect(defaultOwner({})).toBe(`uid-${process.getuid!()}@${host}`);
+      const acquired = await cliWith({ USER: 'container-job' }, 'acquire', LOCK, '--no-wait');
+      expect(acquired.code).toBe(0);
+      expect((await client().status(LOCK)).holders[0].owner).toBe(`container-job@${host}`);
+      expect((await cli('release', LOCK, acquired.stdout)).code).toBe(0);
+    } finally {
+      userInfo.mockRestore();
+    }
+  });
+
   test('durations', () => {
-    expect([parseDuration('90'), parseDuration('90s'), parseDuration('15m'), parseDuration('2h'), parseDuration('1d'), parseDuration('500ms')]).toEqual([90, 90, 900, 7200, 86400, 0.5]);
+    expect([parseDuration('90'), parseDuration('90s'), parseDuration('15m'), parseDuration('2h'), parseDuration('1d')]).toEqual([90, 90, 900, 7200, 86400]);
     expect(parseDuration('1 hour')).toBeUndefined();
+    expect(parseDuration('500ms')).toBeUndefined();
   });
 });
 

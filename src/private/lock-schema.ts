@@ -77,6 +77,15 @@ export const ACQUIRE_CONDITION = `(attribute_not_exists(${NAMES.permits}) OR ${N
 export const ACQUIRE_UPDATE = `SET ${NAMES.permits} = if_not_exists(${NAMES.permits}, ${VALUES.zero}) + ${VALUES.one}, ${NAMES.holder} = ${VALUES.entry}, ${NAMES.limit} = ${VALUES.limit}`;
 
 /**
+ * Acquire by a client (the CLI, scripts): as ACQUIRE_CONDITION, and also below the limit stored on the
+ * item, so that a client's limit can lower the gate but never raise it above the workflows' (the
+ * effective limit is the smaller of the two). The update records the client's limit only on a lock
+ * that has none yet; workflows keep writing theirs on every acquire.
+ */
+export const CLIENT_ACQUIRE_CONDITION = `(attribute_not_exists(${NAMES.permits}) OR (${NAMES.permits} < ${VALUES.limit} AND (attribute_not_exists(${NAMES.limit}) OR ${NAMES.permits} < ${NAMES.limit}))) AND attribute_not_exists(${NAMES.holder})`;
+export const CLIENT_ACQUIRE_UPDATE = `SET ${NAMES.permits} = if_not_exists(${NAMES.permits}, ${VALUES.zero}) + ${VALUES.one}, ${NAMES.holder} = ${VALUES.entry}, ${NAMES.limit} = if_not_exists(${NAMES.limit}, ${VALUES.limit})`;
+
+/**
  * Release: the mirror image, conditional on the holder entry, which makes release and every cleanup
  * idempotent: a second release of the same holder fails its condition instead of freeing a permit twice.
  */
