@@ -55,6 +55,8 @@ export interface ScenarioOptions {
   /** Status-change events are delayed by up to this many simulated seconds. @default 0 */
   readonly maxEventDelaySeconds?: number;
   readonly dynamoFaults?: DynamoFaults;
+  /** Probability that a wake-up (SendTaskSuccess from a task) is lost. @default 0 */
+  readonly lostWakeUpRate?: number;
   /** @default 1 */
   readonly seed?: number;
   /** @default 0.02 */
@@ -100,6 +102,12 @@ export interface ScenarioResult {
   readonly cleanupTransitions: number;
   readonly cleanupDynamoCalls: number;
   readonly lostEvents: number;
+  readonly lostWakeUps: number;
+  /**
+   * Executions admitted before one that arrived earlier (first acquire attempt before theirs) and
+   * was still waiting: how far admission is from first come, first served.
+   */
+  readonly overtakers: number;
   /** Permits the subject's reconciler reclaimed (from its metrics), during and after the run. */
   readonly reclaimedByReconciler: number;
   readonly drainSeconds: number;
@@ -121,6 +129,7 @@ export async function runScenario(subject: Subject, options: ScenarioOptions): P
     seed,
     timeScale: options.timeScale ?? 0.02,
     dynamoFaults: options.dynamoFaults,
+    lostWakeUpRate: options.lostWakeUpRate,
     eventFaults: {
       lossRate: options.lostEventRate,
       duplicateRate: options.duplicateEventRate,
@@ -141,6 +150,13 @@ export async function runScenario(subject: Subject, options: ScenarioOptions): P
       abortInsideAfter: random(),
     }));
     const abortInside = new Map<string, number>();
+    // Arrival (first acquire attempt) and admission (entry into the body), for the FIFO figure.
+    const arrived = new Map<string, number>();
+    const admitted = new Map<string, number>();
+    sim.onStateEntered((execution, stateName) => {
+      if (subject.acquireStates.includes(stateName) && !arrived.has(execution.arn)) arrived.set(execution.arn, sim.now());
+      if (subject.enterStates.includes(stateName) && !admitted.has(execution.arn)) admitted.set(execution.arn, sim.now());
+    });
     const acquireRandom = seededRandom(seed * 104729 + 3);
     sim.onTaskStarted((execution, stateName) => {
       if (subject.acquireStates.includes(stateName) && acquireRandom() < (options.abortAcquiringRate ?? 0)) {
@@ -216,6 +232,8 @@ export async function runScenario(subject: Subject, options: ScenarioOptions): P
       cleanupTransitions: cleanups.reduce((n, e) => n + e.transitions, 0),
       cleanupDynamoCalls: cleanups.reduce((n, e) => n + e.dynamoCalls, 0),
       lostEvents: sim.lostEvents,
+      lostWakeUps: sim.lostWakeUps,
+      overtakers: countOvertakers(arrived, admitted),
       reclaimedByReconciler: emittedMetricSum(sim, 'PermitsReclaimed'),
       drainSeconds,
       idealSeconds,
@@ -225,6 +243,12 @@ export async function runScenario(subject: Subject, options: ScenarioOptions): P
   } finally {
     await sim.stop();
   }
+}
+
+/** Executions admitted before an execution that arrived earlier and was admitted later. */
+export function countOvertakers(arrived: Map<string, number>, admitted: Map<string, number>): number {
+  const runs = [...admitted].map(([arn, at]) => ({ arrival: arrived.get(arn) ?? at, admission: at }));
+  return runs.filter((e) => runs.some((w) => w.arrival < e.arrival && w.admission > e.admission)).length;
 }
 
 /** The sum of one metric over every embedded-metric-format record the stack's Lambda functions logged. */

@@ -45,6 +45,12 @@ export interface SimulatorOptions {
   readonly dynamoFaults?: DynamoFaults;
   readonly eventFaults?: EventFaults;
   /**
+   * Probability that a `SendTaskSuccess` made by a state machine task is lost: the call reports
+   * success but the waiting task never hears of it, as when the caller stopped between the write that
+   * handed over a permit and the wake-up. @default 0
+   */
+  readonly lostWakeUpRate?: number;
+  /**
    * Lambda functions by logical ID, in place of their synthesized code, for `lambda:invoke` tasks,
    * direct function ARN tasks and rule targets.
    */
@@ -175,6 +181,8 @@ export class Simulator {
   public readonly executions = new Map<string, Execution>();
   /** Status-change events emitted, in order. */
   public readonly events: Array<Record<string, any>> = [];
+  /** Wake-ups (SendTaskSuccess from tasks) lost by injected faults. */
+  public lostWakeUps = 0;
   /** Events lost by injected faults. */
   public lostEvents = 0;
   /** Lambda invocations, by logical ID. */
@@ -314,6 +322,13 @@ export class Simulator {
   }
 
   /** Every item of a table (by logical ID prefix or physical name). */
+  /** The physical name of a table, by logical ID (or prefix). */
+  public tableName(table: string): string {
+    const resource = [...this.resources.values()].find((r) => r.type === 'AWS::DynamoDB::Table' && (r.logicalId.startsWith(table) || r.ref === table));
+    if (!resource) throw new Error(`no table ${table} in the stack`);
+    return resource.ref;
+  }
+
   public async scan(table: string): Promise<Array<Record<string, ddb.AttributeValue>>> {
     const resource = [...this.resources.values()].find(
       (r) => r.type === 'AWS::DynamoDB::Table' && (r.logicalId.startsWith(table) || r.ref === table),
@@ -730,6 +745,10 @@ export class Simulator {
       return sdkIntegrationCall('Sfn', () => pascalKeys(this.stopExecution(input.ExecutionArn, input.Error, input.Cause)));
     }
     if (resource === 'arn:aws:states:::aws-sdk:sfn:sendTaskSuccess') {
+      if (chance(this.random, this.options.lostWakeUpRate ?? 0)) {
+        this.lostWakeUps++;
+        return {};
+      }
       return sdkIntegrationCall('Sfn', () => (this.sendTaskSuccess(input.TaskToken, input.Output), {}));
     }
     if (resource === 'arn:aws:states:::aws-sdk:sfn:sendTaskFailure') {
