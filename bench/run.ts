@@ -5,14 +5,16 @@ import * as tasks from 'aws-cdk-lib/aws-stepfunctions-tasks';
 import { workFunction } from '../demo/app';
 import { demoSubject } from '../demo/run';
 import { AWS_SAMPLE_LOCK_LAYOUT, runScenario, ScenarioOptions, ScenarioResult, Subject } from '../simulator';
+import { WaitStrategy } from '../src';
 import { AwsSampleSemaphore } from './aws-sample-baseline';
 
 /*
  * npm run bench [-- --only contending,throttling --seed 1 --time-scale 0.05 --soak]
  *
- * Runs each scenario twice in this one process, with the same seed, body and faults: once for our
- * workflow, once for the AWS sample's algorithm (bench/aws-sample-baseline.ts). Prints a table of
- * the figures and their ratios and writes them as JSON to bench-results/.
+ * Runs each scenario three times in this one process, with the same seed, body and faults: for the
+ * AWS sample's algorithm (bench/aws-sample-baseline.ts), for our workflow with the polling wait
+ * strategy, and for our workflow with the queue (the default). Prints a table of the figures and the
+ * ratio queue / sample, and writes them as JSON to bench-results/.
  */
 
 interface Scenario {
@@ -41,6 +43,11 @@ const SCENARIOS: Scenario[] = [
     name: 'late-acquire',
     description: '100 at once, limit 100, DynamoDB calls land up to 10 s late, 20% stopped while an acquire is on its way',
     options: { executions: 100, limit: 100, abortAcquiringRate: 0.2, dynamoFaults: { maxLatencySeconds: 10 } },
+  },
+  {
+    name: 'lost-wake-ups',
+    description: '100 contending, 10% of wake-ups lost (found by the waiter after its 5 min check interval)',
+    options: { executions: 100, limit: LIMIT, lostWakeUpRate: 0.1 },
   },
   {
     name: 'throttling',
@@ -128,6 +135,8 @@ const ROWS: Row[] = [
   ['transitions beside the body / execution', (r) => r.overheadTransitionsPerExecution, 1],
   ['DynamoDB calls / execution', (r) => r.dynamoCallsPerExecution, 1],
   ['drain time / ideal', (r) => r.drainRatio, 2],
+  ['executions that overtook an earlier waiter', (r) => r.overtakers, 0],
+  ['wake-ups lost (injected)', (r) => r.lostWakeUps, 0],
   ['most inside at once', (r) => r.maxInside, 0],
   ['permits left held', (r) => r.permitsLeftHeld, 0],
   ['permits the reconciler reclaimed', (r) => r.reclaimedByReconciler, 0],
@@ -135,15 +144,23 @@ const ROWS: Row[] = [
   ['executions failed, not by their work', (r) => r.failedUnexplained, 0],
 ];
 
-function table(results: Array<{ scenario: Scenario; ours: ScenarioResult; sample: ScenarioResult }>): string {
-  const lines = ['| scenario | figure | AWS sample | cdk-sfn-semaphore | ratio |', '|---|---|---:|---:|---:|'];
-  for (const { scenario, ours, sample } of results) {
+interface Measured {
+  readonly scenario: Scenario;
+  readonly sample: ScenarioResult;
+  readonly polling: ScenarioResult;
+  readonly queue: ScenarioResult;
+}
+
+function table(results: Measured[]): string {
+  const lines = ['| scenario | figure | AWS sample | polling | queue | queue / sample |', '|---|---|---:|---:|---:|---:|'];
+  for (const { scenario, sample, polling, queue } of results) {
     for (const [label, value, decimals] of ROWS) {
-      if (scenario.name === 'uncontended' && ['drain time / ideal', 'executions stuck waiting'].includes(label)) continue;
+      if (scenario.name === 'uncontended' && ['drain time / ideal', 'executions stuck waiting', 'executions that overtook an earlier waiter'].includes(label)) continue;
+      if (label.startsWith('wake-ups lost') && !scenario.options.lostWakeUpRate) continue;
       const a = value(sample);
-      const b = value(ours);
+      const b = value(queue);
       const ratio = a === 0 ? (b === 0 ? '–' : '∞') : `${(b / a).toFixed(2)}×`;
-      lines.push(`| ${scenario.name} | ${label} | ${a.toFixed(decimals)} | ${b.toFixed(decimals)} | ${ratio} |`);
+      lines.push(`| ${scenario.name} | ${label} | ${a.toFixed(decimals)} | ${value(polling).toFixed(decimals)} | ${b.toFixed(decimals)} | ${ratio} |`);
     }
   }
   return lines.join('\n');
@@ -152,19 +169,20 @@ function table(results: Array<{ scenario: Scenario; ours: ScenarioResult; sample
 async function main(): Promise<void> {
   const options = parseOptions(process.argv.slice(2));
   const scenarios = [...SCENARIOS, ...(options.soak ? [SOAK] : [])].filter((s) => !options.only || options.only.includes(s.name));
-  const results: Array<{ scenario: Scenario; ours: ScenarioResult; sample: ScenarioResult }> = [];
+  const results: Measured[] = [];
   for (const scenario of scenarios) {
     const timeScale = scenario.timeScale ?? options.timeScale;
     const run = (subject: Subject) => runScenario(subject, { ...scenario.options, seed: options.seed, timeScale });
     process.stdout.write(`${scenario.name}: ${scenario.description} ...`);
     const sample = await run(awsSampleSubject(scenario.options.limit));
-    const ours = await run(demoSubject(scenario.options.limit));
-    console.log(` ${(sample.realSeconds + ours.realSeconds).toFixed(0)} s`);
-    results.push({ scenario, ours, sample });
+    const polling = await run({ ...demoSubject(scenario.options.limit, { waitStrategy: WaitStrategy.POLLING }), name: 'cdk-sfn-semaphore (polling)' });
+    const queue = await run(demoSubject(scenario.options.limit));
+    console.log(` ${(sample.realSeconds + polling.realSeconds + queue.realSeconds).toFixed(0)} s`);
+    results.push({ scenario, sample, polling, queue });
   }
 
   const date = new Date().toISOString().slice(0, 10);
-  console.log(`\nMeasured ${date}, seed ${options.seed}, simulated time ${1 / options.timeScale}x (ratio: ours / sample)\n`);
+  console.log(`\nMeasured ${date}, seed ${options.seed}, simulated time ${1 / options.timeScale}x (ratio: queue / sample)\n`);
   console.log(table(results));
 
   const dir = path.join(__dirname, '..', 'bench-results');
@@ -177,7 +195,10 @@ async function main(): Promise<void> {
         date,
         seed: options.seed,
         timeScale: options.timeScale,
-        scenarios: results.map(({ scenario, ours, sample }) => ({ ...scenario, results: { 'aws-sample': sample, 'cdk-sfn-semaphore': ours } })),
+        scenarios: results.map(({ scenario, sample, polling, queue }) => ({
+          ...scenario,
+          results: { 'aws-sample': sample, 'cdk-sfn-semaphore-polling': polling, 'cdk-sfn-semaphore-queue': queue },
+        })),
       },
       null,
       2,

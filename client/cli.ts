@@ -55,7 +55,7 @@ Exit codes: 0 done, 3 not acquired within the wait or not the holder, 2 usage, 1
 Run '${NAME} COMMAND --help' for a command's options.
 
 ${COMMON_HELP}`,
-  'acquire': `Usage: ${NAME} acquire LOCK [--limit N] [--lease 15m] [--wait 60s | --no-wait] [--owner NAME]
+  'acquire': `Usage: ${NAME} acquire LOCK [--limit N] [--lease 15m] [--wait 60s | --no-wait] [--owner NAME] [--json]
 
 Take a permit of LOCK and print its lease id. Without a renewal (see renew) the permit is free
 again when the lease ends. An expired lease of someone else is reclaimed once it ended more than
@@ -67,6 +67,8 @@ the clock-skew margin ago (--clock-skew, default 30s). While it waits, it says s
   --wait D        give up after D (exit 3); default: wait until a permit is free
   --no-wait       try once (exit 3 when the lock is full)
   --owner NAME    recorded with the permit; default: user@host
+  --json          print {"leaseId", "fencingToken", "expiresAt"} instead of the lease id; the
+                  fencing token strictly increases with every acquisition of the lock
 
 ${COMMON_HELP}`,
   'renew': `Usage: ${NAME} renew LOCK LEASE_ID [--lease 15m]
@@ -87,7 +89,9 @@ ${COMMON_HELP}`,
 
 Take a permit, run COMMAND, renew the lease every third of its duration while COMMAND runs, and give
 the permit back when it exits. Exits with COMMAND's exit code (128 + the signal number when a signal
-ended it), or 3 when no permit was free within the wait.
+ended it), or 3 when no permit was free within the wait. COMMAND finds the lease id in
+$CDK_SFN_SEMAPHORE_LEASE_ID and the fencing token (it strictly increases with every acquisition of
+the lock) in $CDK_SFN_SEMAPHORE_FENCING_TOKEN.
 
 COMMAND runs in a process group (and session) of its own: SIGINT, SIGTERM and SIGHUP sent to ${NAME}
 (Ctrl-C in a terminal included) are passed to that whole group, once, children of COMMAND included;
@@ -136,7 +140,7 @@ const ACQUIRE_OPTIONS: ParseArgsConfig['options'] = {
   'owner': { type: 'string' },
 };
 const COMMANDS: Record<string, { options: ParseArgsConfig['options']; positionals: string[] }> = {
-  'acquire': { options: ACQUIRE_OPTIONS, positionals: ['LOCK'] },
+  'acquire': { options: { ...ACQUIRE_OPTIONS, json: { type: 'boolean' } }, positionals: ['LOCK'] },
   'renew': { options: { lease: { type: 'string' } }, positionals: ['LOCK', 'LEASE_ID'] },
   'release': { options: {}, positionals: ['LOCK', 'LEASE_ID'] },
   'run': { options: ACQUIRE_OPTIONS, positionals: ['LOCK'] },
@@ -237,7 +241,8 @@ async function dispatch(argv: string[], io: CliIo): Promise<number> {
       const held = await client.acquire(lock, { ...acquire!, onWait: limits.onWait });
       if (!held) throw await notAcquired(client, lock, acquire!, limits);
       limits.check(held.lockLimit);
-      io.stdout(held.leaseId);
+      const printed = { leaseId: held.leaseId, fencingToken: held.fencingToken, expiresAt: new Date(held.expiresAt).toISOString() };
+      io.stdout(values.json ? JSON.stringify(printed) : held.leaseId);
       return EXIT.ok;
     }
     case 'renew': {
@@ -423,7 +428,13 @@ async function run(client: SemaphoreClient, lock: string, command: string[], opt
 
     // Its own process group (a session, in fact): a signal reaches the command and its children once,
     // from us, and stopping the group stops them all.
-    const running = spawn(command[0], command.slice(1), { stdio: 'inherit', detached: true });
+    // The command can pass the lease's fencing token on to systems that must reject a stale holder.
+    const env = {
+      ...process.env,
+      CDK_SFN_SEMAPHORE_LEASE_ID: held.leaseId,
+      ...(held.fencingToken === undefined ? {} : { CDK_SFN_SEMAPHORE_FENCING_TOKEN: String(held.fencingToken) }),
+    };
+    const running = spawn(command[0], command.slice(1), { stdio: 'inherit', detached: true, env });
     child = running;
     const keeper = keepLease(client, lock, held.leaseId, held.expiresAt, options.leaseSeconds, running, io);
     const exit = await new Promise<{ code: number | null; signal: NodeJS.Signals | null; error?: Error }>((resolve) => {

@@ -1,5 +1,6 @@
 import { randomUUID } from 'crypto';
 import { AttributeValue, ConditionalCheckFailedException, DynamoDBClient, GetItemCommand, UpdateItemCommand } from '@aws-sdk/client-dynamodb';
+import { SendTaskSuccessCommand, SFNClient } from '@aws-sdk/client-sfn';
 import {
   CLIENT_ACQUIRE_CONDITION,
   CLIENT_ACQUIRE_UPDATE,
@@ -15,6 +16,25 @@ import {
   RELEASE_EXPIRED_LEASE_CONDITION,
   RELEASE_UPDATE,
   VALUES,
+  FENCING_TOKEN,
+  HAND_OFF_CONDITION,
+  HAND_OFF_UPDATE,
+  HOLDER_FENCING_TOKEN,
+  HOLDER_REDRIVE_COUNT,
+  DROP_HEAD_CONDITION,
+  DROP_HEAD_UPDATE,
+  NEXT_WAITER,
+  PEEK_CONDITION,
+  PEEK_UPDATE,
+  QUEUE_NAMES,
+  QUEUE_VALUES,
+  RELEASE_IF_NO_WAITERS_CONDITION,
+  RELEASE_STOPPED_RUN_CONDITION,
+  TAKE_BACK_CONDITION,
+  TAKE_BACK_UPDATE,
+  WAITERS,
+  WAITER_ID,
+  WAITER_TOKEN,
 } from '../src/private/lock-schema';
 
 /*
@@ -41,6 +61,8 @@ export interface SemaphoreClientOptions {
   readonly tableName: string;
   /** @default - a client from the standard SDK configuration (profile, region, AWS_ENDPOINT_URL_DYNAMODB) */
   readonly dynamodb?: DynamoDBClient;
+  /** For waking the queue's waiters. @default - a client from the standard SDK configuration (AWS_ENDPOINT_URL_SFN included) */
+  readonly stepFunctions?: SFNClient;
   /** How long past its end a lease counts as expired, for clock skew between machines. @default 30 */
   readonly clockSkewSeconds?: number;
 }
@@ -78,6 +100,8 @@ export interface WaitState {
 export interface Lease {
   readonly lockName: string;
   readonly leaseId: string;
+  /** Strictly increases with every acquisition of the lock (workflows' included): pass it to systems that must reject a stale holder. */
+  readonly fencingToken?: number;
   /** Epoch milliseconds. */
   readonly expiresAt: number;
   /** The limit the acquire applied: the smaller of its own and the one stored on the lock. */
@@ -112,6 +136,7 @@ export interface LockStatus {
 /** A client of the semaphore table, sharing permits with the workflows. */
 export class SemaphoreClient {
   private readonly ddb: DynamoDBClient;
+  private readonly sfn: SFNClient;
   private readonly tableName: string;
   private readonly skewMillis: number;
 
@@ -119,6 +144,7 @@ export class SemaphoreClient {
     if (!options.tableName) throw new Error('a table name is required');
     this.tableName = options.tableName;
     this.ddb = options.dynamodb ?? new DynamoDBClient({});
+    this.sfn = options.stepFunctions ?? new SFNClient({});
     this.skewMillis = (options.clockSkewSeconds ?? 30) * 1000;
   }
 
@@ -160,7 +186,7 @@ export class SemaphoreClient {
         },
         'UPDATED_NEW',
       );
-      if (taken) return { lockName, leaseId, expiresAt, ...limits(limit, taken) };
+      if (taken) return { lockName, leaseId, expiresAt, fencingToken: numberOf(taken[FENCING_TOKEN]), ...limits(limit, taken) };
 
       // Full (or our own write landed although the call failed): look, and reclaim expired leases.
       const item = await this.getItem(lockName);
@@ -236,8 +262,72 @@ export class SemaphoreClient {
     };
   }
 
+  /**
+   * Give a permit back as the workflows do: when executions wait in the lock's queue, hand it to the
+   * oldest (the holder entry moves to it) and wake it with SendTaskSuccess; a waiter whose task is
+   * gone gets it taken back and passed on. True when the holder held a permit.
+   */
   private async releaseHolder(lockName: string, holder: string): Promise<boolean> {
-    return !!(await this.conditionalUpdate(lockName, holder, RELEASE_UPDATE, RELEASE_CONDITION, { [VALUES.one]: { N: '1' } }));
+    // Leases carry no run; an execution's permit is freed whatever run took it.
+    const run = { [VALUES.redriveCount]: { N: String(Number.MAX_SAFE_INTEGER) } };
+    const one = { [VALUES.one]: { N: '1' } };
+    const zero = { [VALUES.zero]: { N: '0' } };
+    let held = false;
+    for (let attempt = 0; attempt < 1000; attempt++) {
+      if (await this.conditionalUpdate(lockName, holder, RELEASE_UPDATE, RELEASE_IF_NO_WAITERS_CONDITION, { ...one, ...zero, ...run })) return true;
+      const peeked = await this.conditionalUpdate(lockName, holder, PEEK_UPDATE, PEEK_CONDITION, { ...one, ...zero, ...run }, 'UPDATED_NEW');
+      if (!peeked) {
+        // Not held (any more), or the queue emptied meanwhile.
+        return !!(await this.conditionalUpdate(lockName, holder, RELEASE_UPDATE, RELEASE_STOPPED_RUN_CONDITION, { ...one, ...run })) || held;
+      }
+      const head = peeked[NEXT_WAITER]?.M ?? {};
+      const headId = head[WAITER_ID]?.S ?? '';
+      const fence = peeked[FENCING_TOKEN]?.N ?? '0';
+      const headValues = { [QUEUE_VALUES.headId]: { S: headId } };
+      let handedOff: Record<string, AttributeValue> | undefined;
+      try {
+        handedOff = await this.conditionalUpdate(lockName, holder, HAND_OFF_UPDATE, HAND_OFF_CONDITION, {
+          ...run,
+          ...headValues,
+          [VALUES.entry]: {
+            M: {
+              [HOLDER_ACQUIRED_AT]: { S: new Date().toISOString() },
+              [HOLDER_REDRIVE_COUNT]: { N: head[HOLDER_REDRIVE_COUNT]?.N ?? '0' },
+              [HOLDER_LEASE_SECONDS]: { N: head[HOLDER_LEASE_SECONDS]?.N ?? '0' },
+              [HOLDER_FENCING_TOKEN]: { N: fence },
+            },
+          },
+        }, 'NONE', headId);
+      } catch (e) {
+        if ((e as Error).name !== 'ValidationException') throw e;
+      }
+      if (!handedOff) {
+        // Served by someone else, or it holds a permit already (an entry from before): drop it, look again.
+        await this.conditionalUpdate(lockName, holder, DROP_HEAD_UPDATE, DROP_HEAD_CONDITION, headValues, 'NONE', headId);
+        continue;
+      }
+      held = true;
+      try {
+        const output = JSON.stringify({ fencingToken: Number(fence) });
+        await this.sfn.send(new SendTaskSuccessCommand({ taskToken: head[WAITER_TOKEN]?.S, output }));
+        return true;
+      } catch (e) {
+        const name = (e as Error).name;
+        if (!['TaskTimedOut', 'TaskDoesNotExist', 'InvalidToken'].includes(name)) {
+          // Not delivered: a lost wake-up, which the waiter finds when its wait times out.
+          return true;
+        }
+      }
+      // The waiter's task is gone: take the permit back (unless it claimed it meanwhile) and hand it on.
+      await this.conditionalUpdate(lockName, holder, TAKE_BACK_UPDATE, TAKE_BACK_CONDITION, {
+        [QUEUE_VALUES.fence]: { N: fence },
+        // A short lease: should this client stop before it hands the permit on, it expires soon.
+        [VALUES.entry]: {
+          M: { [HOLDER_ACQUIRED_AT]: { S: new Date().toISOString() }, [HOLDER_LEASE_EXPIRES_AT]: { N: String(Date.now() + 60_000) } },
+        },
+      }, 'NONE', headId);
+    }
+    return held;
   }
 
   /** Release every lease of the item that ended more than the skew ago; how many were freed. */
@@ -268,6 +358,7 @@ export class SemaphoreClient {
     condition: string,
     values: Record<string, AttributeValue>,
     returnValues: 'NONE' | 'UPDATED_NEW' = 'NONE',
+    head?: string,
   ): Promise<Record<string, AttributeValue> | undefined> {
     const expressions = `${update} ${condition}`;
     try {
@@ -278,9 +369,13 @@ export class SemaphoreClient {
           UpdateExpression: update,
           ConditionExpression: condition,
           ExpressionAttributeNames: {
-            [NAMES.holder]: holder,
+            ...(expressions.includes(NAMES.holder) ? { [NAMES.holder]: holder } : {}),
             ...(expressions.includes(NAMES.permits) ? { [NAMES.permits]: PERMITS_IN_USE } : {}),
             ...(expressions.includes(NAMES.limit) ? { [NAMES.limit]: CONCURRENCY_LIMIT } : {}),
+            ...(expressions.includes(NAMES.fence) ? { [NAMES.fence]: FENCING_TOKEN } : {}),
+            ...(expressions.includes(QUEUE_NAMES.waiters) ? { [QUEUE_NAMES.waiters]: WAITERS } : {}),
+            ...(expressions.includes(QUEUE_NAMES.next) ? { [QUEUE_NAMES.next]: NEXT_WAITER } : {}),
+            ...(head !== undefined && expressions.includes(QUEUE_NAMES.head) ? { [QUEUE_NAMES.head]: head } : {}),
           },
           ExpressionAttributeValues: values,
           ReturnValues: returnValues,
@@ -292,6 +387,10 @@ export class SemaphoreClient {
       throw e;
     }
   }
+}
+
+function numberOf(value: AttributeValue | undefined): number | undefined {
+  return value?.N === undefined ? undefined : Number(value.N);
 }
 
 /** The limit an acquire applies (the smaller of its own and the lock's) and the lock's, from the item or the updated attributes. */

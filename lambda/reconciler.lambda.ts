@@ -5,6 +5,7 @@ import {
   ACQUIRE_CONDITION,
   ACQUIRE_UPDATE,
   CONCURRENCY_LIMIT,
+  FENCING_TOKEN,
   HOLDER_ACQUIRED_AT,
   HOLDER_LEASE_EXPIRES_AT,
   HOLDER_LEASE_SECONDS,
@@ -244,7 +245,8 @@ async function reconcileHolder(
   }
 
   const leaseSeconds = entry[HOLDER_LEASE_SECONDS];
-  if (leaseSeconds === undefined) return undefined;
+  // 0 is no lease (an entry handed off from the queue always carries the field).
+  if (leaseSeconds === undefined || !(leaseSeconds > 0)) return undefined;
   const leaseEnd = Date.parse(entry[HOLDER_ACQUIRED_AT]) + leaseSeconds * 1000;
   // An entry this code cannot read is never a reason to stop a running execution.
   if (!Number.isFinite(leaseEnd) || now <= leaseEnd) return undefined;
@@ -376,6 +378,7 @@ async function conditionalUpdate(
           [NAMES.holder]: holder,
           ...(update.includes(NAMES.permits) ? { [NAMES.permits]: PERMITS_IN_USE } : {}),
           ...(update.includes(NAMES.limit) ? { [NAMES.limit]: CONCURRENCY_LIMIT } : {}),
+          ...(update.includes(NAMES.fence) ? { [NAMES.fence]: FENCING_TOKEN } : {}),
         },
         ExpressionAttributeValues: values,
       }),

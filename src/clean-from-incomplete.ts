@@ -6,8 +6,7 @@ import * as sfn from 'aws-cdk-lib/aws-stepfunctions';
 import * as tasks from 'aws-cdk-lib/aws-stepfunctions-tasks';
 import { Construct } from 'constructs';
 import { executionArnPattern } from './private/arns';
-import { CONDITIONAL_CHECK_FAILED, SERVER_ERRORS, THROTTLING_ERRORS, transientRetry } from './private/dynamodb-errors';
-import { releaseTask } from './private/lock-tasks';
+import { HANDOFF_PATH, handOffChain } from './private/queue-states';
 import { pathFromParsedInput, stringValue } from './private/runtime-value';
 import { stateMachineLogs } from './private/state-machine-defaults';
 import { validateLockName } from './private/validation';
@@ -161,19 +160,21 @@ export class CleanFromIncomplete extends Construct {
     const notHeld = new sfn.Succeed(this, 'Permit Not Held');
 
     // Which run of the execution stopped: a late or repeated event of a run before a redrive must not
-    // free the permit of the run after it.
-    const redriveCount = (path: string) => tasks.DynamoAttributeValue.numberFromString(sfn.JsonPath.jsonToString(sfn.JsonPath.objectAt(path)));
+    // free the permit of the run after it. A release that finds waiters hands the permit to the oldest.
     const release = (holderPath: string, lockNameValue: string, redriveCountPath: string) => {
-      const task = releaseTask(this, 'Release Permit Of Stopped Execution', {
-        table: props.table,
-        lockName: tasks.DynamoAttributeValue.fromString(lockNameValue),
-        holder: sfn.JsonPath.stringAt(holderPath),
-        stoppedRunRedriveCount: redriveCount(redriveCountPath),
+      const prepare = new sfn.Pass(this, 'Prepare Release Of Stopped Execution', {
+        parameters: { holder: sfn.JsonPath.stringAt(holderPath), redriveCount: sfn.JsonPath.numberAt(redriveCountPath) },
+        resultPath: HANDOFF_PATH,
       });
-      // Cleanup runs after the fact, so it can afford to outlast a long throttling episode.
-      task.addRetry({ ...transientRetry([...THROTTLING_ERRORS, ...SERVER_ERRORS]), maxAttempts: 20, maxDelay: Duration.seconds(30) });
-      task.addCatch(notHeld, { errors: [CONDITIONAL_CHECK_FAILED], resultPath: sfn.JsonPath.DISCARD });
-      return task;
+      prepare.next(
+        handOffChain(this, {
+          table: props.table,
+          lockName: tasks.DynamoAttributeValue.fromString(lockNameValue),
+          suffix: ' Of Stopped Execution',
+          alreadyReleased: notHeld,
+        }),
+      );
+      return prepare;
     };
 
     if (lockName.inputPath === undefined) {

@@ -19,12 +19,22 @@ import {
 } from './private/idempotency-states';
 import { MAX_LOCK_NAME_LENGTH } from './private/lock-schema';
 import { acquireTask, LockTaskProps, releaseTask } from './private/lock-tasks';
+import {
+  ENQUEUE_REFUSED,
+  ENQUEUE_UNCERTAIN,
+  fencingTokenTask,
+  HANDOFF_PATH,
+  handOffChain,
+  QUEUE_STATE,
+  waitInQueueTask,
+} from './private/queue-states';
 import { numberValue, pathFromExecutionInput, RuntimeValue, stringValue } from './private/runtime-value';
 import { stateMachineLogs } from './private/state-machine-defaults';
 import { STATE } from './private/state-names';
-import { validateConcurrencyLimit, validateLockName, validateWholeSeconds } from './private/validation';
+import { validateConcurrencyLimit, validateLockName, validatePermitPath, validateWholeSeconds } from './private/validation';
 import { SemaphoreReconciler } from './semaphore-reconciler';
 import { ISemaphoreTable, SemaphoreTable } from './semaphore-table';
+import { WaitStrategy } from './wait-strategy';
 
 /**
  * Properties of a `ConcurrencyControlledWorkflow`.
@@ -67,7 +77,44 @@ export interface ConcurrencyControlledWorkflowProps {
   readonly table?: ISemaphoreTable;
 
   /**
-   * How often a waiting execution tries again to take a permit.
+   * How an execution that finds the lock full waits for a permit.
+   *
+   * With `QUEUE`, it joins a first-in, first-out queue of waiters kept in the lock item and sleeps in
+   * a `.waitForTaskToken` task; a release that finds waiters hands its permit straight to the oldest
+   * and wakes it with `SendTaskSuccess`. Waiting then costs nothing, a freed permit is used at once
+   * and waiters are served in order. With `POLLING`, it tries again every `pollInterval`.
+   *
+   * Workflows sharing a lock may use different strategies: every release hands off to waiters.
+   *
+   * The queue is not yet the default: under some mixes of injected faults (lost wake-ups, slow
+   * DynamoDB calls with stops) the fault suite still finds waiters left sleeping; see the README.
+   *
+   * @default WaitStrategy.POLLING
+   */
+  readonly waitStrategy?: WaitStrategy;
+
+  /**
+   * With the queue, how long a waiter sleeps before it checks whether a permit was handed to it and
+   * the wake-up lost (the releaser stopped between the hand-off and `SendTaskSuccess`, or the call
+   * failed), or whether a permit is free that nobody handed over. It then takes the permit, or
+   * queues again at the back. Whole seconds, at least 1 second.
+   *
+   * @default Duration.minutes(5)
+   */
+  readonly queueCheckInterval?: Duration;
+
+  /**
+   * Where the body's input gets the permit, `{ "fencingToken": 17 }`: a number that strictly
+   * increases with every acquisition of the lock, to pass to systems that must reject a stale
+   * holder. The execution input must then be a JSON object; the field is set (or replaced) there.
+   *
+   * @default - the body's input is the execution input, unchanged
+   */
+  readonly permitPath?: string;
+
+  /**
+   * How often a waiting execution tries again to take a permit, with the `POLLING` strategy (and
+   * with the queue when it is full, or after a wait that timed out).
    *
    * The first wait is a random whole number of seconds from 1 to `pollInterval` (full jitter), so
    * executions started together do not poll together; after that the execution polls every
@@ -296,6 +343,15 @@ export class ConcurrencyControlledWorkflow extends Construct {
     if (props.acquireTimeout) {
       validateWholeSeconds('acquireTimeout', props.acquireTimeout, 1);
     }
+    const waitStrategy = props.waitStrategy ?? WaitStrategy.POLLING;
+    const queueCheckInterval = props.queueCheckInterval ?? Duration.minutes(5);
+    validateWholeSeconds('queueCheckInterval', queueCheckInterval, 1);
+    if (props.queueCheckInterval && waitStrategy !== WaitStrategy.QUEUE) {
+      Annotations.of(this).addWarning('queueCheckInterval is set but waitStrategy is not QUEUE: it has no effect');
+    }
+    if (props.permitPath !== undefined) {
+      validatePermitPath('permitPath', props.permitPath);
+    }
     if (props.acquireTimeout && props.timeout && props.acquireTimeout.toMilliseconds() >= props.timeout.toMilliseconds()) {
       Annotations.of(this).addWarning(
         `acquireTimeout (${props.acquireTimeout.toHumanString()}) is not shorter than the state machine timeout (${props.timeout.toHumanString()}): executions will time out before they give up waiting`,
@@ -319,6 +375,9 @@ export class ConcurrencyControlledWorkflow extends Construct {
       acquireTimeout: props.acquireTimeout,
       leaseSeconds,
       idempotency: idempotency?.states,
+      waitStrategy,
+      queueCheckInterval,
+      permitPath: props.permitPath,
     });
 
     const logOptions = stateMachineLogs(this, props.logs);
@@ -540,25 +599,20 @@ export class ConcurrencyControlledWorkflow extends Construct {
   /**
    * The definition:
    *
-   *   Acquire Permit ──ok──▶ Run Protected Body ──ok──▶ Release Permit
+   *   Acquire Permit ──ok──▶ Run Protected Body ──ok──▶ Release Permit (hands off to a waiter if any)
    *     │ lock full                │ error                  (body output is the execution output)
    *     ▼                          ▼
-   *   Wait For Permit ──▶ …      Release Permit After Failure ──▶ Fail With Original Error
+   *   Wait In Queue ──▶ …        Prepare Release After Failure ──▶ Release Permit After Failure ──▶ Fail
+   *   (or Wait For Permit: polling)
    *
-   * The uncontended path is three transitions and two writes. Everything a waiting execution keeps in
-   * its state data lives inside the "Wait For Permit" Parallel, whose result is discarded, so the body
-   * receives the execution input untouched.
+   * The uncontended path is three transitions and two writes. A waiter adds one transition and one
+   * write (the enqueue); a release that hands off adds three transitions, two writes and a call.
    */
   private renderDefinition(spec: DefinitionSpec): sfn.IChainable {
-    const lockTask: LockTaskProps = {
-      table: this.table,
-      lockName: tasks.DynamoAttributeValue.fromString(
-        spec.lockName.inputPath === undefined
-          ? spec.lockName.fixed!
-          : sfn.JsonPath.stringAt(pathFromExecutionInput(spec.lockName.inputPath)),
-      ),
-      holder: sfn.JsonPath.stringAt('$$.Execution.Id'),
-    };
+    const lockName = tasks.DynamoAttributeValue.fromString(
+      spec.lockName.inputPath === undefined ? spec.lockName.fixed! : sfn.JsonPath.stringAt(pathFromExecutionInput(spec.lockName.inputPath)),
+    );
+    const lockTask: LockTaskProps = { table: this.table, lockName, holder: sfn.JsonPath.stringAt('$$.Execution.Id') };
     const limit =
       spec.limit.inputPath === undefined
         ? tasks.DynamoAttributeValue.fromNumber(spec.limit.fixed!)
@@ -570,34 +624,61 @@ export class ConcurrencyControlledWorkflow extends Construct {
     // the body's output replaces, an error at `$.error`; the record is completed after the release.
     const idem = spec.idempotency;
     const errorPath = idem ? IDEMPOTENT_ERROR_PATH : '$';
+    // Where the body finds `{ fencingToken }`, in the state data before the body.
+    const permitPath = spec.permitPath && (idem ? `${IDEMPOTENT_INPUT_PATH}${spec.permitPath.slice(1)}` : spec.permitPath);
+    // The release reads its holder and run from the state data, so that it can also give back the
+    // permit of a waiter it could not wake.
+    const holderOfThisRun = {
+      holder: sfn.JsonPath.stringAt('$$.Execution.Id'),
+      redriveCount: sfn.JsonPath.numberAt('$$.Execution.RedriveCount'),
+    };
 
     // Failure path: give the permit back if we hold it, then fail with the error that brought us here.
     const failWithError = idem ? idem.markFailed : new sfn.Fail(this, STATE.failWithError, { errorPath: '$.Error', causePath: '$.Cause' });
-    const releaseAfterFailure = releaseTask(this, STATE.releaseAfterFailure, lockTask)
-      .addRetry(idempotentWriteRetry)
-      .addCatch(failWithError, { errors: [CONDITIONAL_CHECK_FAILED], resultPath: sfn.JsonPath.DISCARD })
-      .next(failWithError);
+    const releaseAfterFailure = new sfn.Pass(this, STATE.prepareReleaseAfterFailure, { parameters: holderOfThisRun, resultPath: HANDOFF_PATH });
+    releaseAfterFailure.next(handOffChain(this, { table: this.table, lockName, suffix: ' After Failure', next: failWithError }));
 
-    // Success path. The Parallel wraps the body's output in an array; `$[0]` unwraps it.
-    const release = releaseTask(this, STATE.release, lockTask)
-      .addRetry(idempotentWriteRetry)
-      // Already given back (for example by an operator): the body still succeeded.
-      .addCatch(idem ? idem.saveResult : new sfn.Succeed(this, STATE.alreadyReleased), {
-        errors: [CONDITIONAL_CHECK_FAILED],
-        resultPath: sfn.JsonPath.DISCARD,
-      });
+    // Success path. The Parallel wraps the body's output in an array: `$[0]` unwraps it.
+    let runBody: sfn.Parallel;
     if (idem) {
-      release.next(idem.saveResult);
+      runBody = new sfn.Parallel(this, STATE.runBody, { inputPath: IDEMPOTENT_INPUT_PATH, resultPath: IDEMPOTENT_OUTPUT_PATH });
+      runBody.next(
+        new sfn.Pass(this, STATE.prepareRelease, { parameters: holderOfThisRun, resultPath: HANDOFF_PATH }).next(
+          handOffChain(this, { table: this.table, lockName, suffix: '', next: idem.saveResult, alreadyReleased: idem.saveResult }),
+        ),
+      );
+    } else {
+      // The output and the release's holder in one object, without a state of its own.
+      runBody = new sfn.Parallel(this, STATE.runBody, {
+        resultSelector: { output: sfn.JsonPath.objectAt('$[0]'), handoff: holderOfThisRun },
+      });
+      runBody.next(handOffChain(this, { table: this.table, lockName, suffix: '', outputPath: '$.output' }));
     }
-    const runBody = new sfn.Parallel(this, STATE.runBody, idem ? { inputPath: IDEMPOTENT_INPUT_PATH, resultPath: IDEMPOTENT_OUTPUT_PATH } : { outputPath: '$[0]' })
+    runBody
       .branch(spec.body)
       // resultPath '$': the failure path needs only the error, and the lock name comes from the context.
       .addCatch(releaseAfterFailure, { errors: [sfn.Errors.ALL], resultPath: errorPath });
-    runBody.next(release);
 
-    const waitForPermit = this.renderWaitForPermit(spec, lockTask, limit, runBody)
-      .addCatch(releaseAfterFailure, { errors: [sfn.Errors.ALL], resultPath: errorPath })
-      .next(runBody);
+    // A permit taken inside a Parallel (whose result is discarded) reads its fencing token after it.
+    // (Only where a Parallel takes the permit: polling, or the queue with an acquire timeout.)
+    let toBody: sfn.State = runBody;
+    if (permitPath && (spec.waitStrategy === WaitStrategy.POLLING || spec.acquireTimeout !== undefined)) {
+      toBody = fencingTokenTask(this, QUEUE_STATE.readFencingToken, { table: this.table, lockName, permitPath }).addCatch(releaseAfterFailure, {
+        errors: [sfn.Errors.ALL],
+        resultPath: errorPath,
+      });
+      (toBody as sfn.TaskStateBase).next(runBody);
+    }
+
+    let waitForPermit: sfn.State;
+    if (spec.waitStrategy === WaitStrategy.QUEUE) {
+      waitForPermit = this.renderQueueWait(spec, lockTask, limit, runBody, toBody, releaseAfterFailure, errorPath, permitPath);
+    } else {
+      const polling = this.renderWaitForPermit(spec, lockTask, limit, toBody);
+      polling.addCatch(releaseAfterFailure, { errors: [sfn.Errors.ALL], resultPath: errorPath });
+      polling.next(toBody);
+      waitForPermit = polling;
+    }
 
     // A server error leaves it open whether the write landed. Retrying would then fail on our own
     // holder entry and wait forever, so give back whatever we may hold and wait for a permit instead.
@@ -606,7 +687,7 @@ export class ConcurrencyControlledWorkflow extends Construct {
       .addCatch(waitForPermit, { errors: [CONDITIONAL_CHECK_FAILED], resultPath: sfn.JsonPath.DISCARD })
       .next(waitForPermit);
 
-    const acquire = acquireTask(this, STATE.acquire, { ...lockTask, limit, leaseSeconds: spec.leaseSeconds })
+    const acquire = acquireTask(this, STATE.acquire, { ...lockTask, limit, leaseSeconds: spec.leaseSeconds, permitPath })
       .addRetry(transientRetry(THROTTLING_ERRORS))
       .addCatch(waitForPermit, { errors: [CONDITIONAL_CHECK_FAILED], resultPath: sfn.JsonPath.DISCARD })
       .addCatch(undoAcquire, { errors: SERVER_ERRORS, resultPath: sfn.JsonPath.DISCARD })
@@ -632,7 +713,87 @@ export class ConcurrencyControlledWorkflow extends Construct {
   }
 
   /**
-   * The contended path, a Parallel whose result is discarded:
+   * The queue: "Wait In Queue" enqueues and sleeps until woken with the permit. When the queue refuses
+   * (a permit came free, or the queue is full) or the wait times out (was the wake-up lost?), the
+   * execution checks for a handed-off permit, tries once to take one, and otherwise queues again
+   * after `pollInterval`:
+   *
+   *   Wait In Queue ─woken─▶ body
+   *     │ refused, or timed out
+   *     ▼
+   *   Check Handed-Off Permit ─yes─▶ body
+   *     │ no
+   *     ▼
+   *   Poll For Permit ─yes─▶ body
+   *     │ full
+   *     ▼
+   *   Wait Before Next Poll ─▶ Wait In Queue
+   *
+   * With an `acquireTimeout`, these states run in the "Wait For Permit" Parallel beside a timer, as
+   * the polling states do.
+   */
+  private renderQueueWait(
+    spec: DefinitionSpec,
+    lockTask: LockTaskProps,
+    limit: tasks.DynamoAttributeValue,
+    runBody: sfn.State,
+    toBody: sfn.State,
+    releaseAfterFailure: sfn.State,
+    errorPath: string,
+    permitPath: string | undefined,
+  ): sfn.State {
+    const inParallel = spec.acquireTimeout !== undefined;
+    // In the Parallel, success ends the branch with the marker error; the fencing token is read after it.
+    const acquired: sfn.State = inParallel
+      ? new sfn.Fail(this, STATE.permitAcquired, { error: PERMIT_ACQUIRED, cause: 'Not an error: ends the Parallel early so that the body can start' })
+      : runBody;
+    const ownPermitPath = inParallel ? undefined : permitPath;
+    const onError = <T extends sfn.TaskStateBase>(task: T): T =>
+      (inParallel ? task : task.addCatch(releaseAfterFailure, { errors: [sfn.Errors.ALL], resultPath: errorPath })) as T;
+
+    const waitInQueue = waitInQueueTask(this, {
+      table: this.table,
+      lockName: lockTask.lockName,
+      limit,
+      leaseSeconds: spec.leaseSeconds ?? 0,
+      checkInterval: spec.queueCheckInterval,
+      permitPath: ownPermitPath,
+    });
+    const nextWait = new sfn.Wait(this, STATE.nextWait, { time: sfn.WaitTime.duration(spec.pollInterval) }).next(waitInQueue);
+    const undoPoll = releaseTask(this, STATE.undoPoll, lockTask)
+      .addRetry(transientRetry([...THROTTLING_ERRORS, ...SERVER_ERRORS]))
+      .addCatch(nextWait, { errors: [CONDITIONAL_CHECK_FAILED], resultPath: sfn.JsonPath.DISCARD })
+      .next(nextWait);
+    const poll = acquireTask(this, STATE.poll, { ...lockTask, limit, leaseSeconds: spec.leaseSeconds, permitPath: ownPermitPath })
+      .addRetry(transientRetry(THROTTLING_ERRORS))
+      .addCatch(nextWait, { errors: [CONDITIONAL_CHECK_FAILED], resultPath: sfn.JsonPath.DISCARD })
+      .addCatch(undoPoll, { errors: SERVER_ERRORS, resultPath: sfn.JsonPath.DISCARD });
+    onError(poll).next(acquired);
+    const check = fencingTokenTask(this, QUEUE_STATE.checkHandedOff, { table: this.table, lockName: lockTask.lockName, permitPath: ownPermitPath })
+      .addCatch(poll, { errors: [CONDITIONAL_CHECK_FAILED], resultPath: sfn.JsonPath.DISCARD });
+    onError(check).next(acquired);
+    // Refused: the lock has a free permit, the queue is full, or this execution already holds a
+    // permit (handed over while it was not waiting: after a lost wake-up, or to an older entry of it).
+    waitInQueue.addCatch(check, { errors: [...ENQUEUE_REFUSED, ...ENQUEUE_UNCERTAIN], resultPath: sfn.JsonPath.DISCARD });
+    onError(waitInQueue).next(acquired);
+
+    if (!inParallel) {
+      return waitInQueue;
+    }
+    const timer = new sfn.Wait(this, STATE.acquireTimer, { time: sfn.WaitTime.duration(spec.acquireTimeout!) }).next(
+      new sfn.Fail(this, STATE.acquireTimedOut, {
+        error: ConcurrencyControlledWorkflow.ACQUIRE_TIMEOUT_ERROR,
+        cause: `No permit became free within the acquire timeout of ${spec.acquireTimeout!.toHumanString()}`,
+      }),
+    );
+    return new sfn.Parallel(this, STATE.waitForPermit, { resultPath: sfn.JsonPath.DISCARD })
+      .branch(waitInQueue, timer)
+      .addCatch(toBody, { errors: [PERMIT_ACQUIRED], resultPath: sfn.JsonPath.DISCARD })
+      .addCatch(releaseAfterFailure, { errors: [sfn.Errors.ALL], resultPath: errorPath });
+  }
+
+  /**
+   * The polling wait, a Parallel whose result is discarded:
    *
    *   Draw Poll Delay → Wait Before First Poll → Poll For Permit ⇄ Wait Before Next Poll
    *
@@ -644,7 +805,7 @@ export class ConcurrencyControlledWorkflow extends Construct {
     spec: DefinitionSpec,
     lockTask: LockTaskProps,
     limit: tasks.DynamoAttributeValue,
-    runBody: sfn.State,
+    toBody: sfn.State,
   ): sfn.Parallel {
     const waitForPermit = new sfn.Parallel(this, STATE.waitForPermit, { resultPath: sfn.JsonPath.DISCARD });
 
@@ -686,7 +847,7 @@ export class ConcurrencyControlledWorkflow extends Construct {
     );
     return waitForPermit
       .branch(polling, timer)
-      .addCatch(runBody, {
+      .addCatch(toBody, {
         errors: [PERMIT_ACQUIRED],
         resultPath: sfn.JsonPath.DISCARD,
       });
@@ -705,6 +866,9 @@ interface DefinitionSpec {
   readonly acquireTimeout?: Duration;
   readonly leaseSeconds?: number;
   readonly idempotency?: IdempotencyStates;
+  readonly waitStrategy: WaitStrategy;
+  readonly queueCheckInterval: Duration;
+  readonly permitPath?: string;
 }
 
 /** The construct path, or a unique name of the right length when the path is too long. */

@@ -159,7 +159,7 @@ async function until(condition: () => Promise<boolean>, what: string, timeoutMs 
 
 /**
  * A DynamoDB endpoint in front of dynalite that drops the connection of renewals (`SET holder.leaseExpiresAt`)
- * or releases (`REMOVE holder`, conditional on the holder alone) while told to, as a network that is down.
+ * or releases (`REMOVE holder`, conditional on the holder) while told to, as a network that is down.
  */
 class FaultyProxy {
   public static async start(target: string): Promise<FaultyProxy> {
@@ -181,7 +181,7 @@ class FaultyProxy {
         const call = String(req.headers['x-amz-target']).endsWith('.UpdateItem') ? (JSON.parse(body.toString()) as Record<string, string>) : {};
         const kind = call.UpdateExpression?.startsWith('SET #holder.leaseExpiresAt')
           ? 'renew'
-          : call.UpdateExpression?.includes('REMOVE #holder') && call.ConditionExpression === 'attribute_exists(#holder)'
+          : call.UpdateExpression?.includes('REMOVE #holder') && call.ConditionExpression?.startsWith('attribute_exists(#holder)')
             ? 'release'
             : undefined;
         if (kind && this.fail[kind]) {

@@ -4,7 +4,7 @@ import * as iam from 'aws-cdk-lib/aws-iam';
 import * as kms from 'aws-cdk-lib/aws-kms';
 import * as logs from 'aws-cdk-lib/aws-logs';
 import * as sfn from 'aws-cdk-lib/aws-stepfunctions';
-import { ConcurrencyControlledWorkflow, ConcurrencyControlledWorkflowProps, SemaphoreTable } from '../src';
+import { ConcurrencyControlledWorkflow, ConcurrencyControlledWorkflowProps, SemaphoreTable, WaitStrategy } from '../src';
 import { logicalId } from './helpers';
 
 function newStack() {
@@ -116,8 +116,8 @@ describe('definition', () => {
       Parameters: {
         Key: { lockName: { S: 'db-migrations' } },
         ConditionExpression: '(attribute_not_exists(#permits) OR #permits < :limit) AND attribute_not_exists(#holder)',
-        UpdateExpression: 'SET #permits = if_not_exists(#permits, :zero) + :one, #holder = :entry, #limit = :limit',
-        ExpressionAttributeNames: { '#permits': 'permitsInUse', '#holder.$': '$$.Execution.Id', '#limit': 'concurrencyLimit' },
+        UpdateExpression: 'SET #permits = if_not_exists(#permits, :zero) + :one, #holder = :entry, #limit = :limit, #fence = if_not_exists(#fence, :zero) + :one',
+        ExpressionAttributeNames: { '#permits': 'permitsInUse', '#holder.$': '$$.Execution.Id', '#limit': 'concurrencyLimit', '#fence': 'fencingToken' },
         ExpressionAttributeValues: {
           ':limit': { N: '3' },
           ':entry': { M: { acquiredAt: { 'S.$': '$$.State.EnteredTime' } } },
@@ -136,28 +136,75 @@ describe('definition', () => {
       { ErrorEquals: ['DynamoDB.ConditionalCheckFailedException'], ResultPath: null, Next: 'Wait For Permit' },
       { ErrorEquals: ['DynamoDB.InternalServerErrorException'], ResultPath: null, Next: 'Undo Uncertain Acquire' },
     ]);
+    // The body's output and the release's holder in one object, without a state of their own.
     expect(def.States['Run Protected Body']).toMatchObject({
       Type: 'Parallel',
-      OutputPath: '$[0]',
+      ResultSelector: { 'output.$': '$[0]', 'handoff': { 'holder.$': '$$.Execution.Id', 'redriveCount.$': '$$.Execution.RedriveCount' } },
       Next: 'Release Permit',
-      Catch: [{ ErrorEquals: ['States.ALL'], ResultPath: '$', Next: 'Release Permit After Failure' }],
+      Catch: [{ ErrorEquals: ['States.ALL'], ResultPath: '$', Next: 'Prepare Release After Failure' }],
     });
     expect(def.States['Run Protected Body'].Branches[0].StartAt).toBe('Work');
+    // Nobody waiting: one conditional write gives the permit back and ends the execution with the body's output.
+    expect(def.States['Release Permit']).toMatchObject({
+      OutputPath: '$.output',
+      End: true,
+      Catch: [{ ErrorEquals: ['DynamoDB.ConditionalCheckFailedException'], ResultPath: null, Next: 'Peek At Next Waiter' }],
+    });
     expect(def.States['Release Permit'].Parameters).toMatchObject({
-      ConditionExpression: 'attribute_exists(#holder)',
+      ConditionExpression: expect.stringContaining('AND (attribute_not_exists(#waiters) OR size(#waiters) = :zero)'),
       UpdateExpression: 'SET #permits = #permits - :one REMOVE #holder',
+      ExpressionAttributeNames: { '#holder.$': '$.handoff.holder' },
+    });
+    // Waiters: the permit moves to the oldest, which is woken with its fencing token.
+    expect(def.States['Peek At Next Waiter']).toMatchObject({ Next: 'Hand Off Permit', ResultPath: '$.handoff.next' });
+    expect(def.States['Hand Off Permit'].Parameters.UpdateExpression).toBe('SET #head = :entry REMOVE #holder, #waiters[0]');
+    expect(def.States['Wake Next Waiter']).toMatchObject({
+      Resource: expect.stringContaining(':states:::aws-sdk:sfn:sendTaskSuccess'),
+      OutputPath: '$.output',
+      Catch: [
+        { ErrorEquals: ['Sfn.TaskTimedOutException', 'Sfn.TaskDoesNotExistException', 'Sfn.InvalidTokenException'], ResultPath: null, Next: 'Take Back Permit' },
+        { ErrorEquals: ['States.ALL'], ResultPath: null, Next: 'Wake-Up Lost' },
+      ],
     });
     expect(def.States['Fail With Original Error']).toEqual({ Type: 'Fail', ErrorPath: '$.Error', CausePath: '$.Cause' });
   });
 
-  test('waits a jittered first delay, then polls every pollInterval', () => {
-    const { stack, workflow: w } = workflow({ pollInterval: Duration.seconds(7) });
+  test('polling: waits a jittered first delay, then polls every pollInterval', () => {
+    const { stack, workflow: w } = workflow({ pollInterval: Duration.seconds(7), waitStrategy: WaitStrategy.POLLING });
     const branch = definitionOf(stack, w.stateMachine).States['Wait For Permit'].Branches[0];
 
     expect(branch.States['Draw Poll Delay'].Parameters).toEqual({ 'delaySeconds.$': 'States.MathRandom(1, 8)' });
     expect(branch.States['Wait Before First Poll']).toMatchObject({ SecondsPath: '$.delaySeconds', Next: 'Poll For Permit' });
     expect(branch.States['Wait Before Next Poll']).toMatchObject({ Seconds: 7, Next: 'Poll For Permit' });
     expect(branch.States['Poll For Permit'].End).toBe(true);
+  });
+
+  test('queue: enqueues with its task token while the lock is full, and checks for a lost wake-up after queueCheckInterval', () => {
+    const props = { waitStrategy: WaitStrategy.QUEUE, queueCheckInterval: Duration.minutes(2), leaseDuration: Duration.minutes(30) };
+    const { stack, workflow: w } = workflow(props);
+    const def = definitionOf(stack, w.stateMachine);
+    const wait = def.States['Wait In Queue'];
+
+    expect(wait).toMatchObject({
+      Resource: expect.stringContaining(':states:::aws-sdk:dynamodb:updateItem.waitForTaskToken'),
+      TimeoutSeconds: 120,
+      Next: 'Run Protected Body',
+      Parameters: {
+        UpdateExpression: 'SET #waiters = list_append(if_not_exists(#waiters, :emptyList), :me)',
+        ConditionExpression: expect.stringContaining('#permits >= :limit AND attribute_not_exists(#holder)'),
+      },
+    });
+    const me = wait.Parameters.ExpressionAttributeValues[':me'].L[0].M;
+    expect(me).toMatchObject({ id: { 'S.$': '$$.Execution.Id' }, token: { 'S.$': '$$.Task.Token' }, leaseSeconds: { N: '1800' } });
+    expect(wait.Catch[0]).toMatchObject({ ErrorEquals: ['DynamoDb.ConditionalCheckFailedException', 'DynamoDb.InternalServerErrorException', 'States.Timeout'], Next: 'Check Handed-Off Permit' });
+    expect(def.States['Check Handed-Off Permit'].Catch[0]).toMatchObject({ Next: 'Poll For Permit' });
+    expect(def.States['Poll For Permit'].Catch[0]).toMatchObject({ Next: 'Wait Before Next Poll' });
+    expect(def.States['Wait Before Next Poll'].Next).toBe('Wait In Queue');
+  });
+
+  test('rejects a permitPath that is not a field path', () => {
+    expect(() => workflow({ permitPath: 'permit' })).toThrow(/`permitPath` must be a JSONPath of a field .* got: 'permit'/);
+    expect(() => workflow({ permitPath: '$' })).toThrow(/`permitPath`/);
   });
 
   test('reads a runtime lock name and limit from the execution input', () => {
@@ -184,6 +231,7 @@ describe('definition', () => {
     const wait = definitionOf(stack, w.stateMachine).States['Wait For Permit'];
 
     expect(wait.Branches).toHaveLength(2);
+    expect(wait.Branches[0].StartAt).toBe('Draw Poll Delay');
     expect(wait.Branches[1].States['Wait Until Acquire Timeout']).toMatchObject({ Seconds: 120 });
     expect(wait.Branches[1].States['Acquire Timed Out']).toMatchObject({ Type: 'Fail', Error: 'SemaphoreAcquireTimeout' });
     expect(wait.Catch[0]).toEqual({ ErrorEquals: ['SemaphorePermitAcquired'], ResultPath: null, Next: 'Run Protected Body' });
@@ -221,17 +269,27 @@ describe('cleanup', () => {
     const { stack, workflow: w } = workflow({ lockName: 'fixed' });
     const def = definitionOf(stack, w.cleanupStateMachine);
 
-    expect(def.StartAt).toBe('Release Permit Of Stopped Execution');
+    expect(def.StartAt).toBe('Prepare Release Of Stopped Execution');
+    expect(def.States['Prepare Release Of Stopped Execution']).toMatchObject({
+      Parameters: { 'holder.$': '$.detail.executionArn', 'redriveCount.$': '$.detail.redriveCount' },
+      ResultPath: '$.handoff',
+      Next: 'Release Permit Of Stopped Execution',
+    });
     expect(def.States['Release Permit Of Stopped Execution']).toMatchObject({
       Parameters: {
         Key: { lockName: { S: 'fixed' } },
-        // Only a permit taken by the run that stopped (or an earlier one), not by a later redrive.
-        ConditionExpression: 'attribute_exists(#holder) AND (attribute_not_exists(#holder.redriveCount) OR #holder.redriveCount <= :redriveCount)',
-        ExpressionAttributeNames: { '#holder.$': '$.detail.executionArn' },
-        ExpressionAttributeValues: { ':one': { N: '1' }, ':redriveCount': { 'N.$': 'States.JsonToString($.detail.redriveCount)' } },
+        // Only a permit taken by the run that stopped (or an earlier one), not by a later redrive; and
+        // only while nobody waits (else it is handed to the oldest waiter).
+        ConditionExpression:
+          'attribute_exists(#holder) AND (attribute_not_exists(#holder.redriveCount) OR #holder.redriveCount <= :redriveCount) AND (attribute_not_exists(#waiters) OR size(#waiters) = :zero)',
+        ExpressionAttributeNames: { '#holder.$': '$.handoff.holder' },
+        ExpressionAttributeValues: { ':one': { N: '1' }, ':redriveCount': { 'N.$': 'States.JsonToString($.handoff.redriveCount)' } },
       },
-      Catch: [{ ErrorEquals: ['DynamoDB.ConditionalCheckFailedException'], Next: 'Permit Not Held', ResultPath: null }],
+      Catch: [{ ErrorEquals: ['DynamoDB.ConditionalCheckFailedException'], Next: 'Peek At Next Waiter Of Stopped Execution', ResultPath: null }],
     });
+    expect(def.States['Release Permit Without Hand-Off Of Stopped Execution'].Catch).toEqual([
+      { ErrorEquals: ['DynamoDB.ConditionalCheckFailedException'], Next: 'Permit Not Held', ResultPath: null },
+    ]);
   });
 
   test('reads a runtime lock name from the event, or from DescribeExecution when the input is not in it', () => {
@@ -422,7 +480,7 @@ describe('reconciler, leases and metrics', () => {
 });
 
 describe('least privilege', () => {
-  test('the workflow may only UpdateItem, on its table', () => {
+  test('the workflow may only UpdateItem, on its table, and wake waiters (SendTaskSuccess)', () => {
     const { template, workflow: w } = workflow();
     const tableId = logicalId(w.table.table.node.defaultChild as any);
 
@@ -437,7 +495,10 @@ describe('least privilege', () => {
       },
     ]);
     const actions = policyStatements(template, 'WorkflowStateMachineRole').flatMap((s) => [s.Action].flat());
-    expect(actions.filter((a) => !a.startsWith('xray:') && !a.startsWith('logs:'))).toEqual(['dynamodb:UpdateItem']);
+    expect(actions.filter((a) => !a.startsWith('xray:') && !a.startsWith('logs:')).sort()).toEqual(['dynamodb:UpdateItem', 'states:SendTaskSuccess']);
+    // Waiters of a shared lock can be executions of any workflow: state machines of this account and Region.
+    const wake = policyStatements(template, 'WorkflowStateMachineRole').find((s) => s.Action === 'states:SendTaskSuccess');
+    expect(JSON.stringify(wake.Resource)).toMatch(/:stateMachine:\*"\]\]\}$/);
   });
 
   test('the cleanup may only UpdateItem on the table, and DescribeExecution on this workflow when the lock name is in the input', () => {
@@ -445,7 +506,7 @@ describe('least privilege', () => {
     const fixedActions = policyStatements(fixed.template, 'WorkflowCleanupStateMachineRole')
       .flatMap((s) => [s.Action].flat())
       .filter((a) => !a.startsWith('xray:') && !a.startsWith('logs:'));
-    expect(fixedActions).toEqual(['dynamodb:UpdateItem']);
+    expect(fixedActions.sort()).toEqual(['dynamodb:UpdateItem', 'states:SendTaskSuccess']);
 
     const runtime = workflow({ lockName: sfn.JsonPath.stringAt('$.tenant') });
     const statements = policyStatements(runtime.template, 'WorkflowCleanupStateMachineRole');
@@ -454,6 +515,7 @@ describe('least privilege', () => {
     expect(statements.flatMap((s) => [s.Action].flat()).filter((a) => !a.startsWith('xray:') && !a.startsWith('logs:')).sort()).toEqual([
       'dynamodb:UpdateItem',
       'states:DescribeExecution',
+      'states:SendTaskSuccess',
     ]);
   });
 

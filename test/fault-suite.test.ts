@@ -1,5 +1,7 @@
+import { Duration } from 'aws-cdk-lib';
 import { demoSubject } from '../demo/run';
 import { brokenInvariants, runScenario, ScenarioOptions } from '../simulator';
+import { WaitStrategy } from '../src';
 
 /*
  * The fault suite: the demo's workflow under mixes of injected faults, over several seeds. After each
@@ -49,22 +51,36 @@ describe.each(MIXES)('%s', (_name, mix) => {
   });
 });
 
-test('the late-acquire race happens, and the reconciler frees what it leaked', async () => {
+/*
+ * The queue wait strategy under the mixes it passes so far. Not yet under all of them: with lost
+ * wake-ups, or stops while slow DynamoDB calls are in flight, some waiters are still sleeping at the
+ * horizon (see the README); the queue becomes the default once it passes the whole suite.
+ */
+const QUEUE_MIXES = MIXES.filter(([name]) => /stops at random|lost events/.test(name));
+describe.each(QUEUE_MIXES)('queue: %s', (_name, mix) => {
+  test.each([11, 12])('seed %i: every invariant holds', async (seed) => {
+    const subject = demoSubject(LIMIT, { waitStrategy: WaitStrategy.QUEUE, queueCheckInterval: Duration.seconds(60) });
+    const result = await runScenario(subject, { ...BASE, ...mix, seed });
+
+    expect(brokenInvariants(result, LIMIT)).toEqual([]);
+    expect(result.maxInside).toBe(LIMIT);
+    expect(result.succeeded + result.failed + result.aborted).toBe(BASE.executions);
+  });
+});
+
+test('stops while acquires are on their way (the late-acquire race) leave nothing held', async () => {
   // A permit for everyone, so that every stop while an acquire write is on its way can leak: the
-  // write lands after the execution's cleanup found nothing to free.
+  // write lands after the execution's cleanup looked. (The cleanup looks three times when it finds
+  // nothing, so this is rare; the reconciler test makes it happen on purpose.)
   const executions = BASE.executions;
-  const results = [];
-  for (const seed of [21, 22, 23]) {
+  for (const seed of [21, 22]) {
     // One at a time: simulators share the process's environment and clock patches.
     // The ideal drain is one work time (10 s); calls up to 6 s late need a later horizon than 4 of it.
-    const options = { ...BASE, limit: executions, abortAcquiringRate: 0.2, dynamoFaults: { maxLatencySeconds: 6 }, seed, horizonFactor: 30 };
-    results.push(await runScenario(demoSubject(executions), options));
-  }
-  for (const result of results) {
+    const options = { ...BASE, limit: executions, abortAcquiringRate: 0.3, dynamoFaults: { maxLatencySeconds: 6 }, seed, horizonFactor: 30 };
+    const result = await runScenario(demoSubject(executions), options);
     expect(brokenInvariants(result, executions)).toEqual([]);
     expect(result.aborted).toBeGreaterThan(0);
   }
-  expect(results.reduce((n, r) => n + r.reclaimedByReconciler, 0)).toBeGreaterThan(0);
 });
 
 test('the suite catches a leak: without the reconciler, lost status events leave permits held', async () => {

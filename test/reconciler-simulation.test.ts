@@ -1,6 +1,8 @@
+import { UpdateItemCommand } from '@aws-sdk/client-dynamodb';
 import { CfnElement, Duration } from 'aws-cdk-lib';
 import { LockMonitor, seededRandom, Simulator } from '../simulator';
 import { lockState, logicalId, stateMachineLogicalId, statuses, WorkTracker, workflowStack } from './helpers';
+import { ACQUIRE_CONDITION, ACQUIRE_UPDATE, CONCURRENCY_LIMIT, FENCING_TOKEN, LOCK_KEY, NAMES, PERMITS_IN_USE, VALUES } from '../src/private/lock-schema';
 
 /*
  * The reconciler, run from its bundled code in the simulator against the synthesized workflow: it
@@ -57,7 +59,31 @@ test('aborts during acquire (the late-acquire race) never leak after a reconcile
     await sim.idle();
     const [before] = await lockState(sim);
     expect(statuses(executions)).toEqual({ ABORTED: 40 });
-    expect(before.permitsInUse).toBeGreaterThan(0); // acquires that landed after their cleanup
+    // The cleanup looks three times (release, look for a waiter, release without one), so an acquire
+    // rarely lands after all three; make sure one does: the write of a stopped execution, after its cleanup.
+    const late = executions.find((e) => !before.holders.includes(e.arn))!;
+    await sim.db.client.send(
+      new UpdateItemCommand({
+        TableName: sim.tableName('WorkflowLockTable'),
+        Key: { [LOCK_KEY]: { S: 'TestStack/Workflow' } },
+        UpdateExpression: ACQUIRE_UPDATE,
+        ConditionExpression: ACQUIRE_CONDITION,
+        ExpressionAttributeNames: {
+          [NAMES.permits]: PERMITS_IN_USE,
+          [NAMES.holder]: late.arn,
+          [NAMES.limit]: CONCURRENCY_LIMIT,
+          [NAMES.fence]: FENCING_TOKEN,
+        },
+        ExpressionAttributeValues: {
+          [VALUES.zero]: { N: '0' },
+          [VALUES.one]: { N: '1' },
+          [VALUES.limit]: { N: '40' },
+          [VALUES.entry]: { M: { acquiredAt: { S: new Date().toISOString() }, redriveCount: { N: '0' } } },
+        },
+      }),
+    );
+    const [leaked] = await lockState(sim);
+    expect(leaked.permitsInUse).toBe(before.permitsInUse + 1);
 
     await sweep(sim);
 
@@ -216,10 +242,10 @@ describe('redrive guard', () => {
     let slow = true;
     const sim = await Simulator.start(stack, {
       lambdaHandlers: { [workFunctionId]: work.handler },
-      // The first acquire's write lands 10 s late: after its execution was stopped and cleaned up.
+      // The first acquire's write lands 60 s late: after its execution was stopped and cleaned up.
       taskHandlers: {
         'Acquire Permit': async (input, { simulator }) => {
-          if (slow) await simulator.sleep(10);
+          if (slow) await simulator.sleep(60);
           return simulator.dynamo.run('arn:aws:states:::dynamodb:updateItem', input);
         },
       },
@@ -229,7 +255,7 @@ describe('redrive guard', () => {
       const execution = sim.startExecution(sm, { seconds: 5 }, { name: 'late' });
       await sim.sleep(1);
       execution.abort('Test.Stop', 'stopped while acquiring');
-      await sim.sleep(15);
+      await sim.sleep(70);
       expect(execution.status).toBe('ABORTED');
       // The leak: a permit held by a stopped execution, which no event will free.
       expect(await lockState(sim)).toEqual([{ lockName: 'TestStack/Workflow', permitsInUse: 1, holders: [execution.arn] }]);

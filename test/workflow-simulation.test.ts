@@ -2,7 +2,7 @@ import { App, CfnElement, Duration, Stack } from 'aws-cdk-lib';
 import * as lambda from 'aws-cdk-lib/aws-lambda';
 import * as sfn from 'aws-cdk-lib/aws-stepfunctions';
 import * as tasks from 'aws-cdk-lib/aws-stepfunctions-tasks';
-import { ConcurrencyControlledWorkflow, SemaphoreTable } from '../src';
+import { ConcurrencyControlledWorkflow, SemaphoreTable, WaitStrategy } from '../src';
 import { lockState, logicalId, stateMachineLogicalId, statuses, WorkTracker, workflowStack } from './helpers';
 import { Execution, LockMonitor, seededRandom, Simulator, SimulatorOptions } from '../simulator';
 
@@ -97,9 +97,9 @@ describe('one execution', () => {
   });
 });
 
-describe('100 executions at limit 5, 10% body failures, 10% aborts inside the body', () => {
+describe.each([WaitStrategy.POLLING, WaitStrategy.QUEUE])('%s: 100 executions at limit 5, 10% body failures, 10% aborts inside the body', (waitStrategy) => {
   test.each([1, 2])('seed %i: never more than 5 inside, every failure explained, no permit left', async (seed) => {
-    const { stack, workflow, workFunctionId } = workflowStack({ concurrencyLimit: 5 });
+    const { stack, workflow, workFunctionId } = workflowStack({ concurrencyLimit: 5, waitStrategy });
     const random = seededRandom(seed);
     const inputs = Array.from({ length: 100 }, (_, i) => {
       const r = random();
@@ -165,8 +165,8 @@ test('5% DynamoDB throttling fails no execution', async () => {
   });
 });
 
-test('server errors after the write landed neither leak a permit nor leave an execution waiting for itself', async () => {
-  const { stack, workflow, workFunctionId } = workflowStack({ concurrencyLimit: 3 });
+test.each([WaitStrategy.POLLING, WaitStrategy.QUEUE])('%s: server errors after the write landed neither leak a permit nor leave an execution waiting for itself', async (waitStrategy) => {
+  const { stack, workflow, workFunctionId } = workflowStack({ concurrencyLimit: 3, waitStrategy });
   const work = new WorkTracker(() => 10);
   // 30%: so that some of the ~30 successful acquires surely get the error, whatever order the draws come in.
   const options = { seed: 4, dynamoFaults: { serverErrorAfterWriteRate: 0.3 }, lambdaHandlers: { [workFunctionId]: work.handler } };
@@ -357,5 +357,87 @@ test('a duplicated status-change event never frees a permit twice', async () => 
     expect(work.inside).toBe(2);
     await Promise.all(holders.map((h) => h.done));
     expect(await lockState(sim)).toEqual([{ lockName: 'TestStack/Workflow', permitsInUse: 0, holders: [] }]);
+  });
+});
+
+describe('the queue', () => {
+  test('waiters are admitted in arrival order, each woken with a fencing token that strictly increases', async () => {
+    const { stack, workflow, workFunctionId } = workflowStack({ concurrencyLimit: 1, waitStrategy: WaitStrategy.QUEUE, permitPath: '$.permit' });
+    const tokens: Array<[string, number]> = [];
+    const work = new WorkTracker(() => 10);
+    const tracked = async (input: any, context: any) => {
+      tokens.push([context.execution.name, input.permit.fencingToken]);
+      return work.handler(input, context);
+    };
+    await simulate(stack, { lambdaHandlers: { [workFunctionId]: tracked } }, async (sim) => {
+      const sm = sim.stateMachine(stateMachineLogicalId(workflow.stateMachine));
+      // One at a time, a second apart, so that the arrival order is known.
+      const executions: Execution[] = [];
+      for (let i = 0; i < 6; i++) {
+        executions.push(sim.startExecution(sm, { i }, { name: `e${i}` }));
+        await sim.sleep(1);
+      }
+      await Promise.all(executions.map((e) => e.done));
+      await sim.idle();
+
+      expect(statuses(executions)).toEqual({ SUCCEEDED: 6 });
+      expect(tokens.map(([name]) => name)).toEqual(['e0', 'e1', 'e2', 'e3', 'e4', 'e5']);
+      const fences = tokens.map(([, token]) => token);
+      expect(fences.every((t, i) => i === 0 || t > fences[i - 1])).toBe(true);
+      // Waiters slept: no polls; each was woken by the release before it.
+      expect(executions.filter((e) => e.stateTransitions.has('Poll For Permit'))).toEqual([]);
+      expect(executions.slice(1).every((e) => e.stateTransitions.get('Wait In Queue') === 1)).toBe(true);
+      expect(executions.slice(0, 5).every((e) => e.stateTransitions.get('Wake Next Waiter') === 1)).toBe(true);
+      expect(await lockState(sim)).toEqual([{ lockName: 'TestStack/Workflow', permitsInUse: 0, holders: [] }]);
+    });
+  });
+
+  test('lost wake-ups: every waiter finds its handed-off permit when its wait times out, and nothing leaks', async () => {
+    const props = { concurrencyLimit: 2, waitStrategy: WaitStrategy.QUEUE, queueCheckInterval: Duration.seconds(30) };
+    const { stack, workflow, workFunctionId } = workflowStack(props);
+    const work = new WorkTracker(() => 5);
+    await simulate(stack, { lostWakeUpRate: 1, lambdaHandlers: { [workFunctionId]: work.handler } }, async (sim) => {
+      const monitor = new LockMonitor(sim, 'WorkflowLockTable', () => 2).start();
+      const sm = sim.stateMachine(stateMachineLogicalId(workflow.stateMachine));
+      const executions = Array.from({ length: 8 }, (_, i) => sim.startExecution(sm, { i }));
+      await Promise.all(executions.map((e) => e.done));
+      await sim.idle();
+      await monitor.stop();
+
+      expect(statuses(executions)).toEqual({ SUCCEEDED: 8 });
+      expect(sim.lostWakeUps).toBeGreaterThan(0);
+      expect(work.maxInside).toBe(2);
+      expect(monitor.violations).toEqual([]);
+      // The waiters whose wake-up was lost found their permit by the check after the timeout.
+      expect(executions.filter((e) => e.stateTransitions.has('Check Handed-Off Permit')).length).toBeGreaterThan(0);
+      // A permit handed to a stale entry (one an execution left when its wait timed out and it queued
+      // again) whose wake-up is lost stays with an execution that has ended: the reconciler's next
+      // run frees it, as it frees any holder that is no longer running.
+      await sim.fireScheduledRules();
+      await sim.idle();
+      expect(await lockState(sim)).toEqual([{ lockName: 'TestStack/Workflow', permitsInUse: 0, holders: [] }]);
+    });
+  });
+
+  test('a waiter stopped while queued: its permit is taken back and handed to the next', async () => {
+    const { stack, workflow, workFunctionId } = workflowStack({ concurrencyLimit: 1, waitStrategy: WaitStrategy.QUEUE });
+    const work = new WorkTracker(() => 10);
+    await simulate(stack, { lambdaHandlers: { [workFunctionId]: work.handler } }, async (sim) => {
+      const sm = sim.stateMachine(stateMachineLogicalId(workflow.stateMachine));
+      const first = sim.startExecution(sm, {}, { name: 'first' });
+      await sim.sleep(1);
+      const gone = sim.startExecution(sm, {}, { name: 'gone' });
+      await sim.sleep(1);
+      const next = sim.startExecution(sm, {}, { name: 'next' });
+      await sim.sleep(1);
+      gone.abort('Test.Stop', 'stopped while queued');
+      await Promise.all([first.done, gone.done, next.done]);
+      await sim.idle();
+
+      expect([first.status, gone.status, next.status]).toEqual(['SUCCEEDED', 'ABORTED', 'SUCCEEDED']);
+      expect(first.stateTransitions.get('Take Back Permit')).toBe(1);
+      expect(work.byExecution.has(gone.arn)).toBe(false);
+      expect(await lockState(sim)).toEqual([{ lockName: 'TestStack/Workflow', permitsInUse: 0, holders: [] }]);
+    });
   });
 });

@@ -56,6 +56,7 @@ export const NAMES = {
   permits: '#permits',
   holder: '#holder',
   limit: '#limit',
+  fence: '#fence',
 } as const;
 
 /** Expression attribute values used by every expression below. */
@@ -70,11 +71,18 @@ export const VALUES = {
 } as const;
 
 /**
+ * The lock's fencing counter (type N): one more on every acquisition, hand-offs from the queue
+ * included, so that the number an acquisition returns strictly increases per lock. A downstream
+ * system that remembers the highest number it has seen can reject a write from a stale holder.
+ */
+export const FENCING_TOKEN = 'fencingToken';
+
+/**
  * Acquire: one conditional write both checks and takes a permit. `<` rather than `<>`, so that a lowered
  * limit never opens the gate; `attribute_not_exists(holder)` so that one holder never counts twice.
  */
 export const ACQUIRE_CONDITION = `(attribute_not_exists(${NAMES.permits}) OR ${NAMES.permits} < ${VALUES.limit}) AND attribute_not_exists(${NAMES.holder})`;
-export const ACQUIRE_UPDATE = `SET ${NAMES.permits} = if_not_exists(${NAMES.permits}, ${VALUES.zero}) + ${VALUES.one}, ${NAMES.holder} = ${VALUES.entry}, ${NAMES.limit} = ${VALUES.limit}`;
+export const ACQUIRE_UPDATE = `SET ${NAMES.permits} = if_not_exists(${NAMES.permits}, ${VALUES.zero}) + ${VALUES.one}, ${NAMES.holder} = ${VALUES.entry}, ${NAMES.limit} = ${VALUES.limit}, ${NAMES.fence} = if_not_exists(${NAMES.fence}, ${VALUES.zero}) + ${VALUES.one}`;
 
 /**
  * Acquire by a client (the CLI, scripts): as ACQUIRE_CONDITION, and also below the limit stored on the
@@ -83,7 +91,7 @@ export const ACQUIRE_UPDATE = `SET ${NAMES.permits} = if_not_exists(${NAMES.perm
  * that has none yet; workflows keep writing theirs on every acquire.
  */
 export const CLIENT_ACQUIRE_CONDITION = `(attribute_not_exists(${NAMES.permits}) OR (${NAMES.permits} < ${VALUES.limit} AND (attribute_not_exists(${NAMES.limit}) OR ${NAMES.permits} < ${NAMES.limit}))) AND attribute_not_exists(${NAMES.holder})`;
-export const CLIENT_ACQUIRE_UPDATE = `SET ${NAMES.permits} = if_not_exists(${NAMES.permits}, ${VALUES.zero}) + ${VALUES.one}, ${NAMES.holder} = ${VALUES.entry}, ${NAMES.limit} = if_not_exists(${NAMES.limit}, ${VALUES.limit})`;
+export const CLIENT_ACQUIRE_UPDATE = `SET ${NAMES.permits} = if_not_exists(${NAMES.permits}, ${VALUES.zero}) + ${VALUES.one}, ${NAMES.holder} = ${VALUES.entry}, ${NAMES.limit} = if_not_exists(${NAMES.limit}, ${VALUES.limit}), ${NAMES.fence} = if_not_exists(${NAMES.fence}, ${VALUES.zero}) + ${VALUES.one}`;
 
 /**
  * Release: the mirror image, conditional on the holder entry, which makes release and every cleanup
@@ -126,3 +134,105 @@ export const RENEW_UPDATE = `SET ${NAMES.holder}.${HOLDER_ACQUIRED_AT} = ${VALUE
 
 /** Longest lock name we accept; far below DynamoDB's 2,048-byte partition key limit. */
 export const MAX_LOCK_NAME_LENGTH = 255;
+
+/*
+ * The queue of waiters (the `queue` wait strategy). An execution that finds the lock full appends
+ * itself to the item's `waiters` list, in the same conditional write that checks the lock is still
+ * full, and sleeps in a `.waitForTaskToken` task. A release that finds waiters does not give the
+ * permit back: it hands it to the oldest waiter (the holder entry moves, the count stays) and wakes
+ * it with SendTaskSuccess. Newcomers can only take a permit that is really free, so while the queue
+ * works nobody barges in ahead of a waiter.
+ */
+
+/** The waiters, oldest first (type L of M): { id: S, token: S, redriveCount: N, leaseSeconds: N (0: none) }. */
+export const WAITERS = 'waiters';
+/** Field of a waiter: its execution ARN. */
+export const WAITER_ID = 'id';
+/** Field of a waiter: the task token of its waiting task. */
+export const WAITER_TOKEN = 'token';
+/**
+ * A copy of the queue's head that a releaser writes in the same update that reads it back (type M,
+ * no `acquiredAt`, so never mistaken for a holder). Concurrent releasers overwrite it; each has its
+ * own copy in its update's response.
+ */
+export const NEXT_WAITER = 'nextWaiter';
+/** Field of a holder entry that came from the queue: the fencing token it was handed. */
+export const HOLDER_FENCING_TOKEN = 'fencingToken';
+/**
+ * Field of a holder entry that came from the queue, set when its execution found it without being
+ * woken: from then on the releaser that handed it over no longer takes it back.
+ */
+export const HOLDER_CLAIMED = 'claimed';
+/**
+ * Most waiters one lock queues. An entry takes up to about 2.3 KB (a task token is up to 2,048
+ * characters) and the item at most 400 KB; an execution that finds the queue full polls instead.
+ */
+export const MAX_WAITERS = 100;
+
+/** Expression attribute names of the queue's expressions (with NAMES). */
+export const QUEUE_NAMES = {
+  waiters: '#waiters',
+  next: '#next',
+  head: '#head',
+} as const;
+
+/** Expression attribute values of the queue's expressions (with VALUES). */
+export const QUEUE_VALUES = {
+  emptyList: ':emptyList',
+  me: ':me',
+  maxWaiters: ':maxWaiters',
+  headId: ':headId',
+  fence: ':fence',
+  claimed: ':claimed',
+} as const;
+
+const NO_WAITERS = `(attribute_not_exists(${QUEUE_NAMES.waiters}) OR size(${QUEUE_NAMES.waiters}) = ${VALUES.zero})`;
+
+/**
+ * Enqueue: append a waiter only while the lock is full (so a release that races the enqueue either
+ * sees the waiter and hands it the permit, or frees a permit that makes this condition fail and the
+ * waiter try again), the execution holds nothing, and the queue has room.
+ */
+export const ENQUEUE_CONDITION = `${NAMES.permits} >= ${VALUES.limit} AND attribute_not_exists(${NAMES.holder}) AND (attribute_not_exists(${QUEUE_NAMES.waiters}) OR size(${QUEUE_NAMES.waiters}) < ${QUEUE_VALUES.maxWaiters})`;
+export const ENQUEUE_UPDATE = `SET ${QUEUE_NAMES.waiters} = list_append(if_not_exists(${QUEUE_NAMES.waiters}, ${QUEUE_VALUES.emptyList}), ${QUEUE_VALUES.me})`;
+
+/** Release when nobody waits: RELEASE_STOPPED_RUN_CONDITION and an empty queue. */
+export const RELEASE_IF_NO_WAITERS_CONDITION = `${RELEASE_STOPPED_RUN_CONDITION} AND ${NO_WAITERS}`;
+
+/** Read the queue's head (and draw its fencing token) while still holding the permit to hand it. */
+export const PEEK_CONDITION = `${RELEASE_STOPPED_RUN_CONDITION} AND size(${QUEUE_NAMES.waiters}) > ${VALUES.zero}`;
+export const PEEK_UPDATE = `SET ${QUEUE_NAMES.next} = ${QUEUE_NAMES.waiters}[0], ${NAMES.fence} = if_not_exists(${NAMES.fence}, ${VALUES.zero}) + ${VALUES.one}`;
+
+/**
+ * Hand off: the holder entry moves from the releaser to the head, which leaves the queue; the count
+ * stays. Conditional on the head being the one read (another releaser may have served it) and not
+ * holding a permit already (a waiter that re-queued after its wait timed out).
+ */
+export const HAND_OFF_CONDITION = `${RELEASE_STOPPED_RUN_CONDITION} AND ${QUEUE_NAMES.waiters}[0].id = ${QUEUE_VALUES.headId} AND attribute_not_exists(${QUEUE_NAMES.head})`;
+export const HAND_OFF_UPDATE = `SET ${QUEUE_NAMES.head} = ${VALUES.entry} REMOVE ${NAMES.holder}, ${QUEUE_NAMES.waiters}[0]`;
+
+/** Drop a queue head that already holds a permit (a stale entry of a waiter that re-queued). */
+export const DROP_HEAD_CONDITION = `${QUEUE_NAMES.waiters}[0].id = ${QUEUE_VALUES.headId} AND attribute_exists(${QUEUE_NAMES.head})`;
+export const DROP_HEAD_UPDATE = `REMOVE ${QUEUE_NAMES.waiters}[0]`;
+
+/**
+ * After a server error on the hand-off: did it land? The fencing token drawn for it is unique, so the
+ * head's entry carries it if and only if it did.
+ */
+export const CONFIRM_HAND_OFF_CONDITION = `${QUEUE_NAMES.head}.${HOLDER_FENCING_TOKEN} = ${QUEUE_VALUES.fence}`;
+export const CONFIRM_HAND_OFF_UPDATE = `SET ${NAMES.fence} = ${NAMES.fence}`;
+
+/**
+ * Take back a permit handed to a waiter that could not be woken (its token is closed): the entry
+ * moves back to the releaser, which then hands it on. Only the very entry it wrote, and only if the
+ * waiter has not claimed it meanwhile (CHECK_HANDED_OFF_UPDATE).
+ */
+export const TAKE_BACK_CONDITION = `${QUEUE_NAMES.head}.${HOLDER_FENCING_TOKEN} = ${QUEUE_VALUES.fence} AND attribute_not_exists(${QUEUE_NAMES.head}.${HOLDER_CLAIMED}) AND attribute_not_exists(${NAMES.holder})`;
+export const TAKE_BACK_UPDATE = `SET ${NAMES.holder} = ${VALUES.entry} REMOVE ${QUEUE_NAMES.head}`;
+
+/**
+ * A waiter whose wait timed out or was refused checks whether a permit was handed to it (its wake-up
+ * was lost), claims it so that the releaser no longer takes it back, and draws a fresh fencing token.
+ */
+export const CHECK_HANDED_OFF_CONDITION = RELEASE_CONDITION;
+export const CHECK_HANDED_OFF_UPDATE = `SET ${NAMES.fence} = if_not_exists(${NAMES.fence}, ${VALUES.zero}) + ${VALUES.one}, ${NAMES.holder}.${HOLDER_CLAIMED} = ${QUEUE_VALUES.claimed}`;

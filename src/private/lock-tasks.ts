@@ -5,6 +5,7 @@ import {
   ACQUIRE_CONDITION,
   ACQUIRE_UPDATE,
   CONCURRENCY_LIMIT,
+  FENCING_TOKEN,
   HOLDER_ACQUIRED_AT,
   HOLDER_LEASE_SECONDS,
   HOLDER_REDRIVE_COUNT,
@@ -33,6 +34,8 @@ export interface AcquireTaskProps extends LockTaskProps {
   readonly limit: tasks.DynamoAttributeValue;
   /** How long the holder may keep the permit before the reconciler stops it. @default - no lease */
   readonly leaseSeconds?: number;
+  /** Where `{ fencingToken }` goes in the state data. @default - nowhere: the state data passes through */
+  readonly permitPath?: string;
 }
 
 /**
@@ -45,7 +48,12 @@ export function acquireTask(scope: Construct, id: string, props: AcquireTaskProp
     key: { [LOCK_KEY]: props.lockName },
     conditionExpression: ACQUIRE_CONDITION,
     updateExpression: ACQUIRE_UPDATE,
-    expressionAttributeNames: { [NAMES.permits]: PERMITS_IN_USE, [NAMES.holder]: props.holder, [NAMES.limit]: CONCURRENCY_LIMIT },
+    expressionAttributeNames: {
+      [NAMES.permits]: PERMITS_IN_USE,
+      [NAMES.holder]: props.holder,
+      [NAMES.limit]: CONCURRENCY_LIMIT,
+      [NAMES.fence]: FENCING_TOKEN,
+    },
     expressionAttributeValues: {
       [VALUES.zero]: tasks.DynamoAttributeValue.fromNumber(0),
       [VALUES.one]: tasks.DynamoAttributeValue.fromNumber(1),
@@ -56,8 +64,14 @@ export function acquireTask(scope: Construct, id: string, props: AcquireTaskProp
         ...(props.leaseSeconds === undefined ? {} : { [HOLDER_LEASE_SECONDS]: tasks.DynamoAttributeValue.fromNumber(props.leaseSeconds) }),
       }),
     },
-    // The write's response carries nothing we need; the state data passes through unchanged.
-    resultPath: sfn.JsonPath.DISCARD,
+    // Without a permit path the write's response carries nothing we need; the state data passes through unchanged.
+    ...(props.permitPath
+      ? {
+        returnValues: tasks.DynamoReturnValues.UPDATED_NEW,
+        resultSelector: { fencingToken: sfn.JsonPath.stringToJson(sfn.JsonPath.stringAt(`$.Attributes.${FENCING_TOKEN}.N`)) },
+        resultPath: props.permitPath,
+      }
+      : { resultPath: sfn.JsonPath.DISCARD }),
   });
 }
 

@@ -22,6 +22,31 @@ export const STATE = {
   alreadyReleased: 'Permit Already Released',
   releaseAfterFailure: 'Release Permit After Failure',
   failWithError: 'Fail With Original Error',
+  prepareRelease: 'Prepare Release',
+  prepareReleaseAfterFailure: 'Prepare Release After Failure',
+
+  // The queue (wait strategy QUEUE).
+  waitInQueue: 'Wait In Queue',
+  checkHandedOff: 'Check Handed-Off Permit',
+  readFencingToken: 'Read Fencing Token',
+
+  // Releases that hand the permit to a waiter (also with the suffix ' After Failure').
+  releaseWithoutHandOff: 'Release Permit Without Hand-Off',
+  peekAtNextWaiter: 'Peek At Next Waiter',
+  handOff: 'Hand Off Permit',
+  dropServedWaiter: 'Drop Served Waiter',
+  wakeNextWaiter: 'Wake Next Waiter',
+  confirmHandOff: 'Confirm Hand-Off',
+  takeBackPermit: 'Take Back Permit',
+  wakeUpLost: 'Wake-Up Lost',
+  releaseWithoutHandOffAfterFailure: 'Release Permit Without Hand-Off After Failure',
+  peekAtNextWaiterAfterFailure: 'Peek At Next Waiter After Failure',
+  handOffAfterFailure: 'Hand Off Permit After Failure',
+  dropServedWaiterAfterFailure: 'Drop Served Waiter After Failure',
+  wakeNextWaiterAfterFailure: 'Wake Next Waiter After Failure',
+  confirmHandOffAfterFailure: 'Confirm Hand-Off After Failure',
+  takeBackPermitAfterFailure: 'Take Back Permit After Failure',
+  wakeUpLostAfterFailure: 'Wake-Up Lost After Failure',
 
   // Idempotency (before the permit is taken, and after it is given back).
   computeKey: 'Compute Idempotency Key',
@@ -61,6 +86,9 @@ export const BEFORE_BODY_STATES: string[] = [
   STATE.permitAcquired,
   STATE.acquireTimer,
   STATE.acquireTimedOut,
+  STATE.waitInQueue,
+  STATE.checkHandedOff,
+  STATE.readFencingToken,
   STATE.computeKey,
   STATE.claimRecord,
   STATE.readRecord,

@@ -60,3 +60,10 @@ export function validateFieldPaths(prop: string, paths: string[]): void {
 function abbreviate(s: string): string {
   return s.length > 40 ? `${s.slice(0, 37)}...` : s;
 }
+
+/** A JSONPath of a field in the state data (`$.permit`), for a result to be put there. */
+export function validatePermitPath(prop: string, path: string): void {
+  if (Token.isUnresolved(path) || !/^\$(\.[A-Za-z_][A-Za-z0-9_]*)+$/.test(path)) {
+    throw new Error(`\`${prop}\` must be a JSONPath of a field made of \`.name\` steps after \`$\` (for example \`$.permit\`), got: '${path}'`);
+  }
+}

@@ -1,0 +1,400 @@
+import { Duration, Stack, ArnFormat } from 'aws-cdk-lib';
+import * as sfn from 'aws-cdk-lib/aws-stepfunctions';
+import * as tasks from 'aws-cdk-lib/aws-stepfunctions-tasks';
+import { Construct } from 'constructs';
+import { CONDITIONAL_CHECK_FAILED, SERVER_ERRORS, THROTTLING_ERRORS, transientRetry } from './dynamodb-errors';
+import {
+  CHECK_HANDED_OFF_CONDITION,
+  CHECK_HANDED_OFF_UPDATE,
+  CONFIRM_HAND_OFF_CONDITION,
+  CONFIRM_HAND_OFF_UPDATE,
+  DROP_HEAD_CONDITION,
+  DROP_HEAD_UPDATE,
+  ENQUEUE_CONDITION,
+  ENQUEUE_UPDATE,
+  FENCING_TOKEN,
+  HAND_OFF_CONDITION,
+  HAND_OFF_UPDATE,
+  HOLDER_ACQUIRED_AT,
+  HOLDER_FENCING_TOKEN,
+  HOLDER_LEASE_SECONDS,
+  HOLDER_REDRIVE_COUNT,
+  LOCK_KEY,
+  MAX_WAITERS,
+  NAMES,
+  NEXT_WAITER,
+  PEEK_CONDITION,
+  PEEK_UPDATE,
+  PERMITS_IN_USE,
+  QUEUE_NAMES,
+  QUEUE_VALUES,
+  RELEASE_IF_NO_WAITERS_CONDITION,
+  RELEASE_STOPPED_RUN_CONDITION,
+  RELEASE_UPDATE,
+  TAKE_BACK_CONDITION,
+  TAKE_BACK_UPDATE,
+  VALUES,
+  WAITER_ID,
+  WAITER_TOKEN,
+  WAITERS,
+} from './lock-schema';
+import { STATE } from './state-names';
+import { ISemaphoreTable } from '../semaphore-table';
+
+/*
+ * The states of the queue wait strategy: a waiter that sleeps in a `.waitForTaskToken` task, and the
+ * release that hands a permit to the oldest waiter and wakes it. See lock-schema.ts for the item.
+ *
+ * Waiter:   Acquire Permit ─full─▶ Wait In Queue ──woken──▶ (body)
+ *                                    │ timed out: was the wake-up lost?
+ *                                    ▼
+ *                                  Check Handed-Off Permit ─no─▶ Poll For Permit ─full─▶ Wait Before Next Poll ─▶ Wait In Queue
+ *
+ * Release:  Release Permit (only if nobody waits) ─waiters─▶ Peek At Next Waiter ─▶ Hand Off Permit ─▶ Wake Next Waiter
+ *           A waiter that cannot be woken (its token is closed: it stopped, or its wait timed out
+ *           and it queued again) gets its permit taken back and passed on, by the same states.
+ */
+
+/** DynamoDB errors of the AWS SDK integration (`DynamoDb.` prefix), which the enqueue task uses. */
+const SDK_CONDITIONAL_CHECK_FAILED = 'DynamoDb.ConditionalCheckFailedException';
+const SDK_THROTTLING_ERRORS = THROTTLING_ERRORS.map((e) => e.replace(/^DynamoDB\./, 'DynamoDb.'));
+const SDK_SERVER_ERRORS = SERVER_ERRORS.map((e) => e.replace(/^DynamoDB\./, 'DynamoDb.'));
+
+/**
+ * Errors of SendTaskSuccess with a token whose task no longer waits (AWS SDK integration names,
+ * `Sfn.<Exception>`): TaskTimedOut for a closed token, TaskDoesNotExist, InvalidToken.
+ * @see https://docs.aws.amazon.com/step-functions/latest/apireference/API_SendTaskSuccess.html
+ */
+export const TOKEN_GONE_ERRORS = ['Sfn.TaskTimedOutException', 'Sfn.TaskDoesNotExistException', 'Sfn.InvalidTokenException'];
+
+/** A request DynamoDB rejects as invalid (optimized integration name). */
+const VALIDATION_ERROR = 'DynamoDB.AmazonDynamoDBException';
+
+/** Where the release states keep their scratch data (the state data must be an object). */
+export const HANDOFF_PATH = '$.handoff';
+
+/** Names of the release states, with a suffix per use ('' for the success path; see state-names.ts). */
+export function releaseStateNames(suffix: string) {
+  return {
+    release: `${STATE.release}${suffix}`,
+    releaseWithoutHandOff: `${STATE.releaseWithoutHandOff}${suffix}`,
+    peek: `${STATE.peekAtNextWaiter}${suffix}`,
+    handOff: `${STATE.handOff}${suffix}`,
+    dropHead: `${STATE.dropServedWaiter}${suffix}`,
+    wake: `${STATE.wakeNextWaiter}${suffix}`,
+    takeBack: `${STATE.takeBackPermit}${suffix}`,
+    confirmHandOff: `${STATE.confirmHandOff}${suffix}`,
+    wakeUpLost: `${STATE.wakeUpLost}${suffix}`,
+    alreadyReleased: `${STATE.alreadyReleased}${suffix}`,
+  };
+}
+
+export interface HandOffProps {
+  readonly table: ISemaphoreTable;
+  readonly lockName: tasks.DynamoAttributeValue;
+  /** Appended to every state name, so that several uses fit in one state machine. */
+  readonly suffix: string;
+  /**
+   * Where the chain goes when the permit is given back or handed off. @default - it ends the
+   * execution, with `outputPath`
+   */
+  readonly next?: sfn.IChainable;
+  /** Output of the execution when the chain ends it. @default '$' */
+  readonly outputPath?: string;
+  /** Whether a permit that was no longer held ends in a Succeed state of its own (else as `next`). */
+  readonly alreadyReleased?: sfn.IChainable;
+}
+
+/**
+ * The release of the queue strategy, for the holder at `$.handoff.holder` (run `$.handoff.redriveCount`).
+ *
+ * Nobody waiting, it is one conditional write, as without a queue. With waiters, it reads the head
+ * (drawing its fencing token), moves the holder entry to it, and wakes it: three writes and a call.
+ */
+export function handOffChain(scope: Construct, props: HandOffProps): sfn.State {
+  const names = releaseStateNames(props.suffix);
+  const table = props.table.table;
+  const holder = sfn.JsonPath.stringAt(`${HANDOFF_PATH}.holder`);
+  const redriveCount = tasks.DynamoAttributeValue.numberFromString(sfn.JsonPath.jsonToString(sfn.JsonPath.objectAt(`${HANDOFF_PATH}.redriveCount`)));
+  const key = { [LOCK_KEY]: props.lockName };
+  const retry = transientRetry([...THROTTLING_ERRORS, ...SERVER_ERRORS]);
+  const end = <T extends sfn.INextable & sfn.State>(state: T): T => {
+    if (props.next) state.next(props.next);
+    return state;
+  };
+  const endProps = props.next ? {} : { outputPath: props.outputPath };
+
+  const alreadyReleased = props.alreadyReleased ?? props.next ?? new sfn.Succeed(scope, names.alreadyReleased, { outputPath: props.outputPath });
+
+  const releaseWithoutHandOff = end(
+    new tasks.DynamoUpdateItem(scope, names.releaseWithoutHandOff, {
+      table,
+      key,
+      conditionExpression: RELEASE_STOPPED_RUN_CONDITION,
+      updateExpression: RELEASE_UPDATE,
+      expressionAttributeNames: { [NAMES.permits]: PERMITS_IN_USE, [NAMES.holder]: holder },
+      expressionAttributeValues: { [VALUES.one]: tasks.DynamoAttributeValue.fromNumber(1), [VALUES.redriveCount]: redriveCount },
+      resultPath: sfn.JsonPath.DISCARD,
+      ...endProps,
+    })
+      .addRetry(retry)
+      .addCatch(alreadyReleased, { errors: [CONDITIONAL_CHECK_FAILED], resultPath: sfn.JsonPath.DISCARD }),
+  );
+
+  const release = end(
+    new tasks.DynamoUpdateItem(scope, names.release, {
+      table,
+      key,
+      conditionExpression: RELEASE_IF_NO_WAITERS_CONDITION,
+      updateExpression: RELEASE_UPDATE,
+      expressionAttributeNames: { [NAMES.permits]: PERMITS_IN_USE, [NAMES.holder]: holder, [QUEUE_NAMES.waiters]: WAITERS },
+      expressionAttributeValues: {
+        [VALUES.one]: tasks.DynamoAttributeValue.fromNumber(1),
+        [VALUES.zero]: tasks.DynamoAttributeValue.fromNumber(0),
+        [VALUES.redriveCount]: redriveCount,
+      },
+      resultPath: sfn.JsonPath.DISCARD,
+      ...endProps,
+    }).addRetry(retry),
+  );
+
+  // The head as strings (DynamoDB numbers are strings), and what its wake-up will say.
+  const next = `$.Attributes.${NEXT_WAITER}.M`;
+  const peek = new tasks.DynamoUpdateItem(scope, names.peek, {
+    table,
+    key,
+    conditionExpression: PEEK_CONDITION,
+    updateExpression: PEEK_UPDATE,
+    expressionAttributeNames: {
+      [NAMES.holder]: holder,
+      [QUEUE_NAMES.waiters]: WAITERS,
+      [QUEUE_NAMES.next]: NEXT_WAITER,
+      [NAMES.fence]: FENCING_TOKEN,
+    },
+    expressionAttributeValues: {
+      [VALUES.zero]: tasks.DynamoAttributeValue.fromNumber(0),
+      [VALUES.one]: tasks.DynamoAttributeValue.fromNumber(1),
+      [VALUES.redriveCount]: redriveCount,
+    },
+    returnValues: tasks.DynamoReturnValues.UPDATED_NEW,
+    resultSelector: {
+      id: sfn.JsonPath.stringAt(`${next}.${WAITER_ID}.S`),
+      token: sfn.JsonPath.stringAt(`${next}.${WAITER_TOKEN}.S`),
+      redriveCount: sfn.JsonPath.stringAt(`${next}.${HOLDER_REDRIVE_COUNT}.N`),
+      leaseSeconds: sfn.JsonPath.stringAt(`${next}.${HOLDER_LEASE_SECONDS}.N`),
+      fencingToken: sfn.JsonPath.stringAt(`$.Attributes.${FENCING_TOKEN}.N`),
+      wake: { fencingToken: sfn.JsonPath.stringToJson(sfn.JsonPath.stringAt(`$.Attributes.${FENCING_TOKEN}.N`)) },
+    },
+    resultPath: `${HANDOFF_PATH}.next`,
+  })
+    .addRetry(retry)
+    // No permit to hand (released by someone else), or no waiter left (served by another releaser).
+    .addCatch(releaseWithoutHandOff, { errors: [CONDITIONAL_CHECK_FAILED], resultPath: sfn.JsonPath.DISCARD });
+  release.addCatch(peek, { errors: [CONDITIONAL_CHECK_FAILED], resultPath: sfn.JsonPath.DISCARD });
+
+  const headId = sfn.JsonPath.stringAt(`${HANDOFF_PATH}.next.id`);
+  const dropHead = new tasks.DynamoUpdateItem(scope, names.dropHead, {
+    table,
+    key,
+    conditionExpression: DROP_HEAD_CONDITION,
+    updateExpression: DROP_HEAD_UPDATE,
+    expressionAttributeNames: { [QUEUE_NAMES.waiters]: WAITERS, [QUEUE_NAMES.head]: headId },
+    expressionAttributeValues: { [QUEUE_VALUES.headId]: tasks.DynamoAttributeValue.fromString(headId) },
+    resultPath: sfn.JsonPath.DISCARD,
+  })
+    .addRetry(retry)
+    .addCatch(release, { errors: [CONDITIONAL_CHECK_FAILED], resultPath: sfn.JsonPath.DISCARD })
+    .next(release);
+
+  const fence = tasks.DynamoAttributeValue.numberFromString(sfn.JsonPath.stringAt(`${HANDOFF_PATH}.next.fencingToken`));
+  const handOff = new tasks.DynamoUpdateItem(scope, names.handOff, {
+    table,
+    key,
+    conditionExpression: HAND_OFF_CONDITION,
+    updateExpression: HAND_OFF_UPDATE,
+    expressionAttributeNames: { [NAMES.holder]: holder, [QUEUE_NAMES.waiters]: WAITERS, [QUEUE_NAMES.head]: headId },
+    expressionAttributeValues: {
+      [VALUES.redriveCount]: redriveCount,
+      [QUEUE_VALUES.headId]: tasks.DynamoAttributeValue.fromString(headId),
+      [VALUES.entry]: tasks.DynamoAttributeValue.fromMap({
+        [HOLDER_ACQUIRED_AT]: tasks.DynamoAttributeValue.fromString(sfn.JsonPath.stringAt('$$.State.EnteredTime')),
+        [HOLDER_REDRIVE_COUNT]: tasks.DynamoAttributeValue.numberFromString(sfn.JsonPath.stringAt(`${HANDOFF_PATH}.next.redriveCount`)),
+        [HOLDER_LEASE_SECONDS]: tasks.DynamoAttributeValue.numberFromString(sfn.JsonPath.stringAt(`${HANDOFF_PATH}.next.leaseSeconds`)),
+        [HOLDER_FENCING_TOKEN]: fence,
+      }),
+    },
+    resultPath: sfn.JsonPath.DISCARD,
+  })
+    // A retry after a write that landed would fail its condition and lose the wake-up: server errors
+    // are confirmed instead (below).
+    .addRetry(transientRetry(THROTTLING_ERRORS))
+    // The head was served by another releaser, or already holds a permit, or ours is gone: look again.
+    // The head can be the releaser itself (an entry from before it got its permit by polling): then
+    // DynamoDB rejects the update (its two paths overlap) and the entry is dropped the same way.
+    .addCatch(dropHead, { errors: [CONDITIONAL_CHECK_FAILED, VALIDATION_ERROR], resultPath: sfn.JsonPath.DISCARD });
+  peek.next(handOff);
+
+  // Did the hand-off land? Its fencing token is in the head's entry if and only if it did.
+  const confirmHandOff = new tasks.DynamoUpdateItem(scope, names.confirmHandOff, {
+    table,
+    key,
+    conditionExpression: CONFIRM_HAND_OFF_CONDITION,
+    updateExpression: CONFIRM_HAND_OFF_UPDATE,
+    expressionAttributeNames: { [QUEUE_NAMES.head]: headId, [NAMES.fence]: FENCING_TOKEN },
+    expressionAttributeValues: { [QUEUE_VALUES.fence]: fence },
+    resultPath: sfn.JsonPath.DISCARD,
+  })
+    .addRetry(retry)
+    .addCatch(release, { errors: [CONDITIONAL_CHECK_FAILED], resultPath: sfn.JsonPath.DISCARD });
+  handOff.addCatch(confirmHandOff, { errors: SERVER_ERRORS, resultPath: sfn.JsonPath.DISCARD });
+
+  // The woken waiter's task has gone (the execution stopped, or its wait timed out and it queued
+  // again): take the permit back, unless the waiter found and claimed it meanwhile, and hand it on.
+  const takeBack = new tasks.DynamoUpdateItem(scope, names.takeBack, {
+    table,
+    key,
+    conditionExpression: TAKE_BACK_CONDITION,
+    updateExpression: TAKE_BACK_UPDATE,
+    expressionAttributeNames: { [NAMES.holder]: holder, [QUEUE_NAMES.head]: headId },
+    expressionAttributeValues: {
+      [QUEUE_VALUES.fence]: fence,
+      [VALUES.entry]: tasks.DynamoAttributeValue.fromMap({
+        [HOLDER_ACQUIRED_AT]: tasks.DynamoAttributeValue.fromString(sfn.JsonPath.stringAt('$$.State.EnteredTime')),
+        [HOLDER_REDRIVE_COUNT]: redriveCount,
+      }),
+    },
+    resultPath: sfn.JsonPath.DISCARD,
+  }).addRetry(retry);
+  takeBack.next(release);
+  // Refused: the waiter claimed the permit, or it is gone with it, or a retry finds that the take-back
+  // landed already. Only in that last case is there still a permit to give back, which the release
+  // finds out by itself.
+  takeBack.addCatch(release, { errors: [CONDITIONAL_CHECK_FAILED], resultPath: sfn.JsonPath.DISCARD });
+
+  const wake = end(
+    new tasks.CallAwsService(scope, names.wake, {
+      service: 'sfn',
+      action: 'sendTaskSuccess',
+      parameters: {
+        TaskToken: sfn.JsonPath.stringAt(`${HANDOFF_PATH}.next.token`),
+        Output: sfn.JsonPath.jsonToString(sfn.JsonPath.objectAt(`${HANDOFF_PATH}.next.wake`)),
+      },
+      iamAction: 'states:SendTaskSuccess',
+      // Waiters of a shared lock can be executions of any workflow using it, in this account and Region.
+      iamResources: [Stack.of(scope).formatArn({ service: 'states', resource: 'stateMachine', resourceName: '*', arnFormat: ArnFormat.COLON_RESOURCE_NAME })],
+      resultPath: sfn.JsonPath.DISCARD,
+      ...endProps,
+    })
+      .addRetry({ errors: ['Sfn.ThrottlingException', 'Sfn.SfnException'], interval: Duration.seconds(1), backoffRate: 2, maxAttempts: 5, jitterStrategy: sfn.JitterType.FULL })
+      .addCatch(takeBack, { errors: TOKEN_GONE_ERRORS, resultPath: sfn.JsonPath.DISCARD })
+      // Any other failure is a lost wake-up: the waiter finds its permit when its wait times out.
+      .addCatch(props.next ?? new sfn.Succeed(scope, names.wakeUpLost, { outputPath: props.outputPath }), {
+        errors: [sfn.Errors.ALL],
+        resultPath: sfn.JsonPath.DISCARD,
+      }),
+  );
+  handOff.next(wake);
+  confirmHandOff.next(wake);
+  return release;
+}
+
+/** Names of the waiter's states. */
+export const QUEUE_STATE = {
+  waitInQueue: STATE.waitInQueue,
+  checkHandedOff: STATE.checkHandedOff,
+  readFencingToken: STATE.readFencingToken,
+} as const;
+
+export interface WaiterProps {
+  readonly table: ISemaphoreTable;
+  readonly lockName: tasks.DynamoAttributeValue;
+  readonly limit: tasks.DynamoAttributeValue;
+  /** Lease of the workflow, seconds (0: none): the holder entry a hand-off writes carries it. */
+  readonly leaseSeconds: number;
+  /** How long a waiter sleeps before it checks whether its wake-up was lost. */
+  readonly checkInterval: Duration;
+  /** Where the wake-up's `{ fencingToken }` goes. @default - discarded */
+  readonly permitPath?: string;
+}
+
+/**
+ * "Wait In Queue": append this execution to the queue, atomically with "the lock is still full", and
+ * sleep until a releaser hands it a permit. Its output is `{ fencingToken }`.
+ */
+export function waitInQueueTask(scope: Construct, props: WaiterProps): sfn.TaskStateBase {
+  const limit = props.limit.toObject();
+  return new tasks.CallAwsService(scope, QUEUE_STATE.waitInQueue, {
+    service: 'dynamodb',
+    action: 'updateItem',
+    integrationPattern: sfn.IntegrationPattern.WAIT_FOR_TASK_TOKEN,
+    parameters: {
+      TableName: props.table.table.tableName,
+      Key: { [LOCK_KEY]: props.lockName.toObject() },
+      UpdateExpression: ENQUEUE_UPDATE,
+      ConditionExpression: ENQUEUE_CONDITION,
+      ExpressionAttributeNames: {
+        [NAMES.permits]: PERMITS_IN_USE,
+        [NAMES.holder]: sfn.JsonPath.stringAt('$$.Execution.Id'),
+        [QUEUE_NAMES.waiters]: WAITERS,
+      },
+      ExpressionAttributeValues: {
+        [VALUES.limit]: limit,
+        [QUEUE_VALUES.maxWaiters]: { N: String(MAX_WAITERS) },
+        [QUEUE_VALUES.emptyList]: { L: [] },
+        [QUEUE_VALUES.me]: {
+          L: [
+            {
+              M: {
+                [WAITER_ID]: { S: sfn.JsonPath.stringAt('$$.Execution.Id') },
+                [WAITER_TOKEN]: { S: sfn.JsonPath.taskToken },
+                [HOLDER_REDRIVE_COUNT]: { N: sfn.JsonPath.jsonToString(sfn.JsonPath.objectAt('$$.Execution.RedriveCount')) },
+                [HOLDER_LEASE_SECONDS]: { N: String(props.leaseSeconds) },
+              },
+            },
+          ],
+        },
+      },
+    },
+    iamAction: 'dynamodb:UpdateItem',
+    // As the DynamoDB tasks' own grant, so that the two statements are one.
+    iamResources: [Stack.of(scope).formatArn({ service: 'dynamodb', resource: 'table', resourceName: props.table.table.tableName })],
+    taskTimeout: sfn.Timeout.duration(props.checkInterval),
+    resultPath: props.permitPath ?? sfn.JsonPath.DISCARD,
+  }).addRetry(transientRetry(SDK_THROTTLING_ERRORS));
+}
+
+/** The enqueue's errors: the lock is not full (any more) or the queue is full; the write's outcome is unknown. */
+export const ENQUEUE_REFUSED = [SDK_CONDITIONAL_CHECK_FAILED];
+export const ENQUEUE_UNCERTAIN = [...SDK_SERVER_ERRORS, sfn.Errors.TIMEOUT];
+
+/**
+ * A conditional write on this execution's own holder entry that draws a fresh fencing token: "Check
+ * Handed-Off Permit" after a wait timed out (was a permit handed over and the wake-up lost?), and
+ * "Read Fencing Token" where a permit was taken in a Parallel whose result is discarded.
+ */
+export function fencingTokenTask(
+  scope: Construct,
+  id: string,
+  props: { table: ISemaphoreTable; lockName: tasks.DynamoAttributeValue; permitPath?: string },
+): sfn.TaskStateBase {
+  return new tasks.DynamoUpdateItem(scope, id, {
+    table: props.table.table,
+    key: { [LOCK_KEY]: props.lockName },
+    conditionExpression: CHECK_HANDED_OFF_CONDITION,
+    updateExpression: CHECK_HANDED_OFF_UPDATE,
+    expressionAttributeNames: { [NAMES.holder]: sfn.JsonPath.stringAt('$$.Execution.Id'), [NAMES.fence]: FENCING_TOKEN },
+    expressionAttributeValues: {
+      [VALUES.zero]: tasks.DynamoAttributeValue.fromNumber(0),
+      [VALUES.one]: tasks.DynamoAttributeValue.fromNumber(1),
+      [QUEUE_VALUES.claimed]: tasks.DynamoAttributeValue.fromBoolean(true),
+    },
+    returnValues: props.permitPath ? tasks.DynamoReturnValues.UPDATED_NEW : undefined,
+    resultSelector: props.permitPath ? fencingTokenSelector() : undefined,
+    resultPath: props.permitPath ?? sfn.JsonPath.DISCARD,
+  }).addRetry(transientRetry([...THROTTLING_ERRORS, ...SERVER_ERRORS]));
+}
+
+/** `{ fencingToken }` from the response of a write that returned UPDATED_NEW. */
+export function fencingTokenSelector(): Record<string, unknown> {
+  return { fencingToken: sfn.JsonPath.stringToJson(sfn.JsonPath.stringAt(`$.Attributes.${FENCING_TOKEN}.N`)) };
+}
