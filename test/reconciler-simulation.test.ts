@@ -159,12 +159,14 @@ describe('redrive guard', () => {
     const sim = await Simulator.start(stack, { lambdaHandlers: { [workFunctionId]: work.handler } });
     try {
       const sm = sim.stateMachine(stateMachineLogicalId(workflow.stateMachine));
-      const stopped = await sim.startExecution(sm, { seconds: 5, abortInside: true }, { name: 'stopped' }).done;
+      // Work long enough that the permit taken again on the redrive shows while it runs, however slow
+      // the machine (the reconciler's calls take real time, which the simulator multiplies).
+      const stopped = await sim.startExecution(sm, { seconds: 30, abortInside: true }, { name: 'stopped' }).done;
       await sim.idle();
       expect(await lockState(sim)).toEqual([{ lockName: 'TestStack/Workflow', permitsInUse: 0, holders: [] }]); // freed by the cleanup
 
       const redriven = sim.redriveExecution(stopped.arn);
-      await sim.sleep(2);
+      await sim.sleep(10);
       expect(await lockState(sim)).toEqual([{ lockName: 'TestStack/Workflow', permitsInUse: 1, holders: [stopped.arn] }]);
       // Redriven inside the body, the work runs again, holding its permit, and the permit comes back.
       const [again] = await Promise.all([redriven, sim.idle()]);
@@ -215,7 +217,9 @@ describe('redrive guard', () => {
     const sim = await Simulator.start(stack, { lambdaHandlers: { [workFunctionId]: work.handler } });
     try {
       const sm = sim.stateMachine(stateMachineLogicalId(workflow.stateMachine));
-      const stopped = await sim.startExecution(sm, { seconds: 5, abortInside: true }, { name: 'stopped' }).done;
+      // Work long enough that the permit taken again on the redrive shows while it runs, however slow
+      // the machine (the reconciler's calls take real time, which the simulator multiplies).
+      const stopped = await sim.startExecution(sm, { seconds: 30, abortInside: true }, { name: 'stopped' }).done;
       await sim.idle();
       const holder = sim.startExecution(sm, { seconds: 300 }, { name: 'holder' });
       await sim.sleep(10);
