@@ -101,7 +101,7 @@ export interface HandOffProps {
   readonly next?: sfn.IChainable;
   /** Output of the execution when the chain ends it. @default '$' */
   readonly outputPath?: string;
-  /** Whether a permit that was no longer held ends in a Succeed state of its own (else as `next`). */
+  /** Where the chain goes when the holder held no permit (any more). @default - `next`, else a Succeed state of its own */
   readonly alreadyReleased?: sfn.IChainable;
 }
 
