@@ -2,7 +2,7 @@ import { ChildProcess, spawn } from 'child_process';
 import * as os from 'os';
 import { parseArgs, ParseArgsConfig } from 'util';
 import { DynamoDBClient } from '@aws-sdk/client-dynamodb';
-import { HolderStatus, SemaphoreClient, WaitState } from './semaphore-client';
+import { HolderStatus, SemaphoreClient, sleep, WaitState } from './semaphore-client';
 import { isExecutionHolder } from '../src/private/lock-schema';
 
 /*
@@ -566,18 +566,6 @@ function signalGroup(child: ChildProcess, signal: NodeJS.Signals): void {
 function firstLine(e: unknown): string {
   const err = e as Error;
   return `${err.name && err.name !== 'Error' ? `${err.name}: ` : ''}${String(err.message).split('\n')[0]}`;
-}
-
-function sleep(ms: number, signal?: AbortSignal): Promise<void> {
-  return new Promise((resolve) => {
-    const timer = setTimeout(done, ms);
-    signal?.addEventListener('abort', done, { once: true });
-    function done() {
-      clearTimeout(timer);
-      signal?.removeEventListener('abort', done);
-      resolve();
-    }
-  });
 }
 
 /** A shell's exit code for a process ended by `signal`: 128 + its number. */

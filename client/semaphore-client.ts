@@ -411,7 +411,8 @@ function positive(name: string, value: number): void {
   if (!(value > 0) || !Number.isFinite(value)) throw new Error(`${name} must be a positive number of seconds, got: ${value}`);
 }
 
-function sleep(ms: number, signal?: AbortSignal): Promise<void> {
+/** Wait `ms`, or less if `signal` aborts. */
+export function sleep(ms: number, signal?: AbortSignal): Promise<void> {
   return new Promise((resolve) => {
     const timer = setTimeout(done, ms);
     signal?.addEventListener('abort', done, { once: true });

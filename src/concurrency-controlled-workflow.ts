@@ -25,7 +25,6 @@ import {
   fencingTokenTask,
   HANDOFF_PATH,
   handOffChain,
-  QUEUE_STATE,
   waitInQueueTask,
 } from './private/queue-states';
 import { numberValue, pathFromExecutionInput, RuntimeValue, stringValue } from './private/runtime-value';
@@ -663,7 +662,7 @@ export class ConcurrencyControlledWorkflow extends Construct {
     // (Only where a Parallel takes the permit: polling, or the queue with an acquire timeout.)
     let toBody: sfn.State = runBody;
     if (permitPath && (spec.waitStrategy === WaitStrategy.POLLING || spec.acquireTimeout !== undefined)) {
-      toBody = fencingTokenTask(this, QUEUE_STATE.readFencingToken, { table: this.table, lockName, permitPath }).addCatch(releaseAfterFailure, {
+      toBody = fencingTokenTask(this, STATE.readFencingToken, { table: this.table, lockName, permitPath }).addCatch(releaseAfterFailure, {
         errors: [sfn.Errors.ALL],
         resultPath: errorPath,
       });
@@ -769,7 +768,7 @@ export class ConcurrencyControlledWorkflow extends Construct {
       .addCatch(nextWait, { errors: [CONDITIONAL_CHECK_FAILED], resultPath: sfn.JsonPath.DISCARD })
       .addCatch(undoPoll, { errors: SERVER_ERRORS, resultPath: sfn.JsonPath.DISCARD });
     onError(poll).next(acquired);
-    const check = fencingTokenTask(this, QUEUE_STATE.checkHandedOff, { table: this.table, lockName: lockTask.lockName, permitPath: ownPermitPath })
+    const check = fencingTokenTask(this, STATE.checkHandedOff, { table: this.table, lockName: lockTask.lockName, permitPath: ownPermitPath })
       .addCatch(poll, { errors: [CONDITIONAL_CHECK_FAILED], resultPath: sfn.JsonPath.DISCARD });
     onError(check).next(acquired);
     // Refused: the lock has a free permit, the queue is full, or this execution already holds a

@@ -13,7 +13,6 @@ import {
   NAMES,
   PERMITS_IN_USE,
   RELEASE_CONDITION,
-  RELEASE_STOPPED_RUN_CONDITION,
   RELEASE_UPDATE,
   VALUES,
 } from './lock-schema';
@@ -68,36 +67,30 @@ export function acquireTask(scope: Construct, id: string, props: AcquireTaskProp
     ...(props.permitPath
       ? {
         returnValues: tasks.DynamoReturnValues.UPDATED_NEW,
-        resultSelector: { fencingToken: sfn.JsonPath.stringToJson(sfn.JsonPath.stringAt(`$.Attributes.${FENCING_TOKEN}.N`)) },
+        resultSelector: fencingTokenSelector(),
         resultPath: props.permitPath,
       }
       : { resultPath: sfn.JsonPath.DISCARD }),
   });
 }
 
-export interface ReleaseTaskProps extends LockTaskProps {
-  /**
-   * For the cleanup of a stopped run: its redrive count. The permit is then freed only if that run
-   * (or an earlier one) took it. @default - release whatever the holder holds (its own run)
-   */
-  readonly stoppedRunRedriveCount?: tasks.DynamoAttributeValue;
-}
-
 /**
  * One conditional UpdateItem that gives a permit back if, and only if, the holder still holds it; it
  * fails with ConditionalCheckFailed otherwise, so it never frees a permit twice.
  */
-export function releaseTask(scope: Construct, id: string, props: ReleaseTaskProps): tasks.DynamoUpdateItem {
+export function releaseTask(scope: Construct, id: string, props: LockTaskProps): tasks.DynamoUpdateItem {
   return new tasks.DynamoUpdateItem(scope, id, {
     table: props.table.table,
     key: { [LOCK_KEY]: props.lockName },
-    conditionExpression: props.stoppedRunRedriveCount === undefined ? RELEASE_CONDITION : RELEASE_STOPPED_RUN_CONDITION,
+    conditionExpression: RELEASE_CONDITION,
     updateExpression: RELEASE_UPDATE,
     expressionAttributeNames: { [NAMES.permits]: PERMITS_IN_USE, [NAMES.holder]: props.holder },
-    expressionAttributeValues: {
-      [VALUES.one]: tasks.DynamoAttributeValue.fromNumber(1),
-      ...(props.stoppedRunRedriveCount === undefined ? {} : { [VALUES.redriveCount]: props.stoppedRunRedriveCount }),
-    },
+    expressionAttributeValues: { [VALUES.one]: tasks.DynamoAttributeValue.fromNumber(1) },
     resultPath: sfn.JsonPath.DISCARD,
   });
+}
+
+/** `{ fencingToken }` from the response of a write that returned UPDATED_NEW. */
+export function fencingTokenSelector(): Record<string, unknown> {
+  return { fencingToken: sfn.JsonPath.stringToJson(sfn.JsonPath.stringAt(`$.Attributes.${FENCING_TOKEN}.N`)) };
 }

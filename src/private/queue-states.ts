@@ -38,6 +38,7 @@ import {
   WAITER_TOKEN,
   WAITERS,
 } from './lock-schema';
+import { fencingTokenSelector } from './lock-tasks';
 import { STATE } from './state-names';
 import { ISemaphoreTable } from '../semaphore-table';
 
@@ -298,13 +299,6 @@ export function handOffChain(scope: Construct, props: HandOffProps): sfn.State {
   return release;
 }
 
-/** Names of the waiter's states. */
-export const QUEUE_STATE = {
-  waitInQueue: STATE.waitInQueue,
-  checkHandedOff: STATE.checkHandedOff,
-  readFencingToken: STATE.readFencingToken,
-} as const;
-
 export interface WaiterProps {
   readonly table: ISemaphoreTable;
   readonly lockName: tasks.DynamoAttributeValue;
@@ -323,7 +317,7 @@ export interface WaiterProps {
  */
 export function waitInQueueTask(scope: Construct, props: WaiterProps): sfn.TaskStateBase {
   const limit = props.limit.toObject();
-  return new tasks.CallAwsService(scope, QUEUE_STATE.waitInQueue, {
+  return new tasks.CallAwsService(scope, STATE.waitInQueue, {
     service: 'dynamodb',
     action: 'updateItem',
     integrationPattern: sfn.IntegrationPattern.WAIT_FOR_TASK_TOKEN,
@@ -392,9 +386,4 @@ export function fencingTokenTask(
     resultSelector: props.permitPath ? fencingTokenSelector() : undefined,
     resultPath: props.permitPath ?? sfn.JsonPath.DISCARD,
   }).addRetry(transientRetry([...THROTTLING_ERRORS, ...SERVER_ERRORS]));
-}
-
-/** `{ fencingToken }` from the response of a write that returned UPDATED_NEW. */
-export function fencingTokenSelector(): Record<string, unknown> {
-  return { fencingToken: sfn.JsonPath.stringToJson(sfn.JsonPath.stringAt(`$.Attributes.${FENCING_TOKEN}.N`)) };
 }
