@@ -71,6 +71,8 @@ export interface ScenarioOptions {
    * @default true
    */
   readonly sweepAfterRun?: boolean;
+  /** Called at the end of the run, before executions still running are stopped as stuck: to look at them. */
+  readonly atHorizon?: (sim: Simulator, running: Execution[]) => Promise<void>;
 }
 
 export interface Progress {
@@ -197,6 +199,7 @@ export async function runScenario(subject: Subject, options: ScenarioOptions): P
     await Promise.race([Promise.all(executions.map((e) => e.done)), horizon]);
     const running = executions.filter((e) => e.status === 'RUNNING');
     const lastStop = Math.max(simStart, ...executions.filter((e) => e.stopDate !== undefined).map((e) => e.stopDate!));
+    await options.atHorizon?.(sim, running);
     for (const e of running) e.abort('Demo.Stuck', 'still waiting at the horizon');
     await sim.idle();
     clearInterval(progress);

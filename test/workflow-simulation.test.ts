@@ -139,7 +139,11 @@ describe.each([WaitStrategy.POLLING, WaitStrategy.QUEUE])('%s: 100 executions at
       expect(await lockState(sim)).toEqual([{ lockName: 'TestStack/Workflow', permitsInUse: 0, holders: [] }]);
       const cleanups = cleanupExecutions(sim, workflow);
       expect(cleanups).toHaveLength(expected.FAILED + expected.ABORTED);
-      const released = cleanups.filter((c) => c.status === 'SUCCEEDED' && !c.stateTransitions.has('Permit Not Held'));
+      // A cleanup that handed the permit to a waiter whose wait had just timed out, and which the
+      // waiter claimed before the cleanup could take it back, ends in "Permit Not Held" after waking it.
+      const released = cleanups.filter(
+        (c) => c.status === 'SUCCEEDED' && (!c.stateTransitions.has('Permit Not Held') || c.stateTransitions.has('Wake Next Waiter Of Stopped Execution')),
+      );
       expect(released).toHaveLength(expected.ABORTED);
     });
   });
