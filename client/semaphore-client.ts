@@ -1,6 +1,7 @@
 import { randomUUID } from 'crypto';
 import { AttributeValue, ConditionalCheckFailedException, DynamoDBClient, GetItemCommand, UpdateItemCommand } from '@aws-sdk/client-dynamodb';
 import { SendTaskSuccessCommand, SFNClient } from '@aws-sdk/client-sfn';
+import { serveQueue } from './queue-service';
 import {
   CLIENT_ACQUIRE_CONDITION,
   CLIENT_ACQUIRE_UPDATE,
@@ -34,7 +35,7 @@ import {
   TAKE_BACK_UPDATE,
   WAITERS,
   WAITER_ID,
-  WAITER_TOKEN,
+  waitTokenAttribute,
 } from '../src/private/lock-schema';
 
 /*
@@ -194,7 +195,13 @@ export class SemaphoreClient {
       if (ours) {
         return { lockName, leaseId, expiresAt: Number(ours[HOLDER_LEASE_EXPIRES_AT]?.N), ...limits(limit, item) };
       }
-      if (item && (await this.reclaimExpired(lockName, item)) > 0) continue;
+      if (item && (await this.reclaimExpired(lockName, item)) > 0) {
+        // Permits freed this way go to the lock's waiters first, as a release would hand them over.
+        if ((item[WAITERS]?.L?.length ?? 0) > 0) {
+          await serveQueue({ dynamodb: this.ddb, stepFunctions: this.sfn, tableName: this.tableName }, lockName);
+        }
+        continue;
+      }
 
       const remaining = deadline - Date.now();
       if (remaining <= 0 || options.signal?.aborted) return undefined;
@@ -297,7 +304,7 @@ export class SemaphoreClient {
               [HOLDER_FENCING_TOKEN]: { N: fence },
             },
           },
-        }, 'NONE', headId);
+        }, 'UPDATED_OLD', headId);
       } catch (e) {
         if ((e as Error).name !== 'ValidationException') throw e;
       }
@@ -309,7 +316,8 @@ export class SemaphoreClient {
       held = true;
       try {
         const output = JSON.stringify({ fencingToken: Number(fence) });
-        await this.sfn.send(new SendTaskSuccessCommand({ taskToken: head[WAITER_TOKEN]?.S, output }));
+        // The head's token, which the hand-off removed with its entry.
+        await this.sfn.send(new SendTaskSuccessCommand({ taskToken: handedOff[waitTokenAttribute(headId)]?.S, output }));
         return true;
       } catch (e) {
         const name = (e as Error).name;
@@ -357,7 +365,7 @@ export class SemaphoreClient {
     update: string,
     condition: string,
     values: Record<string, AttributeValue>,
-    returnValues: 'NONE' | 'UPDATED_NEW' = 'NONE',
+    returnValues: 'NONE' | 'UPDATED_NEW' | 'UPDATED_OLD' = 'NONE',
     head?: string,
   ): Promise<Record<string, AttributeValue> | undefined> {
     const expressions = `${update} ${condition}`;
@@ -376,6 +384,7 @@ export class SemaphoreClient {
             ...(expressions.includes(QUEUE_NAMES.waiters) ? { [QUEUE_NAMES.waiters]: WAITERS } : {}),
             ...(expressions.includes(QUEUE_NAMES.next) ? { [QUEUE_NAMES.next]: NEXT_WAITER } : {}),
             ...(head !== undefined && expressions.includes(QUEUE_NAMES.head) ? { [QUEUE_NAMES.head]: head } : {}),
+            ...(head !== undefined && expressions.includes(QUEUE_NAMES.headToken) ? { [QUEUE_NAMES.headToken]: waitTokenAttribute(head) } : {}),
           },
           ExpressionAttributeValues: values,
           ReturnValues: returnValues,

@@ -1,6 +1,7 @@
 import { DynamoDBClient } from '@aws-sdk/client-dynamodb';
 import { DescribeExecutionCommand, GetExecutionHistoryCommand, HistoryEvent, SFNClient, StopExecutionCommand } from '@aws-sdk/client-sfn';
 import { DynamoDBDocumentClient, ScanCommand, ScanCommandOutput, UpdateCommand } from '@aws-sdk/lib-dynamodb';
+import { serveQueue } from '../client/queue-service';
 import {
   ACQUIRE_CONDITION,
   ACQUIRE_UPDATE,
@@ -21,6 +22,7 @@ import {
   RELEASE_UPDATE,
   RENEW_UPDATE,
   VALUES,
+  WAITERS,
 } from '../src/private/lock-schema';
 import { BEFORE_BODY_STATES, OUTSIDE_BODY_STATES } from '../src/private/state-names';
 
@@ -92,6 +94,10 @@ export interface ReconcilerResult {
   reclaimed: Reclaimed[];
   /** Executions stopped because their lease expired. */
   stopped: string[];
+  /** Queue entries dropped (of stopped waiters, or of waiters that hold a permit already). */
+  waitersRemoved: number;
+  /** Waiters handed a permit that was free (freed by this sweep, or otherwise) and woken. */
+  waitersAdmitted: number;
   errors: Array<{ lockName: string; holder: string; error: string }>;
   /** True if the sweep stopped early for lack of time; the next one continues. */
   truncated: boolean;
@@ -112,7 +118,8 @@ const PARALLELISM = 4;
 /** A lease counts as expired only this long after its end, to absorb clock skew between machines. */
 const CLOCK_SKEW_MS = Number(process.env.CLOCK_SKEW_SECONDS ?? '30') * 1000;
 
-const ddb = DynamoDBDocumentClient.from(new DynamoDBClient({}));
+const dynamodb = new DynamoDBClient({});
+const ddb = DynamoDBDocumentClient.from(dynamodb);
 const sfn = new SFNClient({});
 
 export async function handler(event: ReconcilerEvent = {}, context?: Context): Promise<ReconcilerResult | RedriveGuardResult> {
@@ -136,7 +143,17 @@ async function sweep(event: ReconcilerEvent, context?: Context): Promise<Reconci
   const dryRun = event.dryRun === true;
   const outOfTime = () => context !== undefined && context.getRemainingTimeInMillis() < TIME_MARGIN_MS;
 
-  const result: ReconcilerResult = { locks: 0, holders: 0, reclaimed: [], stopped: [], errors: [], truncated: false, dryRun };
+  const result: ReconcilerResult = {
+    locks: 0,
+    holders: 0,
+    reclaimed: [],
+    stopped: [],
+    waitersRemoved: 0,
+    waitersAdmitted: 0,
+    errors: [],
+    truncated: false,
+    dryRun,
+  };
   const permitsInUse = new Map<string, number>();
   try {
     await reconcilePages(table, prefixes, dryRun, outOfTime, result, permitsInUse);
@@ -191,9 +208,50 @@ async function reconcilePages(
       };
       await Promise.all(Array.from({ length: PARALLELISM }, worker));
       permitsInUse.set(lockName, held);
+      const waiters = item[WAITERS];
+      if (!dryRun && Array.isArray(waiters) && waiters.length > 0 && !outOfTime()) {
+        try {
+          await serveWaiters(table, lockName, prefixes, result);
+        } catch (e) {
+          result.errors.push({ lockName, holder: WAITERS, error: e instanceof Error ? `${e.name}: ${e.message}` : String(e) });
+        }
+      }
     }
     startKey = page.LastEvaluatedKey;
   } while (startKey);
+}
+
+/**
+ * A queue with waiters: drop the entries of waiters that stopped (only executions of our state
+ * machines are described; others are left to their releasers), and hand every free permit to the
+ * oldest waiter, as a release would. A permit freed by this sweep, or by an acquire undone after a
+ * server error, would otherwise sit free while the waiters sleep until their check interval.
+ */
+async function serveWaiters(table: string, lockName: string, prefixes: string[], result: ReconcilerResult): Promise<void> {
+  const served = await serveQueue(
+    {
+      dynamodb,
+      stepFunctions: sfn,
+      tableName: table,
+      isGone: async (executionArn) => {
+        if (!prefixes.some((prefix) => executionArn.startsWith(prefix))) return false;
+        return RELEASABLE_STATUSES.includes(await executionStatus(executionArn));
+      },
+    },
+    lockName,
+  );
+  result.waitersRemoved += served.removed;
+  result.waitersAdmitted += served.admitted;
+}
+
+/** The execution's status, DOES_NOT_EXIST for one that does not exist. */
+async function executionStatus(executionArn: string): Promise<string> {
+  try {
+    return (await sfn.send(new DescribeExecutionCommand({ executionArn }))).status ?? 'UNKNOWN';
+  } catch (e) {
+    if ((e as Error).name !== 'ExecutionDoesNotExist') throw e;
+    return 'DOES_NOT_EXIST';
+  }
 }
 
 interface HolderEntry {
@@ -230,13 +288,7 @@ async function reconcileHolder(
     // Another state machine's execution: its own reconciler, with its own permissions, sweeps it.
     return undefined;
   }
-  let status: string;
-  try {
-    status = (await sfn.send(new DescribeExecutionCommand({ executionArn: holder }))).status ?? 'UNKNOWN';
-  } catch (e) {
-    if ((e as Error).name !== 'ExecutionDoesNotExist') throw e;
-    status = 'DOES_NOT_EXIST';
-  }
+  const status = await executionStatus(holder);
   if (!RELEASABLE_STATUSES.includes(status)) {
     if (status !== 'RUNNING') return undefined; // PENDING_REDRIVE, or a status this code does not know: leave it
   } else {

@@ -25,6 +25,7 @@ import {
   fencingTokenTask,
   HANDOFF_PATH,
   handOffChain,
+  renewWaitTask,
   waitInQueueTask,
 } from './private/queue-states';
 import { numberValue, pathFromExecutionInput, RuntimeValue, stringValue } from './private/runtime-value';
@@ -85,10 +86,7 @@ export interface ConcurrencyControlledWorkflowProps {
    *
    * Workflows sharing a lock may use different strategies: every release hands off to waiters.
    *
-   * The queue is not yet the default: under some mixes of injected faults (lost wake-ups, slow
-   * DynamoDB calls with stops) the fault suite still finds waiters left sleeping; see the README.
-   *
-   * @default WaitStrategy.POLLING
+   * @default WaitStrategy.QUEUE
    */
   readonly waitStrategy?: WaitStrategy;
 
@@ -96,7 +94,7 @@ export interface ConcurrencyControlledWorkflowProps {
    * With the queue, how long a waiter sleeps before it checks whether a permit was handed to it and
    * the wake-up lost (the releaser stopped between the hand-off and `SendTaskSuccess`, or the call
    * failed), or whether a permit is free that nobody handed over. It then takes the permit, or
-   * queues again at the back. Whole seconds, at least 1 second.
+   * sleeps again in its place in the queue. Whole seconds, at least 1 second.
    *
    * @default Duration.minutes(5)
    */
@@ -113,7 +111,7 @@ export interface ConcurrencyControlledWorkflowProps {
 
   /**
    * How often a waiting execution tries again to take a permit, with the `POLLING` strategy (and
-   * with the queue when it is full, or after a wait that timed out).
+   * with the queue when it is full, or when it lost its place).
    *
    * The first wait is a random whole number of seconds from 1 to `pollInterval` (full jitter), so
    * executions started together do not poll together; after that the execution polls every
@@ -342,7 +340,7 @@ export class ConcurrencyControlledWorkflow extends Construct {
     if (props.acquireTimeout) {
       validateWholeSeconds('acquireTimeout', props.acquireTimeout, 1);
     }
-    const waitStrategy = props.waitStrategy ?? WaitStrategy.POLLING;
+    const waitStrategy = props.waitStrategy ?? WaitStrategy.QUEUE;
     const queueCheckInterval = props.queueCheckInterval ?? Duration.minutes(5);
     validateWholeSeconds('queueCheckInterval', queueCheckInterval, 1);
     if (props.queueCheckInterval && waitStrategy !== WaitStrategy.QUEUE) {
@@ -714,8 +712,8 @@ export class ConcurrencyControlledWorkflow extends Construct {
   /**
    * The queue: "Wait In Queue" enqueues and sleeps until woken with the permit. When the queue refuses
    * (a permit came free, or the queue is full) or the wait times out (was the wake-up lost?), the
-   * execution checks for a handed-off permit, tries once to take one, and otherwise queues again
-   * after `pollInterval`:
+   * execution checks for a handed-off permit, tries once to take one, and otherwise sleeps again in
+   * its place, or, if it has none any more, queues again after `pollInterval`:
    *
    *   Wait In Queue ─woken─▶ body
    *     │ refused, or timed out
@@ -725,6 +723,9 @@ export class ConcurrencyControlledWorkflow extends Construct {
    *     ▼
    *   Poll For Permit ─yes─▶ body
    *     │ full
+   *     ▼
+   *   Wait In Queue Again (its place kept, a new token) ─woken─▶ body; timed out ─▶ Check Handed-Off Permit
+   *     │ refused: no place any more (or a permit is free)
    *     ▼
    *   Wait Before Next Poll ─▶ Wait In Queue
    *
@@ -750,22 +751,24 @@ export class ConcurrencyControlledWorkflow extends Construct {
     const onError = <T extends sfn.TaskStateBase>(task: T): T =>
       (inParallel ? task : task.addCatch(releaseAfterFailure, { errors: [sfn.Errors.ALL], resultPath: errorPath })) as T;
 
-    const waitInQueue = waitInQueueTask(this, {
+    const waiter = {
       table: this.table,
       lockName: lockTask.lockName,
       limit,
       leaseSeconds: spec.leaseSeconds ?? 0,
       checkInterval: spec.queueCheckInterval,
       permitPath: ownPermitPath,
-    });
+    };
+    const waitInQueue = waitInQueueTask(this, waiter);
+    const waitAgain = renewWaitTask(this, waiter);
     const nextWait = new sfn.Wait(this, STATE.nextWait, { time: sfn.WaitTime.duration(spec.pollInterval) }).next(waitInQueue);
     const undoPoll = releaseTask(this, STATE.undoPoll, lockTask)
       .addRetry(transientRetry([...THROTTLING_ERRORS, ...SERVER_ERRORS]))
-      .addCatch(nextWait, { errors: [CONDITIONAL_CHECK_FAILED], resultPath: sfn.JsonPath.DISCARD })
-      .next(nextWait);
+      .addCatch(waitAgain, { errors: [CONDITIONAL_CHECK_FAILED], resultPath: sfn.JsonPath.DISCARD })
+      .next(waitAgain);
     const poll = acquireTask(this, STATE.poll, { ...lockTask, limit, leaseSeconds: spec.leaseSeconds, permitPath: ownPermitPath })
       .addRetry(transientRetry(THROTTLING_ERRORS))
-      .addCatch(nextWait, { errors: [CONDITIONAL_CHECK_FAILED], resultPath: sfn.JsonPath.DISCARD })
+      .addCatch(waitAgain, { errors: [CONDITIONAL_CHECK_FAILED], resultPath: sfn.JsonPath.DISCARD })
       .addCatch(undoPoll, { errors: SERVER_ERRORS, resultPath: sfn.JsonPath.DISCARD });
     onError(poll).next(acquired);
     const check = fencingTokenTask(this, STATE.checkHandedOff, { table: this.table, lockName: lockTask.lockName, permitPath: ownPermitPath })
@@ -775,6 +778,11 @@ export class ConcurrencyControlledWorkflow extends Construct {
     // permit (handed over while it was not waiting: after a lost wake-up, or to an older entry of it).
     waitInQueue.addCatch(check, { errors: [...ENQUEUE_REFUSED, ...ENQUEUE_UNCERTAIN], resultPath: sfn.JsonPath.DISCARD });
     onError(waitInQueue).next(acquired);
+    // Refused: its entry is gone (served, or dropped) or a permit is free: queue anew, after a pause
+    // that keeps a full queue from turning into a busy loop.
+    waitAgain.addCatch(nextWait, { errors: ENQUEUE_REFUSED, resultPath: sfn.JsonPath.DISCARD });
+    waitAgain.addCatch(check, { errors: ENQUEUE_UNCERTAIN, resultPath: sfn.JsonPath.DISCARD });
+    onError(waitAgain).next(acquired);
 
     if (!inParallel) {
       return waitInQueue;

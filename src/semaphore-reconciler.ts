@@ -1,4 +1,4 @@
-import { Duration } from 'aws-cdk-lib';
+import { ArnFormat, Duration, Stack } from 'aws-cdk-lib';
 import * as cloudwatch from 'aws-cdk-lib/aws-cloudwatch';
 import * as events from 'aws-cdk-lib/aws-events';
 import * as targets from 'aws-cdk-lib/aws-events-targets';
@@ -94,6 +94,8 @@ export interface SemaphoreReconcilerProps {
  * it releases executions that are no longer RUNNING (or do not exist), stops and then releases
  * RUNNING executions past their lease (error `SemaphoreLeaseExpired`), and releases expired leases of
  * holders that are not executions. Every release is the same conditional write as the cleanup's.
+ * On a lock with a queue of waiters (wait strategy QUEUE) it then drops the entries of waiters whose
+ * execution stopped and hands every free permit to the oldest waiter, waking it with SendTaskSuccess.
  *
  * It publishes, in the Embedded Metric Format, `PermitsInUse` per lock and `PermitsReclaimed`,
  * `LeasesExpired` and `ReconcilerErrors` per table. A reclaimed permit means that events were lost or
@@ -146,8 +148,17 @@ export class SemaphoreReconciler extends Construct {
       }),
     );
     this.reconcilerFunction = fn;
-    props.table.table.grant(role, 'dynamodb:Scan', 'dynamodb:UpdateItem');
+    // GetItem and SendTaskSuccess serve the queues of the wait strategy QUEUE: free permits go to the
+    // oldest waiter, which is woken (see client/queue-service.ts).
+    props.table.table.grant(role, 'dynamodb:Scan', 'dynamodb:GetItem', 'dynamodb:UpdateItem');
     props.table.table.encryptionKey?.grantEncryptDecrypt(role);
+    role.addToPrincipalPolicy(
+      new iam.PolicyStatement({
+        actions: ['states:SendTaskSuccess'],
+        // Waiters of a shared lock can be executions of any workflow using it, in this account and Region.
+        resources: [Stack.of(this).formatArn({ service: 'states', resource: 'stateMachine', resourceName: '*', arnFormat: ArnFormat.COLON_RESOURCE_NAME })],
+      }),
+    );
     if (stateMachines.length > 0) {
       role.addToPrincipalPolicy(
         new iam.PolicyStatement({

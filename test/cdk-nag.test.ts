@@ -47,7 +47,7 @@ function suppressJustifiedFindings(workflow: ConcurrencyControlledWorkflow): voi
     true,
   );
   NagSuppressions.addResourceSuppressions(
-    [workflow.stateMachine.role, workflow.cleanupStateMachine.role],
+    [workflow.stateMachine.role, workflow.cleanupStateMachine.role, workflow.reconciler.reconcilerFunction.role!],
     [
       {
         id: 'AwsSolutions-IAM5',
@@ -71,6 +71,7 @@ test('the defaults leave only findings that cannot be fixed', () => {
     expect.stringMatching(/^\/Stack\/Workflow\/Cleanup\/StateMachine\/Role\/DefaultPolicy\/Resource: AwsSolutions-IAM5\[Resource::arn:.*:execution:.*:\*\]$/),
     '/Stack/Workflow/Cleanup/StateMachine/Role/DefaultPolicy/Resource: AwsSolutions-IAM5[Resource::arn:<AWS::Partition>:states:<AWS::Region>:<AWS::AccountId>:stateMachine:*]',
     expect.stringMatching(/^\/Stack\/Workflow\/Reconciler\/Role\/DefaultPolicy\/Resource: AwsSolutions-IAM5\[Resource::arn:.*:execution:.*:\*\]$/),
+    '/Stack/Workflow/Reconciler/Role/DefaultPolicy/Resource: AwsSolutions-IAM5[Resource::arn:<AWS::Partition>:states:<AWS::Region>:<AWS::AccountId>:stateMachine:*]',
     '/Stack/Workflow/StateMachine/Role/DefaultPolicy/Resource: AwsSolutions-IAM5[Resource::*]',
     '/Stack/Workflow/StateMachine/Role/DefaultPolicy/Resource: AwsSolutions-IAM5[Resource::arn:<AWS::Partition>:states:<AWS::Region>:<AWS::AccountId>:stateMachine:*]',
   ]);

@@ -233,25 +233,32 @@ async function finishExecution(execution: Awaited<ReturnType<typeof executionIns
 }
 
 describe('CLI holders and workflow executions share one lock', () => {
-  test('a CLI lease makes an execution wait; the release lets it in', async () => {
+  test('a CLI lease makes an execution wait in the queue; the CLI\'s release hands the permit over and wakes it', async () => {
     const acquired = await binary('acquire', LOCK, '--limit', '1', '--no-wait', '--owner', 'deploy-script').done;
     expect(acquired.code).toBe(0);
     const leaseId = acquired.stdout.trim();
     expect(leaseId).toMatch(/^lease-[0-9a-f-]{36}$/);
 
     const execution = sim.startExecution(sim.stateMachine(stateMachineLogicalId(workflowStateMachine())), { n: 1 });
-    // A second of real time is 100 s of polling in the simulation.
+    // A second of real time is 100 s in the simulation: the execution sleeps in the queue, without polling.
     await new Promise((r) => setTimeout(r, 1000));
     expect(execution.status).toBe('RUNNING');
-    expect(execution.stateTransitions.get('Poll For Permit')).toBeGreaterThan(5);
+    expect(execution.stateTransitions.get('Wait In Queue')).toBe(1);
+    expect(execution.stateTransitions.has('Poll For Permit')).toBe(false);
     expect(work.byExecution.has(execution.arn)).toBe(false);
 
     const status = JSON.parse((await cli('status', LOCK, '--json')).stdout);
     expect(status).toMatchObject({ lockName: LOCK, permitsInUse: 1, limit: 1, holders: [{ id: leaseId, kind: 'lease', owner: 'deploy-script', expired: false }] });
 
+    // The binary's release finds the waiter, moves the permit to it and wakes it (SendTaskSuccess to the
+    // simulation's Step Functions API, through AWS_ENDPOINT_URL_SFN).
     expect((await binary('release', LOCK, leaseId).done).code).toBe(0);
     await execution.done;
     expect(execution.status).toBe('SUCCEEDED');
+    expect(work.byExecution.get(execution.arn)).toBe(1);
+    // Woken, not found by a timed-out wait: the permit went straight to it, and nothing else took it.
+    expect(execution.stateTransitions.has('Check Handed-Off Permit')).toBe(false);
+    expect(execution.stateTransitions.has('Acquire Permit')).toBe(true);
   });
 
   test('an execution inside makes the CLI wait or give up with exit code 3, then get the permit', async () => {

@@ -103,7 +103,7 @@ describe('resources', () => {
 
 describe('definition', () => {
   test('acquires with one conditional UpdateItem, runs the body in a Parallel and releases', () => {
-    const { stack, workflow: w } = workflow({ concurrencyLimit: 3, lockName: 'db-migrations' });
+    const { stack, workflow: w } = workflow({ concurrencyLimit: 3, lockName: 'db-migrations', waitStrategy: WaitStrategy.POLLING });
     const def = definitionOf(stack, w.stateMachine);
 
     expect(def.StartAt).toBe('Acquire Permit');
@@ -157,7 +157,16 @@ describe('definition', () => {
     });
     // Waiters: the permit moves to the oldest, which is woken with its fencing token.
     expect(def.States['Peek At Next Waiter']).toMatchObject({ Next: 'Hand Off Permit', ResultPath: '$.handoff.next' });
-    expect(def.States['Hand Off Permit'].Parameters.UpdateExpression).toBe('SET #head = :entry REMOVE #holder, #waiters[0]');
+    expect(def.States['Hand Off Permit']).toMatchObject({
+      Parameters: {
+        UpdateExpression: 'SET #head = :entry REMOVE #holder, #waiters[0], #headToken',
+        ExpressionAttributeNames: { '#headToken.$': "States.Format('waitToken:{}', $.handoff.next.id)" },
+        ReturnValues: 'UPDATED_OLD',
+      },
+      // The head's token is the one string among the old values the hand-off returns.
+      ResultSelector: { 'tokens.$': '$.Attributes.*.S' },
+    });
+    expect(def.States['Wake Next Waiter'].Parameters['TaskToken.$']).toBe('States.ArrayGetItem($.handoff.head.tokens, 0)');
     expect(def.States['Wake Next Waiter']).toMatchObject({
       Resource: expect.stringContaining(':states:::aws-sdk:sfn:sendTaskSuccess'),
       OutputPath: '$.output',
@@ -190,15 +199,34 @@ describe('definition', () => {
       TimeoutSeconds: 120,
       Next: 'Run Protected Body',
       Parameters: {
-        UpdateExpression: 'SET #waiters = list_append(if_not_exists(#waiters, :emptyList), :me)',
-        ConditionExpression: expect.stringContaining('#permits >= :limit AND attribute_not_exists(#holder)'),
+        UpdateExpression: 'SET #waiters = list_append(if_not_exists(#waiters, :emptyList), :me), #token = :token',
+        ConditionExpression: expect.stringContaining('#permits >= :limit AND attribute_not_exists(#holder) AND attribute_not_exists(#token)'),
+        ExpressionAttributeNames: { '#token.$': "States.Format('waitToken:{}', $$.Execution.Id)" },
+        ExpressionAttributeValues: { ':token': { 'S.$': '$$.Task.Token' } },
       },
     });
     const me = wait.Parameters.ExpressionAttributeValues[':me'].L[0].M;
-    expect(me).toMatchObject({ id: { 'S.$': '$$.Execution.Id' }, token: { 'S.$': '$$.Task.Token' }, leaseSeconds: { N: '1800' } });
+    expect(me).toEqual({
+      id: { 'S.$': '$$.Execution.Id' },
+      redriveCount: { 'N.$': 'States.JsonToString($$.Execution.RedriveCount)' },
+      leaseSeconds: { N: '1800' },
+    });
     expect(wait.Catch[0]).toMatchObject({ ErrorEquals: ['DynamoDb.ConditionalCheckFailedException', 'DynamoDb.InternalServerErrorException', 'States.Timeout'], Next: 'Check Handed-Off Permit' });
     expect(def.States['Check Handed-Off Permit'].Catch[0]).toMatchObject({ Next: 'Poll For Permit' });
-    expect(def.States['Poll For Permit'].Catch[0]).toMatchObject({ Next: 'Wait Before Next Poll' });
+    // Still full: sleep again in its place, with a new token; without a place any more, queue anew.
+    expect(def.States['Poll For Permit'].Catch[0]).toMatchObject({ Next: 'Wait In Queue Again' });
+    const again = def.States['Wait In Queue Again'];
+    expect(again).toMatchObject({
+      Resource: expect.stringContaining(':states:::aws-sdk:dynamodb:updateItem.waitForTaskToken'),
+      TimeoutSeconds: 120,
+      Next: 'Run Protected Body',
+      Parameters: {
+        UpdateExpression: 'SET #token = :token',
+        ConditionExpression: '#permits >= :limit AND attribute_not_exists(#holder) AND attribute_exists(#token)',
+      },
+    });
+    expect(again.Catch[0]).toMatchObject({ ErrorEquals: ['DynamoDb.ConditionalCheckFailedException'], Next: 'Wait Before Next Poll' });
+    expect(again.Catch[1]).toMatchObject({ ErrorEquals: ['DynamoDb.InternalServerErrorException', 'States.Timeout'], Next: 'Check Handed-Off Permit' });
     expect(def.States['Wait Before Next Poll'].Next).toBe('Wait In Queue');
   });
 
@@ -227,7 +255,7 @@ describe('definition', () => {
   });
 
   test('with an acquire timeout, races the poll against a timer', () => {
-    const { stack, workflow: w } = workflow({ acquireTimeout: Duration.minutes(2) });
+    const { stack, workflow: w } = workflow({ acquireTimeout: Duration.minutes(2), waitStrategy: WaitStrategy.POLLING });
     const wait = definitionOf(stack, w.stateMachine).States['Wait For Permit'];
 
     expect(wait.Branches).toHaveLength(2);
@@ -347,20 +375,24 @@ describe('reconciler, leases and metrics', () => {
     expect(role.Properties.ManagedPolicyArns).toBeUndefined();
   });
 
-  test('the reconciler may scan and update its table, and describe, stop and read the history of this workflow\'s executions, nothing else', () => {
+  test('the reconciler may read, scan and update its table, describe, stop and read the history of this workflow\'s executions, and wake waiters, nothing else', () => {
     const { template, workflow: w } = workflow();
 
     const statements = policyStatements(template, 'WorkflowReconcilerRole');
     const actions = statements.flatMap((s) => [s.Action].flat()).sort();
     expect(actions).toEqual([
+      'dynamodb:GetItem',
       'dynamodb:Scan',
       'dynamodb:UpdateItem',
       'logs:CreateLogStream',
       'logs:PutLogEvents',
       'states:DescribeExecution',
       'states:GetExecutionHistory', // the redrive guard's
+      'states:SendTaskSuccess', // the queue's: waiters of the lock can belong to any workflow sharing it
       'states:StopExecution',
     ]);
+    const wake = statements.find((s) => [s.Action].flat().includes('states:SendTaskSuccess'));
+    expect(JSON.stringify(wake.Resource)).toContain(':stateMachine:*');
     for (const action of ['states:StopExecution', 'states:GetExecutionHistory']) {
       const states = statements.find((s) => [s.Action].flat().includes(action));
       expect(JSON.stringify(states.Resource)).toContain(logicalId(w.stateMachine.node.defaultChild as any));
@@ -422,7 +454,7 @@ describe('reconciler, leases and metrics', () => {
   });
 
   test('a lease is written into the holder entry', () => {
-    const { stack, workflow: w } = workflow({ leaseDuration: Duration.minutes(10) });
+    const { stack, workflow: w } = workflow({ leaseDuration: Duration.minutes(10), waitStrategy: WaitStrategy.POLLING });
     const def = definitionOf(stack, w.stateMachine);
 
     expect(def.States['Acquire Permit'].Parameters.ExpressionAttributeValues[':entry']).toEqual({

@@ -1,8 +1,9 @@
 import { UpdateItemCommand } from '@aws-sdk/client-dynamodb';
 import { CfnElement, Duration } from 'aws-cdk-lib';
 import { LockMonitor, seededRandom, Simulator } from '../simulator';
+import { WaitStrategy } from '../src';
 import { lockState, logicalId, stateMachineLogicalId, statuses, WorkTracker, workflowStack } from './helpers';
-import { ACQUIRE_CONDITION, ACQUIRE_UPDATE, CONCURRENCY_LIMIT, FENCING_TOKEN, LOCK_KEY, NAMES, PERMITS_IN_USE, VALUES } from '../src/private/lock-schema';
+import { ACQUIRE_CONDITION, ACQUIRE_UPDATE, CONCURRENCY_LIMIT, FENCING_TOKEN, LOCK_KEY, NAMES, PERMITS_IN_USE, VALUES, WAITERS } from '../src/private/lock-schema';
 
 /*
  * The reconciler, run from its bundled code in the simulator against the synthesized workflow: it
@@ -87,6 +88,71 @@ test('aborts during acquire (the late-acquire race) never leak after a reconcile
 
     await sweep(sim);
 
+    expect(await lockState(sim)).toEqual([{ lockName: 'TestStack/Workflow', permitsInUse: 0, holders: [] }]);
+  } finally {
+    await sim.stop();
+  }
+});
+
+test('the queue: the sweep drops a waiter stopped while queued and hands the permit it freed to the oldest live waiter', async () => {
+  // Waiters that never check on their own within the test: only a release or the sweep can wake them.
+  const { stack, workflow, workFunctionId } = workflowStack({
+    concurrencyLimit: 1,
+    waitStrategy: WaitStrategy.QUEUE,
+    queueCheckInterval: Duration.hours(1),
+    reconcilerScheduleEnabled: false,
+  });
+  const work = new WorkTracker(() => 5);
+  const sim = await Simulator.start(stack, { lambdaHandlers: { [workFunctionId]: work.handler } });
+  try {
+    const sm = sim.stateMachine(stateMachineLogicalId(workflow.stateMachine));
+    // The permit is held by an execution that does not exist (as after a lost event): nobody will release it.
+    const first = sim.startExecution(sm, {}, { name: 'first' });
+    await first.done;
+    const ghost = first.arn.replace(/:first$/, ':ghost');
+    await sim.db.client.send(
+      new UpdateItemCommand({
+        TableName: sim.tableName('WorkflowLockTable'),
+        Key: { [LOCK_KEY]: { S: 'TestStack/Workflow' } },
+        UpdateExpression: ACQUIRE_UPDATE,
+        ConditionExpression: ACQUIRE_CONDITION,
+        ExpressionAttributeNames: {
+          [NAMES.permits]: PERMITS_IN_USE,
+          [NAMES.holder]: ghost,
+          [NAMES.limit]: CONCURRENCY_LIMIT,
+          [NAMES.fence]: FENCING_TOKEN,
+        },
+        ExpressionAttributeValues: {
+          [VALUES.zero]: { N: '0' },
+          [VALUES.one]: { N: '1' },
+          [VALUES.limit]: { N: '1' },
+          [VALUES.entry]: { M: { acquiredAt: { S: new Date().toISOString() }, redriveCount: { N: '0' } } },
+        },
+      }),
+    );
+    const waiters = [];
+    for (const name of ['a', 'b', 'c']) {
+      waiters.push(sim.startExecution(sm, {}, { name }));
+      await sim.sleep(2);
+    }
+    const [a, b, c] = waiters;
+    expect(waiters.every((e) => e.status === 'RUNNING' && e.stateTransitions.get('Wait In Queue') === 1)).toBe(true);
+    b.abort('Test.Stop', 'stopped while queued');
+    await sim.sleep(5);
+    const queued = async () => ((await sim.scan('WorkflowLockTable'))[0][WAITERS].L ?? []).map((w) => w.M!.id.S);
+    expect(await queued()).toEqual([a.arn, b.arn, c.arn]); // its cleanup found nothing held; its entry stays
+
+    const result = await sweep(sim);
+
+    expect(result.reclaimed).toEqual([{ lockName: 'TestStack/Workflow', holder: ghost, reason: 'execution DOES_NOT_EXIST' }]);
+    expect([result.waitersRemoved, result.waitersAdmitted]).toEqual([1, 1]);
+    expect(await queued()).toEqual([c.arn]);
+    await Promise.all([a.done, c.done]);
+    expect([a.status, b.status, c.status]).toEqual(['SUCCEEDED', 'ABORTED', 'SUCCEEDED']);
+    // Woken by the sweep, then by a's release: in order, and nobody handed a permit to the stopped waiter.
+    expect(work.startedAt.get(a.arn)!).toBeLessThan(work.startedAt.get(c.arn)!);
+    expect([a, c].some((e) => e.stateTransitions.has('Take Back Permit'))).toBe(false);
+    expect(work.byExecution.has(b.arn)).toBe(false);
     expect(await lockState(sim)).toEqual([{ lockName: 'TestStack/Workflow', permitsInUse: 0, holders: [] }]);
   } finally {
     await sim.stop();

@@ -144,12 +144,21 @@ export const MAX_LOCK_NAME_LENGTH = 255;
  * works nobody barges in ahead of a waiter.
  */
 
-/** The waiters, oldest first (type L of M): { id: S, token: S, redriveCount: N, leaseSeconds: N (0: none) }. */
+/** The waiters, oldest first (type L of M): { id: S, redriveCount: N, leaseSeconds: N (0: none) }. */
 export const WAITERS = 'waiters';
 /** Field of a waiter: its execution ARN. */
 export const WAITER_ID = 'id';
-/** Field of a waiter: the task token of its waiting task. */
-export const WAITER_TOKEN = 'token';
+/**
+ * A waiter's task token lives beside the queue, in a top-level attribute of its own (type S) named
+ * by this prefix and its execution ARN, present exactly while its entry is in the queue: a waiter
+ * whose wait timed out renews its token there and keeps its place, where a token inside the list
+ * could only be replaced by queueing again at the end. The writes that remove an entry remove it too.
+ */
+export const WAIT_TOKEN_PREFIX = 'waitToken:';
+/** The attribute with the task token of a waiter's current wait. */
+export function waitTokenAttribute(executionArn: string): string {
+  return `${WAIT_TOKEN_PREFIX}${executionArn}`;
+}
 /**
  * A copy of the queue's head that a releaser writes in the same update that reads it back (type M,
  * no `acquiredAt`, so never mistaken for a holder). Concurrent releasers overwrite it; each has its
@@ -174,6 +183,10 @@ export const QUEUE_NAMES = {
   waiters: '#waiters',
   next: '#next',
   head: '#head',
+  /** The waiter's own wait-token attribute (waitTokenAttribute). */
+  token: '#token',
+  /** The queue head's wait-token attribute. */
+  headToken: '#headToken',
 } as const;
 
 /** Expression attribute values of the queue's expressions (with VALUES). */
@@ -184,6 +197,7 @@ export const QUEUE_VALUES = {
   headId: ':headId',
   fence: ':fence',
   claimed: ':claimed',
+  token: ':token',
 } as const;
 
 const NO_WAITERS = `(attribute_not_exists(${QUEUE_NAMES.waiters}) OR size(${QUEUE_NAMES.waiters}) = ${VALUES.zero})`;
@@ -191,10 +205,17 @@ const NO_WAITERS = `(attribute_not_exists(${QUEUE_NAMES.waiters}) OR size(${QUEU
 /**
  * Enqueue: append a waiter only while the lock is full (so a release that races the enqueue either
  * sees the waiter and hands it the permit, or frees a permit that makes this condition fail and the
- * waiter try again), the execution holds nothing, and the queue has room.
+ * waiter try again), the execution holds nothing, is not queued already, and the queue has room.
  */
-export const ENQUEUE_CONDITION = `${NAMES.permits} >= ${VALUES.limit} AND attribute_not_exists(${NAMES.holder}) AND (attribute_not_exists(${QUEUE_NAMES.waiters}) OR size(${QUEUE_NAMES.waiters}) < ${QUEUE_VALUES.maxWaiters})`;
-export const ENQUEUE_UPDATE = `SET ${QUEUE_NAMES.waiters} = list_append(if_not_exists(${QUEUE_NAMES.waiters}, ${QUEUE_VALUES.emptyList}), ${QUEUE_VALUES.me})`;
+export const ENQUEUE_CONDITION = `${NAMES.permits} >= ${VALUES.limit} AND attribute_not_exists(${NAMES.holder}) AND attribute_not_exists(${QUEUE_NAMES.token}) AND (attribute_not_exists(${QUEUE_NAMES.waiters}) OR size(${QUEUE_NAMES.waiters}) < ${QUEUE_VALUES.maxWaiters})`;
+export const ENQUEUE_UPDATE = `SET ${QUEUE_NAMES.waiters} = list_append(if_not_exists(${QUEUE_NAMES.waiters}, ${QUEUE_VALUES.emptyList}), ${QUEUE_VALUES.me}), ${QUEUE_NAMES.token} = ${QUEUE_VALUES.token}`;
+
+/**
+ * Wait again in the same place (after a wait timed out): a new token for the entry it still has, on
+ * the same terms as the enqueue. Refused once the entry is gone (served, dropped) or a permit is free.
+ */
+export const RENEW_WAIT_CONDITION = `${NAMES.permits} >= ${VALUES.limit} AND attribute_not_exists(${NAMES.holder}) AND attribute_exists(${QUEUE_NAMES.token})`;
+export const RENEW_WAIT_UPDATE = `SET ${QUEUE_NAMES.token} = ${QUEUE_VALUES.token}`;
 
 /** Release when nobody waits: RELEASE_STOPPED_RUN_CONDITION and an empty queue. */
 export const RELEASE_IF_NO_WAITERS_CONDITION = `${RELEASE_STOPPED_RUN_CONDITION} AND ${NO_WAITERS}`;
@@ -205,15 +226,16 @@ export const PEEK_UPDATE = `SET ${QUEUE_NAMES.next} = ${QUEUE_NAMES.waiters}[0],
 
 /**
  * Hand off: the holder entry moves from the releaser to the head, which leaves the queue; the count
- * stays. Conditional on the head being the one read (another releaser may have served it) and not
- * holding a permit already (a waiter that re-queued after its wait timed out).
+ * stays; the head's token goes too, and the releaser reads it from the response (UPDATED_OLD: the
+ * only string among the attributes the update touches). Conditional on the head being the one read
+ * (another releaser may have served it) and not holding a permit already (it found one by polling).
  */
 export const HAND_OFF_CONDITION = `${RELEASE_STOPPED_RUN_CONDITION} AND ${QUEUE_NAMES.waiters}[0].id = ${QUEUE_VALUES.headId} AND attribute_not_exists(${QUEUE_NAMES.head})`;
-export const HAND_OFF_UPDATE = `SET ${QUEUE_NAMES.head} = ${VALUES.entry} REMOVE ${NAMES.holder}, ${QUEUE_NAMES.waiters}[0]`;
+export const HAND_OFF_UPDATE = `SET ${QUEUE_NAMES.head} = ${VALUES.entry} REMOVE ${NAMES.holder}, ${QUEUE_NAMES.waiters}[0], ${QUEUE_NAMES.headToken}`;
 
 /** Drop a queue head that already holds a permit (a stale entry of a waiter that re-queued). */
 export const DROP_HEAD_CONDITION = `${QUEUE_NAMES.waiters}[0].id = ${QUEUE_VALUES.headId} AND attribute_exists(${QUEUE_NAMES.head})`;
-export const DROP_HEAD_UPDATE = `REMOVE ${QUEUE_NAMES.waiters}[0]`;
+export const DROP_HEAD_UPDATE = `REMOVE ${QUEUE_NAMES.waiters}[0], ${QUEUE_NAMES.headToken}`;
 
 /**
  * After a server error on the hand-off: did it land? The fencing token drawn for it is unique, so the

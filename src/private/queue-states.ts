@@ -31,11 +31,13 @@ import {
   RELEASE_IF_NO_WAITERS_CONDITION,
   RELEASE_STOPPED_RUN_CONDITION,
   RELEASE_UPDATE,
+  RENEW_WAIT_CONDITION,
+  RENEW_WAIT_UPDATE,
   TAKE_BACK_CONDITION,
   TAKE_BACK_UPDATE,
   VALUES,
+  WAIT_TOKEN_PREFIX,
   WAITER_ID,
-  WAITER_TOKEN,
   WAITERS,
 } from './lock-schema';
 import { fencingTokenSelector } from './lock-tasks';
@@ -49,7 +51,7 @@ import { ISemaphoreTable } from '../semaphore-table';
  * Waiter:   Acquire Permit ─full─▶ Wait In Queue ──woken──▶ (body)
  *                                    │ timed out: was the wake-up lost?
  *                                    ▼
- *                                  Check Handed-Off Permit ─no─▶ Poll For Permit ─full─▶ Wait Before Next Poll ─▶ Wait In Queue
+ *                                  Check Handed-Off Permit ─no─▶ Poll For Permit ─full─▶ Wait In Queue Again (same place, new token)
  *
  * Release:  Release Permit (only if nobody waits) ─waiters─▶ Peek At Next Waiter ─▶ Hand Off Permit ─▶ Wake Next Waiter
  *           A waiter that cannot be woken (its token is closed: it stopped, or its wait timed out
@@ -180,7 +182,6 @@ export function handOffChain(scope: Construct, props: HandOffProps): sfn.State {
     returnValues: tasks.DynamoReturnValues.UPDATED_NEW,
     resultSelector: {
       id: sfn.JsonPath.stringAt(`${next}.${WAITER_ID}.S`),
-      token: sfn.JsonPath.stringAt(`${next}.${WAITER_TOKEN}.S`),
       redriveCount: sfn.JsonPath.stringAt(`${next}.${HOLDER_REDRIVE_COUNT}.N`),
       leaseSeconds: sfn.JsonPath.stringAt(`${next}.${HOLDER_LEASE_SECONDS}.N`),
       fencingToken: sfn.JsonPath.stringAt(`$.Attributes.${FENCING_TOKEN}.N`),
@@ -194,12 +195,13 @@ export function handOffChain(scope: Construct, props: HandOffProps): sfn.State {
   release.addCatch(peek, { errors: [CONDITIONAL_CHECK_FAILED], resultPath: sfn.JsonPath.DISCARD });
 
   const headId = sfn.JsonPath.stringAt(`${HANDOFF_PATH}.next.id`);
+  const headToken = sfn.JsonPath.format(`${WAIT_TOKEN_PREFIX}{}`, sfn.JsonPath.stringAt(`${HANDOFF_PATH}.next.id`));
   const dropHead = new tasks.DynamoUpdateItem(scope, names.dropHead, {
     table,
     key,
     conditionExpression: DROP_HEAD_CONDITION,
     updateExpression: DROP_HEAD_UPDATE,
-    expressionAttributeNames: { [QUEUE_NAMES.waiters]: WAITERS, [QUEUE_NAMES.head]: headId },
+    expressionAttributeNames: { [QUEUE_NAMES.waiters]: WAITERS, [QUEUE_NAMES.head]: headId, [QUEUE_NAMES.headToken]: headToken },
     expressionAttributeValues: { [QUEUE_VALUES.headId]: tasks.DynamoAttributeValue.fromString(headId) },
     resultPath: sfn.JsonPath.DISCARD,
   })
@@ -213,7 +215,12 @@ export function handOffChain(scope: Construct, props: HandOffProps): sfn.State {
     key,
     conditionExpression: HAND_OFF_CONDITION,
     updateExpression: HAND_OFF_UPDATE,
-    expressionAttributeNames: { [NAMES.holder]: holder, [QUEUE_NAMES.waiters]: WAITERS, [QUEUE_NAMES.head]: headId },
+    expressionAttributeNames: {
+      [NAMES.holder]: holder,
+      [QUEUE_NAMES.waiters]: WAITERS,
+      [QUEUE_NAMES.head]: headId,
+      [QUEUE_NAMES.headToken]: headToken,
+    },
     expressionAttributeValues: {
       [VALUES.redriveCount]: redriveCount,
       [QUEUE_VALUES.headId]: tasks.DynamoAttributeValue.fromString(headId),
@@ -224,7 +231,10 @@ export function handOffChain(scope: Construct, props: HandOffProps): sfn.State {
         [HOLDER_FENCING_TOKEN]: fence,
       }),
     },
-    resultPath: sfn.JsonPath.DISCARD,
+    // The head's token, removed by this very update: the one string among the old values it returns.
+    returnValues: tasks.DynamoReturnValues.UPDATED_OLD,
+    resultSelector: { tokens: sfn.JsonPath.listAt('$.Attributes.*.S') },
+    resultPath: `${HANDOFF_PATH}.head`,
   })
     // A retry after a write that landed would fail its condition and lose the wake-up: server errors
     // are confirmed instead (below).
@@ -235,7 +245,8 @@ export function handOffChain(scope: Construct, props: HandOffProps): sfn.State {
     .addCatch(dropHead, { errors: [CONDITIONAL_CHECK_FAILED, VALIDATION_ERROR], resultPath: sfn.JsonPath.DISCARD });
   peek.next(handOff);
 
-  // Did the hand-off land? Its fencing token is in the head's entry if and only if it did.
+  // Did the hand-off land? Its fencing token is in the head's entry if and only if it did. If it did,
+  // its response (with the head's token) is lost: the waiter finds the permit when its wait times out.
   const confirmHandOff = new tasks.DynamoUpdateItem(scope, names.confirmHandOff, {
     table,
     key,
@@ -272,12 +283,13 @@ export function handOffChain(scope: Construct, props: HandOffProps): sfn.State {
   // finds out by itself.
   takeBack.addCatch(release, { errors: [CONDITIONAL_CHECK_FAILED], resultPath: sfn.JsonPath.DISCARD });
 
+  const wakeUpLost = props.next ?? new sfn.Succeed(scope, names.wakeUpLost, { outputPath: props.outputPath });
   const wake = end(
     new tasks.CallAwsService(scope, names.wake, {
       service: 'sfn',
       action: 'sendTaskSuccess',
       parameters: {
-        TaskToken: sfn.JsonPath.stringAt(`${HANDOFF_PATH}.next.token`),
+        TaskToken: sfn.JsonPath.arrayGetItem(sfn.JsonPath.listAt(`${HANDOFF_PATH}.head.tokens`), 0),
         Output: sfn.JsonPath.jsonToString(sfn.JsonPath.objectAt(`${HANDOFF_PATH}.next.wake`)),
       },
       iamAction: 'states:SendTaskSuccess',
@@ -289,13 +301,10 @@ export function handOffChain(scope: Construct, props: HandOffProps): sfn.State {
       .addRetry({ errors: ['Sfn.ThrottlingException', 'Sfn.SfnException'], interval: Duration.seconds(1), backoffRate: 2, maxAttempts: 5, jitterStrategy: sfn.JitterType.FULL })
       .addCatch(takeBack, { errors: TOKEN_GONE_ERRORS, resultPath: sfn.JsonPath.DISCARD })
       // Any other failure is a lost wake-up: the waiter finds its permit when its wait times out.
-      .addCatch(props.next ?? new sfn.Succeed(scope, names.wakeUpLost, { outputPath: props.outputPath }), {
-        errors: [sfn.Errors.ALL],
-        resultPath: sfn.JsonPath.DISCARD,
-      }),
+      .addCatch(wakeUpLost, { errors: [sfn.Errors.ALL], resultPath: sfn.JsonPath.DISCARD }),
   );
   handOff.next(wake);
-  confirmHandOff.next(wake);
+  confirmHandOff.next(wakeUpLost);
   return release;
 }
 
@@ -316,37 +325,55 @@ export interface WaiterProps {
  * sleep until a releaser hands it a permit. Its output is `{ fencingToken }`.
  */
 export function waitInQueueTask(scope: Construct, props: WaiterProps): sfn.TaskStateBase {
+  return waitTask(scope, STATE.waitInQueue, props, ENQUEUE_UPDATE, ENQUEUE_CONDITION);
+}
+
+/**
+ * "Wait In Queue Again": after a wait timed out, sleep again in the same place: a new token for the
+ * entry the execution still has. Refused when the entry is gone or a permit is free.
+ */
+export function renewWaitTask(scope: Construct, props: WaiterProps): sfn.TaskStateBase {
+  return waitTask(scope, STATE.waitInQueueAgain, props, RENEW_WAIT_UPDATE, RENEW_WAIT_CONDITION);
+}
+
+function waitTask(scope: Construct, id: string, props: WaiterProps, update: string, condition: string): sfn.TaskStateBase {
   const limit = props.limit.toObject();
-  return new tasks.CallAwsService(scope, STATE.waitInQueue, {
+  const enqueue = update === ENQUEUE_UPDATE;
+  return new tasks.CallAwsService(scope, id, {
     service: 'dynamodb',
     action: 'updateItem',
     integrationPattern: sfn.IntegrationPattern.WAIT_FOR_TASK_TOKEN,
     parameters: {
       TableName: props.table.table.tableName,
       Key: { [LOCK_KEY]: props.lockName.toObject() },
-      UpdateExpression: ENQUEUE_UPDATE,
-      ConditionExpression: ENQUEUE_CONDITION,
+      UpdateExpression: update,
+      ConditionExpression: condition,
       ExpressionAttributeNames: {
         [NAMES.permits]: PERMITS_IN_USE,
         [NAMES.holder]: sfn.JsonPath.stringAt('$$.Execution.Id'),
-        [QUEUE_NAMES.waiters]: WAITERS,
+        [QUEUE_NAMES.token]: sfn.JsonPath.format(`${WAIT_TOKEN_PREFIX}{}`, sfn.JsonPath.stringAt('$$.Execution.Id')),
+        ...(enqueue ? { [QUEUE_NAMES.waiters]: WAITERS } : {}),
       },
       ExpressionAttributeValues: {
         [VALUES.limit]: limit,
-        [QUEUE_VALUES.maxWaiters]: { N: String(MAX_WAITERS) },
-        [QUEUE_VALUES.emptyList]: { L: [] },
-        [QUEUE_VALUES.me]: {
-          L: [
-            {
-              M: {
-                [WAITER_ID]: { S: sfn.JsonPath.stringAt('$$.Execution.Id') },
-                [WAITER_TOKEN]: { S: sfn.JsonPath.taskToken },
-                [HOLDER_REDRIVE_COUNT]: { N: sfn.JsonPath.jsonToString(sfn.JsonPath.objectAt('$$.Execution.RedriveCount')) },
-                [HOLDER_LEASE_SECONDS]: { N: String(props.leaseSeconds) },
-              },
+        [QUEUE_VALUES.token]: { S: sfn.JsonPath.taskToken },
+        ...(enqueue
+          ? {
+            [QUEUE_VALUES.maxWaiters]: { N: String(MAX_WAITERS) },
+            [QUEUE_VALUES.emptyList]: { L: [] },
+            [QUEUE_VALUES.me]: {
+              L: [
+                {
+                  M: {
+                    [WAITER_ID]: { S: sfn.JsonPath.stringAt('$$.Execution.Id') },
+                    [HOLDER_REDRIVE_COUNT]: { N: sfn.JsonPath.jsonToString(sfn.JsonPath.objectAt('$$.Execution.RedriveCount')) },
+                    [HOLDER_LEASE_SECONDS]: { N: String(props.leaseSeconds) },
+                  },
+                },
+              ],
             },
-          ],
-        },
+          }
+          : {}),
       },
     },
     iamAction: 'dynamodb:UpdateItem',

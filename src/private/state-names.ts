@@ -27,6 +27,7 @@ export const STATE = {
 
   // The queue (wait strategy QUEUE).
   waitInQueue: 'Wait In Queue',
+  waitInQueueAgain: 'Wait In Queue Again',
   checkHandedOff: 'Check Handed-Off Permit',
   readFencingToken: 'Read Fencing Token',
 
@@ -87,6 +88,7 @@ export const BEFORE_BODY_STATES: string[] = [
   STATE.acquireTimer,
   STATE.acquireTimedOut,
   STATE.waitInQueue,
+  STATE.waitInQueueAgain,
   STATE.checkHandedOff,
   STATE.readFencingToken,
   STATE.computeKey,
