@@ -36,6 +36,7 @@ const TOKEN_GONE = ['TaskTimedOut', 'TaskDoesNotExist', 'InvalidToken'];
 
 export interface QueueServiceOptions {
   readonly dynamodb: DynamoDBClient;
+  /** With `maxAttempts: 1`: a retry of a SendTaskSuccess that woke the waiter would hear TaskTimedOut and give its permit back. */
   readonly stepFunctions: SFNClient;
   readonly tableName: string;
   /** Whether a waiter's execution stopped (it can never be woken). @default - never asked: such entries are left to the releasers */
@@ -81,9 +82,10 @@ export async function serveQueue(options: QueueServiceOptions, lockName: string)
     if (tidied === 'conflict') continue;
 
     const permits = Number(item[PERMITS_IN_USE]?.N ?? '0');
-    const limit = item[CONCURRENCY_LIMIT]?.N;
-    if (limit === undefined || permits >= Number(limit)) break;
     const head = waiters[0];
+    // Below the lock's limit and the waiter's own (limits read from the input differ per execution).
+    const limits = [item[CONCURRENCY_LIMIT]?.N, head.entry[CONCURRENCY_LIMIT]?.N].filter((n): n is string => n !== undefined).map(Number);
+    if (limits.length === 0 || permits >= Math.min(...limits)) break;
     const fence = Number(item[FENCING_TOKEN]?.N ?? '0') + 1;
     if (head.token === undefined) break; // tidy() leaves no entry without a token at the head
     const admitted = await update(
@@ -124,6 +126,35 @@ export async function serveQueue(options: QueueServiceOptions, lockName: string)
     }
   }
   return result;
+}
+
+/**
+ * Remove the queue entries an execution's runs before `run` wrote, with the token: the redrive
+ * guard's, for an execution redriven before its body. Renewed in place by the new run, such an entry
+ * would carry the old run's redrive count into the permit handed to it, which a late cleanup of the
+ * old run would then free. The new run queues anew (at worst after its next `queueCheckInterval`, if
+ * it had just renewed the entry). How many went.
+ */
+export async function dropWaiter(options: QueueServiceOptions, lockName: string, executionArn: string, run: number): Promise<number> {
+  let removed = 0;
+  for (let round = 0; round < MAX_WAITERS; round++) {
+    const item = (
+      await options.dynamodb.send(new GetItemCommand({ TableName: options.tableName, Key: { [LOCK_KEY]: { S: lockName } }, ConsistentRead: true }))
+    ).Item;
+    const index = (item?.[WAITERS]?.L ?? []).findIndex((w) => w.M?.[WAITER_ID]?.S === executionArn && Number(w.M?.[HOLDER_REDRIVE_COUNT]?.N ?? '0') < run);
+    if (!item || index < 0) break;
+    const token = item[waitTokenAttribute(executionArn)]?.S;
+    const removedOne = await conditionalUpdate(
+      options,
+      lockName,
+      `REMOVE #waiters[${index}]${token === undefined ? '' : ', #token'}`,
+      `#waiters[${index}].#id = :id AND ${token === undefined ? 'attribute_not_exists(#token)' : '#token = :token'}`,
+      { '#waiters': WAITERS, '#id': WAITER_ID, '#token': waitTokenAttribute(executionArn) },
+      { ':id': { S: executionArn }, ...(token === undefined ? {} : { ':token': { S: token } }) },
+    );
+    if (removedOne) removed++;
+  }
+  return removed;
 }
 
 type Update = (expression: string, condition: string, names: Record<string, string>, values: Record<string, AttributeValue>) => Promise<boolean>;

@@ -62,7 +62,10 @@ export interface SemaphoreClientOptions {
   readonly tableName: string;
   /** @default - a client from the standard SDK configuration (profile, region, AWS_ENDPOINT_URL_DYNAMODB) */
   readonly dynamodb?: DynamoDBClient;
-  /** For waking the queue's waiters. @default - a client from the standard SDK configuration (AWS_ENDPOINT_URL_SFN included) */
+  /**
+   * For waking the queue's waiters; give it `maxAttempts: 1`: a retried SendTaskSuccess that woke the waiter would hear TaskTimedOut and take its permit back.
+   * @default - a client from the standard SDK configuration (AWS_ENDPOINT_URL_SFN included), one attempt per call
+   */
   readonly stepFunctions?: SFNClient;
   /** How long past its end a lease counts as expired, for clock skew between machines. @default 30 */
   readonly clockSkewSeconds?: number;
@@ -145,7 +148,9 @@ export class SemaphoreClient {
     if (!options.tableName) throw new Error('a table name is required');
     this.tableName = options.tableName;
     this.ddb = options.dynamodb ?? new DynamoDBClient({});
-    this.sfn = options.stepFunctions ?? new SFNClient({});
+    // One attempt: a retried SendTaskSuccess that did wake the waiter hears TaskTimedOut, and would take
+    // back the permit the waiter is using. A failed call is a lost wake-up, which the waiter recovers.
+    this.sfn = options.stepFunctions ?? new SFNClient({ maxAttempts: 1 });
     this.skewMillis = (options.clockSkewSeconds ?? 30) * 1000;
   }
 

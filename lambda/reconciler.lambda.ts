@@ -1,7 +1,7 @@
 import { DynamoDBClient } from '@aws-sdk/client-dynamodb';
 import { DescribeExecutionCommand, GetExecutionHistoryCommand, HistoryEvent, SFNClient, StopExecutionCommand } from '@aws-sdk/client-sfn';
 import { DynamoDBDocumentClient, ScanCommand, ScanCommandOutput, UpdateCommand } from '@aws-sdk/lib-dynamodb';
-import { serveQueue } from '../client/queue-service';
+import { dropWaiter, serveQueue } from '../client/queue-service';
 import {
   ACQUIRE_CONDITION,
   ACQUIRE_UPDATE,
@@ -121,6 +121,9 @@ const CLOCK_SKEW_MS = Number(process.env.CLOCK_SKEW_SECONDS ?? '30') * 1000;
 const dynamodb = new DynamoDBClient({});
 const ddb = DynamoDBDocumentClient.from(dynamodb);
 const sfn = new SFNClient({});
+// Wake-ups get one attempt: a retried SendTaskSuccess that did wake the waiter hears TaskTimedOut and
+// would give back the permit the waiter is using. A failed one is a lost wake-up the waiter recovers.
+const wakeClient = new SFNClient({ maxAttempts: 1 });
 
 export async function handler(event: ReconcilerEvent = {}, context?: Context): Promise<ReconcilerResult | RedriveGuardResult> {
   if (event['detail-type'] === 'Step Functions Execution Status Change' && event.detail) {
@@ -231,7 +234,7 @@ async function serveWaiters(table: string, lockName: string, prefixes: string[],
   const served = await serveQueue(
     {
       dynamodb,
-      stepFunctions: sfn,
+      stepFunctions: wakeClient,
       tableName: table,
       isGone: async (executionArn) => {
         if (!prefixes.some((prefix) => executionArn.startsWith(prefix))) return false;
@@ -364,6 +367,10 @@ async function guardRedrive(detail: StatusChangeDetail): Promise<RedriveGuardRes
       [VALUES.one]: 1,
       [VALUES.acquiredAt]: resumed.redrivenAt,
     });
+    // A queue entry of the run before would be renewed in place by this run, and carry that run's
+    // count into the permit handed to it, where a late cleanup of that run could free it. It queues anew.
+    const run = described.redriveCount ?? detail.redriveCount ?? 1;
+    await dropWaiter({ dynamodb, stepFunctions: wakeClient, tableName: table }, lockName, executionArn, run);
     return { executionArn, resumedAt, action: freed ? 'stale permit released' : 'outside the body' };
   }
   if (resumedAt === undefined || OUTSIDE_BODY_STATES.includes(resumedAt)) {

@@ -81,7 +81,8 @@ export interface ConcurrencyControlledWorkflowProps {
    *
    * With `QUEUE`, it joins a first-in, first-out queue of waiters kept in the lock item and sleeps in
    * a `.waitForTaskToken` task; a release that finds waiters hands its permit straight to the oldest
-   * and wakes it with `SendTaskSuccess`. Waiting then costs nothing, a freed permit is used at once
+   * and wakes it with `SendTaskSuccess`. Waiting then costs one transition and one write however long
+   * it lasts (three more of each per `queueCheckInterval` it outlasts), a freed permit is used at once
    * and waiters are served in order. With `POLLING`, it tries again every `pollInterval`.
    *
    * Workflows sharing a lock may use different strategies: every release hands off to waiters.
@@ -727,6 +728,9 @@ export class ConcurrencyControlledWorkflow extends Construct {
    *   Wait In Queue Again (its place kept, a new token) ─woken─▶ body; timed out ─▶ Check Handed-Off Permit
    *     │ refused: no place any more (or a permit is free)
    *     ▼
+   *   Check Handed-Off Permit Again ─yes─▶ body
+   *     │ no
+   *     ▼
    *   Wait Before Next Poll ─▶ Wait In Queue
    *
    * With an `acquireTimeout`, these states run in the "Wait For Permit" Parallel beside a timer, as
@@ -778,9 +782,13 @@ export class ConcurrencyControlledWorkflow extends Construct {
     // permit (handed over while it was not waiting: after a lost wake-up, or to an older entry of it).
     waitInQueue.addCatch(check, { errors: [...ENQUEUE_REFUSED, ...ENQUEUE_UNCERTAIN], resultPath: sfn.JsonPath.DISCARD });
     onError(waitInQueue).next(acquired);
-    // Refused: its entry is gone (served, or dropped) or a permit is free: queue anew, after a pause
-    // that keeps a full queue from turning into a busy loop.
-    waitAgain.addCatch(nextWait, { errors: ENQUEUE_REFUSED, resultPath: sfn.JsonPath.DISCARD });
+    // Refused: its entry is gone (served: is the permit its own now? or dropped) or a permit is free.
+    // Check once more, then queue anew after a pause that keeps a full queue from becoming a busy loop.
+    const checkProps = { table: this.table, lockName: lockTask.lockName, permitPath: ownPermitPath };
+    const checkAgain = fencingTokenTask(this, STATE.checkHandedOffAgain, checkProps)
+      .addCatch(nextWait, { errors: [CONDITIONAL_CHECK_FAILED], resultPath: sfn.JsonPath.DISCARD });
+    onError(checkAgain).next(acquired);
+    waitAgain.addCatch(checkAgain, { errors: ENQUEUE_REFUSED, resultPath: sfn.JsonPath.DISCARD });
     waitAgain.addCatch(check, { errors: ENQUEUE_UNCERTAIN, resultPath: sfn.JsonPath.DISCARD });
     onError(waitAgain).next(acquired);
 

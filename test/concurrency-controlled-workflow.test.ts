@@ -175,6 +175,12 @@ describe('definition', () => {
         { ErrorEquals: ['States.ALL'], ResultPath: null, Next: 'Wake-Up Lost' },
       ],
     });
+    // Only throttling is retried: a retried call that did wake the waiter would hear TaskTimedOut and take the permit back.
+    expect(def.States['Wake Next Waiter'].Retry.map((r: any) => r.ErrorEquals)).toEqual([['Sfn.ThrottlingException']]);
+    // A hand-off hidden by a server error, confirmed by its fencing token, is taken back and handed on.
+    expect(def.States['Hand Off Permit'].Catch).toContainEqual(expect.objectContaining({ Next: 'Confirm Hand-Off' }));
+    expect(def.States['Confirm Hand-Off'].Next).toBe('Take Back Permit');
+    expect(def.States['Hand Off Permit'].Parameters.ConditionExpression).toContain('attribute_exists(#headToken)');
     expect(def.States['Fail With Original Error']).toEqual({ Type: 'Fail', ErrorPath: '$.Error', CausePath: '$.Cause' });
   });
 
@@ -210,6 +216,7 @@ describe('definition', () => {
       id: { 'S.$': '$$.Execution.Id' },
       redriveCount: { 'N.$': 'States.JsonToString($$.Execution.RedriveCount)' },
       leaseSeconds: { N: '1800' },
+      concurrencyLimit: { N: '1' }, // its own limit, for the reconciler's admissions
     });
     expect(wait.Catch[0]).toMatchObject({ ErrorEquals: ['DynamoDb.ConditionalCheckFailedException', 'DynamoDb.InternalServerErrorException', 'States.Timeout'], Next: 'Check Handed-Off Permit' });
     expect(def.States['Check Handed-Off Permit'].Catch[0]).toMatchObject({ Next: 'Poll For Permit' });
@@ -225,7 +232,8 @@ describe('definition', () => {
         ConditionExpression: '#permits >= :limit AND attribute_not_exists(#holder) AND attribute_exists(#token)',
       },
     });
-    expect(again.Catch[0]).toMatchObject({ ErrorEquals: ['DynamoDb.ConditionalCheckFailedException'], Next: 'Wait Before Next Poll' });
+    expect(again.Catch[0]).toMatchObject({ ErrorEquals: ['DynamoDb.ConditionalCheckFailedException'], Next: 'Check Handed-Off Permit Again' });
+    expect(def.States['Check Handed-Off Permit Again']).toMatchObject({ Next: 'Run Protected Body', Catch: [{ Next: 'Wait Before Next Poll' }, expect.anything()] });
     expect(again.Catch[1]).toMatchObject({ ErrorEquals: ['DynamoDb.InternalServerErrorException', 'States.Timeout'], Next: 'Check Handed-Off Permit' });
     expect(def.States['Wait Before Next Poll'].Next).toBe('Wait In Queue');
   });

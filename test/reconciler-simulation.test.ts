@@ -343,6 +343,57 @@ describe('redrive guard', () => {
     }
   });
 
+  test('redriven while it waited in the queue: its old entry goes, and the permit it is handed carries its new run', async () => {
+    const { stack, workflow, workFunctionId } = workflowStack({
+      concurrencyLimit: 1,
+      waitStrategy: WaitStrategy.QUEUE,
+      queueCheckInterval: Duration.seconds(60),
+      reconcilerScheduleEnabled: false,
+    });
+    const work = new WorkTracker((input) => input.seconds);
+    let entryInBody: any;
+    const sim: Simulator = await Simulator.start(stack, {
+      lambdaHandlers: {
+        [workFunctionId]: async (input, context) => {
+          if (input.name === 'waiter') entryInBody = (await sim.scan('WorkflowLockTable'))[0][context.execution.arn];
+          return work.handler(input, context);
+        },
+      },
+    });
+    try {
+      const sm = sim.stateMachine(stateMachineLogicalId(workflow.stateMachine));
+      const holder = sim.startExecution(sm, { seconds: 240 }, { name: 'holder' });
+      await sim.sleep(2);
+      const waiter = sim.startExecution(sm, { seconds: 5, name: 'waiter' }, { name: 'waiter' });
+      await sim.sleep(2);
+      expect(waiter.stateTransitions.get('Wait In Queue')).toBe(1);
+      waiter.abort('Test.Stop', 'stopped while queued');
+      await sim.sleep(5);
+      const queue = async () => ((await sim.scan('WorkflowLockTable'))[0][WAITERS].L ?? []).map((w) => [w.M!.id.S, w.M!.redriveCount.N]);
+      expect(await queue()).toEqual([[waiter.arn, '0']]); // its cleanup found nothing held; the entry stays
+
+      const redriven = sim.redriveExecution(waiter.arn); // resolves when the new run ends
+      // The guard runs on the RUNNING event. The new run queues anew at once, or, if it renewed the old
+      // entry before the guard dropped it, when that wait times out (one check interval).
+      let queued = await queue();
+      for (let waited = 0; waited < 150 && JSON.stringify(queued) !== JSON.stringify([[waiter.arn, '1']]); waited += 5) {
+        await sim.sleep(5);
+        queued = await queue();
+      }
+
+      expect(queued).toEqual([[waiter.arn, '1']]);
+      expect(holder.status).toBe('RUNNING');
+      const again = await redriven;
+      await holder.done;
+      expect([holder.status, again.status]).toEqual(['SUCCEEDED', 'SUCCEEDED']);
+      // Handed over by the holder's release: the entry carries the run that waits for it now.
+      expect(entryInBody.M.redriveCount).toEqual({ N: '1' });
+      expect(await lockState(sim)).toEqual([{ lockName: 'TestStack/Workflow', permitsInUse: 0, holders: [] }]);
+    } finally {
+      await sim.stop();
+    }
+  });
+
   test('a redrive outside the body is left to the workflow itself', async () => {
     const { stack, workflow, workFunctionId } = workflowStack({ concurrencyLimit: 1, acquireTimeout: Duration.seconds(20) });
     const work = new WorkTracker((input) => input.seconds);

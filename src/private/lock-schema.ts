@@ -228,13 +228,14 @@ export const PEEK_UPDATE = `SET ${QUEUE_NAMES.next} = ${QUEUE_NAMES.waiters}[0],
  * Hand off: the holder entry moves from the releaser to the head, which leaves the queue; the count
  * stays; the head's token goes too, and the releaser reads it from the response (UPDATED_OLD: the
  * only string among the attributes the update touches). Conditional on the head being the one read
- * (another releaser may have served it) and not holding a permit already (it found one by polling).
+ * (another releaser may have served it), not holding a permit already (it found one by polling), and
+ * having a token (so that the response carries one to wake it with).
  */
-export const HAND_OFF_CONDITION = `${RELEASE_STOPPED_RUN_CONDITION} AND ${QUEUE_NAMES.waiters}[0].id = ${QUEUE_VALUES.headId} AND attribute_not_exists(${QUEUE_NAMES.head})`;
+export const HAND_OFF_CONDITION = `${RELEASE_STOPPED_RUN_CONDITION} AND ${QUEUE_NAMES.waiters}[0].id = ${QUEUE_VALUES.headId} AND attribute_not_exists(${QUEUE_NAMES.head}) AND attribute_exists(${QUEUE_NAMES.headToken})`;
 export const HAND_OFF_UPDATE = `SET ${QUEUE_NAMES.head} = ${VALUES.entry} REMOVE ${NAMES.holder}, ${QUEUE_NAMES.waiters}[0], ${QUEUE_NAMES.headToken}`;
 
-/** Drop a queue head that already holds a permit (a stale entry of a waiter that re-queued). */
-export const DROP_HEAD_CONDITION = `${QUEUE_NAMES.waiters}[0].id = ${QUEUE_VALUES.headId} AND attribute_exists(${QUEUE_NAMES.head})`;
+/** Drop a queue head that already holds a permit (it got one by polling), or that has no token to wake it by. */
+export const DROP_HEAD_CONDITION = `${QUEUE_NAMES.waiters}[0].id = ${QUEUE_VALUES.headId} AND (attribute_exists(${QUEUE_NAMES.head}) OR attribute_not_exists(${QUEUE_NAMES.headToken}))`;
 export const DROP_HEAD_UPDATE = `REMOVE ${QUEUE_NAMES.waiters}[0], ${QUEUE_NAMES.headToken}`;
 
 /**

@@ -7,6 +7,7 @@ import {
   CHECK_HANDED_OFF_CONDITION,
   CHECK_HANDED_OFF_UPDATE,
   CONFIRM_HAND_OFF_CONDITION,
+  CONCURRENCY_LIMIT,
   CONFIRM_HAND_OFF_UPDATE,
   DROP_HEAD_CONDITION,
   DROP_HEAD_UPDATE,
@@ -55,7 +56,7 @@ import { ISemaphoreTable } from '../semaphore-table';
  *
  * Release:  Release Permit (only if nobody waits) ─waiters─▶ Peek At Next Waiter ─▶ Hand Off Permit ─▶ Wake Next Waiter
  *           A waiter that cannot be woken (its token is closed: it stopped, or its wait timed out
- *           and it queued again) gets its permit taken back and passed on, by the same states.
+ *           just then) gets its permit taken back and passed on, by the same states.
  */
 
 /** DynamoDB errors of the AWS SDK integration (`DynamoDb.` prefix), which the enqueue task uses. */
@@ -246,7 +247,8 @@ export function handOffChain(scope: Construct, props: HandOffProps): sfn.State {
   peek.next(handOff);
 
   // Did the hand-off land? Its fencing token is in the head's entry if and only if it did. If it did,
-  // its response (with the head's token) is lost: the waiter finds the permit when its wait times out.
+  // its response (with the head's token) is lost: take the permit back (unless the waiter has claimed
+  // it) and hand it on, rather than leave it with a waiter that may have stopped.
   const confirmHandOff = new tasks.DynamoUpdateItem(scope, names.confirmHandOff, {
     table,
     key,
@@ -260,8 +262,8 @@ export function handOffChain(scope: Construct, props: HandOffProps): sfn.State {
     .addCatch(release, { errors: [CONDITIONAL_CHECK_FAILED], resultPath: sfn.JsonPath.DISCARD });
   handOff.addCatch(confirmHandOff, { errors: SERVER_ERRORS, resultPath: sfn.JsonPath.DISCARD });
 
-  // The woken waiter's task has gone (the execution stopped, or its wait timed out and it queued
-  // again): take the permit back, unless the waiter found and claimed it meanwhile, and hand it on.
+  // The woken waiter's task has gone (the execution stopped, or its wait timed out just then): take
+  // the permit back, unless the waiter found and claimed it meanwhile, and hand it on.
   const takeBack = new tasks.DynamoUpdateItem(scope, names.takeBack, {
     table,
     key,
@@ -298,13 +300,15 @@ export function handOffChain(scope: Construct, props: HandOffProps): sfn.State {
       resultPath: sfn.JsonPath.DISCARD,
       ...endProps,
     })
-      .addRetry({ errors: ['Sfn.ThrottlingException', 'Sfn.SfnException'], interval: Duration.seconds(1), backoffRate: 2, maxAttempts: 5, jitterStrategy: sfn.JitterType.FULL })
+      // Only throttling is retried: after any other failure the call may have woken the waiter, and a
+      // retry would then hear TaskTimedOut and take back the permit the waiter is using.
+      .addRetry({ errors: ['Sfn.ThrottlingException'], interval: Duration.seconds(1), backoffRate: 2, maxAttempts: 5, jitterStrategy: sfn.JitterType.FULL })
       .addCatch(takeBack, { errors: TOKEN_GONE_ERRORS, resultPath: sfn.JsonPath.DISCARD })
       // Any other failure is a lost wake-up: the waiter finds its permit when its wait times out.
       .addCatch(wakeUpLost, { errors: [sfn.Errors.ALL], resultPath: sfn.JsonPath.DISCARD }),
   );
   handOff.next(wake);
-  confirmHandOff.next(wakeUpLost);
+  confirmHandOff.next(takeBack);
   return release;
 }
 
@@ -368,6 +372,8 @@ function waitTask(scope: Construct, id: string, props: WaiterProps, update: stri
                     [WAITER_ID]: { S: sfn.JsonPath.stringAt('$$.Execution.Id') },
                     [HOLDER_REDRIVE_COUNT]: { N: sfn.JsonPath.jsonToString(sfn.JsonPath.objectAt('$$.Execution.RedriveCount')) },
                     [HOLDER_LEASE_SECONDS]: { N: String(props.leaseSeconds) },
+                    // Its own limit: the reconciler hands it a free permit only below it.
+                    [CONCURRENCY_LIMIT]: limit,
                   },
                 },
               ],

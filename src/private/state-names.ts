@@ -29,6 +29,7 @@ export const STATE = {
   waitInQueue: 'Wait In Queue',
   waitInQueueAgain: 'Wait In Queue Again',
   checkHandedOff: 'Check Handed-Off Permit',
+  checkHandedOffAgain: 'Check Handed-Off Permit Again',
   readFencingToken: 'Read Fencing Token',
 
   // Releases that hand the permit to a waiter (also with the suffix ' After Failure').
@@ -90,6 +91,7 @@ export const BEFORE_BODY_STATES: string[] = [
   STATE.waitInQueue,
   STATE.waitInQueueAgain,
   STATE.checkHandedOff,
+  STATE.checkHandedOffAgain,
   STATE.readFencingToken,
   STATE.computeKey,
   STATE.claimRecord,

@@ -1,4 +1,4 @@
-import { ConditionalCheckFailedException } from '@aws-sdk/client-dynamodb';
+import { ConditionalCheckFailedException, DynamoDBClient, GetItemCommand } from '@aws-sdk/client-dynamodb';
 import { DescribeExecutionCommand, ExecutionDoesNotExist, GetExecutionHistoryCommand, SFNClient, StopExecutionCommand } from '@aws-sdk/client-sfn';
 import { DynamoDBDocumentClient, ScanCommand, UpdateCommand } from '@aws-sdk/lib-dynamodb';
 import { mockClient } from 'aws-sdk-client-mock';
@@ -11,6 +11,8 @@ import { handler, ReconcilerResult, RedriveGuardResult } from '../../lambda/reco
  */
 
 const ddb = mockClient(DynamoDBDocumentClient);
+/** The plain client: the queue's service (dropWaiter, serveQueue) reads and writes the lock item with it. */
+const raw = mockClient(DynamoDBClient);
 const sfn = mockClient(SFNClient);
 const SM = 'arn:aws:states:us-east-1:123456789012:stateMachine:Guarded';
 const exec = (name: string, sm = 'Guarded') => `arn:aws:states:us-east-1:123456789012:execution:${sm}:${name}`;
@@ -21,6 +23,8 @@ const guard = (...args: Parameters<typeof handler>) => handler(...args) as Promi
 
 beforeEach(() => {
   ddb.reset();
+  raw.reset();
+  raw.on(GetItemCommand).resolves({});
   sfn.reset();
   process.env.TABLE_NAME = 'locks';
   process.env.STATE_MACHINE_ARNS = SM;
@@ -302,6 +306,10 @@ describe('redrive guard', () => {
       ConditionExpression: 'attribute_exists(#holder) AND #holder.acquiredAt < :acquiredAt',
       ExpressionAttributeValues: { ':one': 1, ':acquiredAt': redrivenAt.toISOString() },
     });
+    // It also looks for a queue entry of the run before, to drop it (none here).
+    expect(raw.commandCalls(GetItemCommand).map((c) => c.args[0].input)).toEqual([
+      { TableName: 'locks', Key: { lockName: { S: 'db' } }, ConsistentRead: true },
+    ]);
   });
 
   test('does nothing for an execution that stopped again before the event arrived', async () => {
