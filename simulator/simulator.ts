@@ -102,6 +102,8 @@ export class Execution {
   public readonly history: Array<{ type: string; name?: string; input?: unknown; timestamp: number }> = [];
   /** @internal */
   public abortRun?: () => void;
+  /** @internal A state whose output passed the payload quota: the execution fails with States.DataLimitExceeded. */
+  public dataLimitExceeded?: string;
   private resolveDone!: (e: Execution) => void;
 
   constructor(
@@ -629,6 +631,12 @@ export class Simulator {
             execution.history.push({ type: `${event.state.type}StateEntered`, name, input: event.state.input, timestamp: this.now() });
             this.stateListeners.forEach((l) => l(execution, name));
           }
+        } else if (event.type === 'StateExited' && execution.dataLimitExceeded === undefined) {
+          const exceeded = payloadOverQuota(event.state.name, 'an output', event.state.output);
+          if (exceeded) {
+            execution.dataLimitExceeded = exceeded;
+            execution.abortRun?.();
+          }
         }
       }
     })();
@@ -638,7 +646,11 @@ export class Simulator {
       execution.status = 'SUCCEEDED';
     } catch (e) {
       const err = e as Error & { cause?: Error };
-      if (err.name === 'ExecutionAbortedError') {
+      if (execution.dataLimitExceeded !== undefined) {
+        execution.status = 'FAILED';
+        execution.error = 'States.DataLimitExceeded';
+        execution.cause = execution.dataLimitExceeded;
+      } else if (err.name === 'ExecutionAbortedError') {
         execution.status = 'ABORTED';
       } else if (err.name === 'ExecutionTimeoutError') {
         execution.status = 'TIMED_OUT';
@@ -878,7 +890,6 @@ export function scheduleSeconds(expression: string): number {
   return Number(m[1]) * unit;
 }
 
-/** An AWS SDK integration's result: API field names in PascalCase; its errors prefixed by the service. */
 /** Step Functions' payload quota: a state's input after Parameters, and its output, UTF-8 bytes. */
 const PAYLOAD_QUOTA_BYTES = 256 * 1024;
 
@@ -887,17 +898,26 @@ const PAYLOAD_QUOTA_BYTES = 256 * 1024;
  * before it calls anything, as Step Functions does. In AWS that error is terminal and `States.ALL` does
  * not catch it (only a catcher naming it does); the interpreter has no such distinction, so here a
  * `States.ALL` catcher catches it too. It is never retried.
+ * A state whose output exceeds the quota fails the execution with that error too, a moment late: the
+ * interpreter reports the output once the state has exited, so the next state may have begun.
  * https://docs.aws.amazon.com/step-functions/latest/dg/concepts-error-handling.html
  */
 function checkPayloadSize(stateName: string, input: unknown): void {
-  const bytes = Buffer.byteLength(JSON.stringify(input ?? null), 'utf8');
-  if (bytes > PAYLOAD_QUOTA_BYTES) {
-    const error = new TaskError('States.DataLimitExceeded', `The state '${stateName}' has an input of ${bytes} bytes after Parameters, above the quota of ${PAYLOAD_QUOTA_BYTES} bytes`);
+  const exceeded = payloadOverQuota(stateName, 'an input after Parameters', input);
+  if (exceeded) {
+    const error = new TaskError('States.DataLimitExceeded', exceeded);
     Object.defineProperty(error, 'isRetryable', { value: false });
     throw error;
   }
 }
 
+/** Why a state's payload passes the quota, or undefined when it does not. */
+function payloadOverQuota(stateName: string, what: string, payload: unknown): string | undefined {
+  const bytes = Buffer.byteLength(JSON.stringify(payload ?? null), 'utf8');
+  return bytes > PAYLOAD_QUOTA_BYTES ? `The state '${stateName}' has ${what} of ${bytes} bytes, above the quota of ${PAYLOAD_QUOTA_BYTES} bytes` : undefined;
+}
+
+/** An AWS SDK integration's result: API field names in PascalCase; its errors prefixed by the service. */
 function sdkIntegrationCall(service: string, call: () => unknown): unknown {
   try {
     return call();

@@ -361,7 +361,7 @@ export class ConcurrencyControlledWorkflow extends Construct {
     // An idempotent workflow describes its own executions (the owners of records), so its name must
     // be known before the state machine exists.
     const stateMachineName = props.stateMachineName ?? (props.idempotency ? defaultStateMachineName(this) : undefined);
-    const idempotency = props.idempotency && renderIdempotency(this, props.idempotency, stateMachineName!);
+    const idempotency = props.idempotency && renderIdempotency(this, props.idempotency, stateMachineName!, props.timeout);
     this.idempotencyTable = idempotency?.table;
 
     const definition = this.renderDefinition({

@@ -20,7 +20,7 @@ export class IdempotencyKey {
 
   /**
    * The values at these JSONPaths of the input (`$.orderId`, `$.customer['id']`, `$.items[0].sku`).
-   * A missing field counts as `null`; when every field is missing the execution fails with
+   * A missing field counts as `null`; when every field is missing or `null` the execution fails with
    * `IdempotencyKeyMissing`.
    *
    * @param paths JSONPaths into the execution input, with `.name`, `['name']` and `[index]` steps
@@ -75,6 +75,8 @@ export interface IdempotencyOptions {
    * How long a completed record counts, from its completion. After that, the
    * same input runs the body again. Checked by timestamp in the workflow itself; DynamoDB TTL removes
    * expired records, up to days later. A record IN_PROGRESS never expires while its execution runs.
+   * (TTL comes a week after the execution's start plus this, or the workflow's `timeout` and a day if
+   * that is longer: give workflows that may run longer than a week a `timeout`.)
    *
    * Whole seconds, at least 1 second.
    *

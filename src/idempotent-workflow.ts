@@ -33,7 +33,9 @@ export interface IdempotentWorkflowProps extends IdempotencyOptions {
   readonly stateMachineName?: string;
 
   /**
-   * Maximum run time of an execution.
+   * Maximum run time of an execution. The TTL of a completed record allows for it (its execution's
+   * start plus `expiresAfter` plus the longer of a week and this timeout and a day), so that DynamoDB
+   * never deletes a record before it expires.
    *
    * @default - no timeout
    */
@@ -142,7 +144,7 @@ export class IdempotentWorkflow extends Construct {
   constructor(scope: Construct, id: string, props: IdempotentWorkflowProps) {
     super(scope, id);
     const stateMachineName = props.stateMachineName ?? defaultStateMachineName(this);
-    const idempotency = renderIdempotency(this, props, stateMachineName);
+    const idempotency = renderIdempotency(this, props, stateMachineName, props.timeout);
     this.table = idempotency.table;
     this.keyFunction = idempotency.keyFunction;
 

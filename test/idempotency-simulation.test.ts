@@ -1,9 +1,10 @@
+import { DynamoDBClient, PutItemCommand } from '@aws-sdk/client-dynamodb';
 import { App, CfnElement, Duration, Stack } from 'aws-cdk-lib';
 import * as lambda from 'aws-cdk-lib/aws-lambda';
 import * as sfn from 'aws-cdk-lib/aws-stepfunctions';
 import * as tasks from 'aws-cdk-lib/aws-stepfunctions-tasks';
 import { lockState, logicalId, stateMachineLogicalId, statuses, WorkTracker } from './helpers';
-import { Execution, Simulator, SimulatorOptions, TaskContext } from '../simulator';
+import { ApiError, Execution, Simulator, SimulatorOptions, TaskContext } from '../simulator';
 import { ConcurrencyControlledWorkflow, ConcurrencyControlledWorkflowProps, IdempotencyKey, IdempotencyOptions, IdempotentWorkflow } from '../src';
 
 /*
@@ -70,8 +71,9 @@ describe('repeats', () => {
       expect(repeat.output).toEqual(first.output);
       expect(repeat.stateTransitions.get('Return Stored Result')).toBe(1);
       expect(repeat.stateTransitions.has('Do Work')).toBe(false);
+      // Key, claim, read, check, return: the claim, the read and the result's own read are DynamoDB calls.
       expect(overhead(repeat)).toBe(5);
-      expect(repeat.dynamoCalls).toBe(2);
+      expect(repeat.dynamoCalls).toBe(3);
       expect(work.runs).toBe(1);
 
       // Any difference in a value is another key: "7" is not 7.
@@ -96,9 +98,10 @@ describe('repeats', () => {
       const waited = executions.filter((e) => e.stateTransitions.has('Wait For Duplicate'));
       expect(waited).toHaveLength(19);
       for (const e of waited) {
-        // Each look at the record is a claim and a read; a poll adds the owner check, the count and the wait.
+        // Each look at the record is a claim and a read; a poll adds the owner check, the count and the
+        // wait; the result is read at the end.
         const polls = e.stateTransitions.get('Wait For Duplicate')!;
-        expect(e.dynamoCalls).toBe(2 * (polls + 1));
+        expect(e.dynamoCalls).toBe(2 * (polls + 1) + 1);
         expect(overhead(e)).toBe(5 + 7 * polls);
       }
       // Jittered: the duplicates did not all poll at the same moments.
@@ -313,6 +316,64 @@ describe('records of running executions', () => {
   });
 });
 
+describe('owners DescribeExecution does not know', () => {
+  test('an owner that does not exist is taken over when it is missing a second time, one poll later', async () => {
+    const { stack, stateMachineId, workFunctionId } = idempotentStack({ duplicatePollInterval: Duration.seconds(5) });
+    const work: WorkTracker = new WorkTracker((_input, run) => (work.runs === 1 && run === 1 ? 1000 : 1));
+    await simulate(stack, { lambdaHandlers: { [workFunctionId]: work.handler } }, async (sim) => {
+      const sm = sim.stateMachine(stateMachineId);
+      const first = sim.startExecution(sm, { job: 'j' }, { abortAfterSeconds: 5 });
+      await first.done;
+      // The record now names an execution of this state machine that Step Functions has never heard of
+      // (its history deleted 90 days after it ended, say).
+      const ghost = first.arn.replace(/:[^:]+$/, ':ghost');
+      const dynamodb = new DynamoDBClient({ endpoint: sim.db.endpoint, region: 'us-east-1', credentials: { accessKeyId: 'local', secretAccessKey: 'local' } });
+      const [record] = await sim.scan('WorkflowIdempotencyTable');
+      await dynamodb.send(new PutItemCommand({ TableName: sim.tableName('WorkflowIdempotencyTable'), Item: { ...record, owner: { S: ghost } } }));
+
+      const retry = await sim.startExecution(sm, { job: 'j' }).done;
+      expect([retry.status, retry.error, retry.cause]).toEqual(['SUCCEEDED', undefined, undefined]);
+      // Missing once: it waits a poll and looks again; missing again: it takes over.
+      expect(retry.stateTransitions.get('Check Record Owner')).toBe(2);
+      expect(retry.stateTransitions.get('Note Missing Record Owner')).toBe(1);
+      expect(retry.stateTransitions.get('Wait For Missing Record Owner')).toBe(1);
+      expect(retry.stateTransitions.get('Take Over Idempotency Record')).toBe(1);
+      expect(work.byExecution.get(retry.arn)).toBe(1);
+      expect(await records(sim)).toEqual([{ status: 'SUCCEEDED', owner: retry.arn, result: retry.output }]);
+    });
+  });
+
+  test('an owner that has just started and is not known yet (DescribeExecution lags) is not taken over', async () => {
+    const { stack, stateMachineId, workFunctionId } = idempotentStack({ duplicatePollInterval: Duration.seconds(5) });
+    const work = new WorkTracker(() => 30);
+    await simulate(stack, { lambdaHandlers: { [workFunctionId]: work.handler } }, async (sim) => {
+      const sm = sim.stateMachine(stateMachineId);
+      const first = sim.startExecution(sm, { job: 'j' });
+      // DescribeExecution is eventually consistent: the first time anyone asks about the first
+      // execution, it does not know it yet.
+      const describe = sim.describeExecution.bind(sim);
+      let lagging = true;
+      sim.describeExecution = (arn: string) => {
+        if (arn === first.arn && lagging) {
+          lagging = false;
+          throw new ApiError('ExecutionDoesNotExist', `Execution Does Not Exist: '${arn}'`);
+        }
+        return describe(arn);
+      };
+      await sim.sleep(2);
+      const duplicate = sim.startExecution(sm, { job: 'j' });
+      await Promise.all([first.done, duplicate.done]);
+
+      expect(lagging).toBe(false);
+      expect([first.status, duplicate.status]).toEqual(['SUCCEEDED', 'SUCCEEDED']);
+      expect(duplicate.stateTransitions.get('Note Missing Record Owner')).toBe(1);
+      expect(duplicate.stateTransitions.has('Take Over Idempotency Record')).toBe(false);
+      expect(duplicate.output).toEqual(first.output);
+      expect(work.runs).toBe(1);
+    });
+  });
+});
+
 describe('limits', () => {
   test('an output too large to store fails with IdempotencyResultTooLarge and leaves the record FAILED', async () => {
     const { stack, stateMachineId, workFunctionId } = idempotentStack();
@@ -329,6 +390,28 @@ describe('limits', () => {
       const retry = await sim.startExecution(sm, { job: 'j' }).done;
       expect(retry.status).toBe('SUCCEEDED');
       expect(retry.output).toEqual({ small: 'j' });
+    });
+  });
+
+  test('a repeat never holds its input and the stored result at once: each fits, together they would not', async () => {
+    const { stack, stateMachineId, workFunctionId } = idempotentStack();
+    let runs = 0;
+    // 160 KB of input and 110 KB of result: each fits in 256 KiB of state data, the two together do not.
+    const work = async (input: any) => {
+      runs++;
+      return { result: 'r'.repeat(110_000), of: input.job };
+    };
+    await simulate(stack, { lambdaHandlers: { [workFunctionId]: work } }, async (sim) => {
+      const sm = sim.stateMachine(stateMachineId);
+      const input = { job: 'big', blob: 'i'.repeat(160_000) };
+      const first = await sim.startExecution(sm, input).done;
+      expect([first.status, first.error]).toEqual(['SUCCEEDED', undefined]);
+
+      const repeat = await sim.startExecution(sm, input).done;
+      expect([repeat.status, repeat.error]).toEqual(['SUCCEEDED', undefined]);
+      expect(repeat.output).toEqual(first.output);
+      expect(repeat.stateTransitions.get('Return Stored Result')).toBe(1);
+      expect(runs).toBe(1);
     });
   });
 });
@@ -378,7 +461,6 @@ describe('with a concurrency limit', () => {
   test('a limit read from the input is checked on the input, not on the record state', async () => {
     const { stack, stateMachineId, workFunctionId } = idempotentStack({}, sfn.JsonPath.numberAt('$.limit'));
     const work = new WorkTracker();
-    expect(work.runs).toBe(0);
     await simulate(stack, { lambdaHandlers: { [workFunctionId]: work.handler } }, async (sim) => {
       const sm = sim.stateMachine(stateMachineId);
       const invalid = await sim.startExecution(sm, { job: 1, limit: 0 }).done;

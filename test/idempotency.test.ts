@@ -138,6 +138,13 @@ describe('resources and permissions', () => {
     const describe = policyStatements(stack, 'WorkflowStateMachineRole').find((st) => st.Action === 'states:DescribeExecution');
     expect(JSON.stringify(describe.Resource)).toContain('execution:payments:*');
   });
+
+  test('a timeout longer than a week keeps completed records in the table that much longer (TTL margin)', () => {
+    // The key function's payload, as the definition (a string, maybe joined with tokens) spells it.
+    const ttlMargin = (stack: Stack) => /ttlMarginSeconds\\*":(\d+)/.exec(JSON.stringify(Template.fromStack(stack).toJSON()))?.[1];
+    expect(ttlMargin(idempotent({ timeout: Duration.days(30) }).stack)).toBe(String(31 * 86400));
+    expect(ttlMargin(idempotent().stack)).toBeUndefined();
+  });
 });
 
 describe('the key', () => {
@@ -154,10 +161,13 @@ describe('the key', () => {
     expect(canonicalJson([2, 1])).not.toBe(canonicalJson([1, 2]));
   });
 
-  test('selection: missing fields are null, all missing is nothing, JMESPath null is nothing', () => {
-    const input = { a: 1, b: { c: [10, 20] } };
+  test('selection: missing fields are null, all missing or null is nothing, JMESPath null is nothing', () => {
+    const input = { a: 1, b: { c: [10, 20] }, n: null };
     expect(select(input, { kind: 'fields', paths: ['$.a', '$.b.c[1]', '$.x'] })).toEqual([1, 20, null]);
     expect(select(input, { kind: 'fields', paths: ['$.x', '$.a.b', '$.b.c.d'] })).toBeUndefined();
+    // An explicit null is no key either (as in JMESPath): { orderId: null } must not share one key with every such input.
+    expect(select(input, { kind: 'fields', paths: ['$.n', '$.x'] })).toBeUndefined();
+    expect(select(input, { kind: 'fields', paths: ['$.n', '$.a'] })).toEqual([null, 1]);
     expect(select(input, { kind: 'jmespath', expression: 'b.c[0]' })).toBe(10);
     expect(select(input, { kind: 'jmespath', expression: 'nothing' })).toBeUndefined();
     // A list or hash of missing fields selects nothing either: it is not a key all such inputs share.
@@ -178,6 +188,10 @@ describe('the key', () => {
     expect(result.payload).toBe(event.input);
     expect(result.inProgressExpiresAt).toBe(Math.ceil(now / 1000) + 366 * 86400);
     expect(result.waits).toEqual({ count: 0 });
+    expect(result.missingOwner).toBe('');
+    // A workflow that may run longer than a week keeps its completed records past its timeout.
+    expect(computeKey({ ...event, ttlMarginSeconds: 30 * 86400 }, now).expiresAt).toBe(Math.ceil(now / 1000) + 3600 + 30 * 86400);
+    expect(computeKey({ ...event, ttlMarginSeconds: 3600 }, now).expiresAt).toBe(result.expiresAt);
 
     const validated = computeKey({ ...event, validate: { kind: 'fields', paths: ['$.amount'] } }, now);
     const changed = computeKey({ ...event, input: { id: 1, amount: 6 }, validate: { kind: 'fields', paths: ['$.amount'] } }, now);

@@ -234,6 +234,29 @@ describe('state machines', () => {
     }
   });
 
+  test('a state whose output exceeds 256 KiB fails the execution with States.DataLimitExceeded', async () => {
+    let after = 0;
+    const { stack, sm } = machineStack((s) =>
+      new sfn.CustomState(s, 'Grow', {
+        stateJson: { Type: 'Task', Resource: 'arn:aws:states:::grow', ResultPath: '$.more' },
+      }).next(new sfn.CustomState(s, 'After', { stateJson: { Type: 'Task', Resource: 'arn:aws:states:::after' } })),
+    );
+    const sim = await Simulator.start(stack, {
+      taskHandlers: { Grow: async () => 'y'.repeat(140_000), After: async () => ++after },
+    });
+    try {
+      const machine = sim.stateMachine(logicalId(sm.node.defaultChild as any));
+      // Input and result fit alone (140 KB each); the output that holds both does not.
+      const tooLarge = await sim.startExecution(machine, { x: 'x'.repeat(140_000) }).done;
+      expect([tooLarge.status, tooLarge.error]).toEqual(['FAILED', 'States.DataLimitExceeded']);
+      expect(tooLarge.cause).toMatch(/'Grow' has an output of \d+ bytes/);
+      const fits = await sim.startExecution(machine, { x: 'x' }).done;
+      expect([fits.status, fits.output]).toEqual(['SUCCEEDED', after]);
+    } finally {
+      await sim.stop();
+    }
+  });
+
   test('a Task without TimeoutSeconds does not time out after 60 s', async () => {
     const { stack, sm } = machineStack((s) => new sfn.CustomState(s, 'Slow', { stateJson: { Type: 'Task', Resource: 'arn:aws:states:::slow' } }));
     const sim = await Simulator.start(stack, {

@@ -17,10 +17,11 @@ export interface RenderedIdempotency {
 
 /**
  * Check the options and create the idempotency states (and, if needed, the table) of a workflow whose
- * state machine will be called `stateMachineName`. Shared by `IdempotentWorkflow` and
- * `ConcurrencyControlledWorkflow`.
+ * state machine will be called `stateMachineName` and time out after `timeout` (if given: completed
+ * records then stay in the table at least that long past their start, whatever TTL). Shared by
+ * `IdempotentWorkflow` and `ConcurrencyControlledWorkflow`.
  */
-export function renderIdempotency(scope: Construct, options: IdempotencyOptions, stateMachineName: string): RenderedIdempotency {
+export function renderIdempotency(scope: Construct, options: IdempotencyOptions, stateMachineName: string, timeout?: Duration): RenderedIdempotency {
   const expiresAfterSeconds = fixedSeconds('expiresAfter', options.expiresAfter ?? Duration.hours(24), 1);
   const pollSeconds = fixedSeconds('duplicatePollInterval', options.duplicatePollInterval ?? Duration.seconds(10), 1);
   // By default an hour, or as long as the checks that fit in the history last at a short interval.
@@ -46,6 +47,8 @@ export function renderIdempotency(scope: Construct, options: IdempotencyOptions,
     key: (options.key ?? IdempotencyKey.wholeInput())._selection,
     validate: options.validateFields === undefined ? undefined : { kind: 'fields', paths: options.validateFields },
     expiresAfterSeconds,
+    // An execution completes its record at most `timeout` after its start: TTL must not come sooner.
+    ttlMarginSeconds: timeout === undefined || timeout.isUnresolved() ? undefined : timeout.toSeconds() + 24 * 3600,
     pollSeconds,
     maxWaits,
     executionArnPattern: stack.formatArn({

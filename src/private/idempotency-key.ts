@@ -30,6 +30,12 @@ export interface KeyFunctionEvent {
   /** What the validation hash covers. @default - no validation hash */
   readonly validate?: KeySelection;
   readonly expiresAfterSeconds: number;
+  /**
+   * How long past its start an execution may still complete its record (the workflow's timeout, if
+   * it has one), so that DynamoDB TTL never deletes a completed record before it expires.
+   * @default - a week (COMPLETED_TTL_MARGIN_SECONDS)
+   */
+  readonly ttlMarginSeconds?: number;
 }
 
 /** What the key function returns; the state machine keeps it as its state data. */
@@ -46,8 +52,9 @@ export interface KeyFunctionResult {
    */
   readonly notBeforeIso: string;
   /**
-   * TTL of a record this execution completes, epoch seconds: now plus `expiresAfter` plus a margin of
-   * a week for the execution's own run time. TTL only cleans up; expiry is checked by `notBeforeIso`.
+   * TTL of a record this execution completes, epoch seconds: now plus `expiresAfter` plus a margin for
+   * the execution's own run time (a week, or the workflow's timeout if longer). TTL only cleans up;
+   * expiry is checked by `notBeforeIso`.
    */
   readonly expiresAt: number;
   /**
@@ -57,6 +64,12 @@ export interface KeyFunctionResult {
   readonly inProgressExpiresAt: number;
   /** How often a duplicate has waited for the first execution: a counter the states increment. */
   readonly waits: { readonly count: number };
+  /**
+   * The owner of an IN_PROGRESS record that DescribeExecution last reported as not existing (`''`:
+   * none). DescribeExecution is eventually consistent, so a duplicate takes over from a missing owner
+   * only when it is reported missing a second time, one poll later.
+   */
+  readonly missingOwner: string;
 }
 
 /** A year and a day: Standard executions run at most a year. */
@@ -68,7 +81,7 @@ export const COMPLETED_TTL_MARGIN_SECONDS = 7 * 24 * 3600;
 /** The value of `validation` when no fields are validated. */
 export const NO_VALIDATION = '-';
 
-/** Error of an execution whose key selects nothing (every field missing, or the expression gives null). */
+/** Error of an execution whose key selects nothing (every field missing or null, or the expression gives only nulls). */
 export const KEY_MISSING_ERROR = 'IdempotencyKeyMissing';
 
 type Segment = string | number;
@@ -130,7 +143,8 @@ export function select(input: unknown, selection: KeySelection): unknown {
         if (!segments) throw new Error(`not a supported JSONPath: ${p}`);
         return valueAt(input, segments);
       });
-      return values.every((v) => v === undefined) ? undefined : values.map((v) => (v === undefined ? null : v));
+      // Nothing but missing or null fields selects nothing, as a JMESPath result of nothing but nulls.
+      return values.every((v) => v === undefined || v === null) ? undefined : values.map((v) => (v === undefined ? null : v));
     }
     case 'jmespath': {
       // `[a, b]` over an input without a and b gives [null, null], not null: that selects nothing too.
@@ -178,9 +192,10 @@ export function computeKey(event: KeyFunctionEvent, nowMillis: number): KeyFunct
     key: `${event.prefix}#${sha256(canonicalJson(selected))}`,
     validation: event.validate === undefined ? NO_VALIDATION : sha256(canonicalJson(validated ?? null)),
     notBeforeIso: new Date(nowMillis - event.expiresAfterSeconds * 1000).toISOString(),
-    expiresAt: Math.ceil(nowMillis / 1000) + event.expiresAfterSeconds + COMPLETED_TTL_MARGIN_SECONDS,
+    expiresAt: Math.ceil(nowMillis / 1000) + event.expiresAfterSeconds + Math.max(COMPLETED_TTL_MARGIN_SECONDS, event.ttlMarginSeconds ?? 0),
     inProgressExpiresAt: Math.ceil(nowMillis / 1000) + IN_PROGRESS_TTL_SECONDS,
     waits: { count: 0 },
+    missingOwner: '',
   };
 }
 

@@ -59,6 +59,8 @@ export interface IdempotencyConfig {
   readonly key: KeySelection;
   readonly validate?: KeySelection;
   readonly expiresAfterSeconds: number;
+  /** TTL margin of completed records past the execution's start. @default - a week (the key function's default) */
+  readonly ttlMarginSeconds?: number;
   /** A waiting duplicate checks again after a random whole number of seconds in [ceil(poll/2), poll]. */
   readonly pollSeconds: number;
   /** How many times a duplicate waits before it gives up with `IdempotencyDuplicateTimeout`. */
@@ -70,7 +72,7 @@ export interface IdempotencyConfig {
 /*
  * The state data, from the first state on, is what the key function returns:
  *
- *   { payload, key, validation, notBeforeIso, expiresAt, inProgressExpiresAt, waits: { count } }
+ *   { payload, key, validation, notBeforeIso, expiresAt, inProgressExpiresAt, waits: { count }, missingOwner }
  *
  * The protected part reads the execution input at `$.payload` and puts the body's output (a
  * Parallel's, so an array of one) in its place, so that input and output never have to fit in the
@@ -91,13 +93,17 @@ export const ERROR_PATH = '$.error';
  *   Compute Idempotency Key → Claim Idempotency Record ──claimed──▶ protected part ──▶ Save Idempotent Result
  *                                │ taken                                 │ error
  *                                ▼                                       ▼
- *                         Read Idempotency Record → Check ─┬─ SUCCEEDED → Return Stored Result
+ *                         Read Idempotency Record → Check ─┬─ SUCCEEDED → Return Stored Result (reads the result)
  *                                                          ├─ other fields → Idempotency Validation Failed
  *                                                          └─ IN_PROGRESS → Check Record Owner ─┬─ running → Count → Wait For Duplicate → Claim
  *                                                                                               ├─ running too long → Duplicate Wait Timed Out
- *                                                                                               └─ gone → Take Over → protected part
+ *                                                                                               ├─ ended → Take Over → protected part
+ *                                                                                               └─ does not exist → (the second time) Take Over;
+ *                                                                                                  (the first) Note Missing Owner → Wait For Missing Owner → Claim
  *
- * The uncontended path costs two states (key, claim) and, after the body, one (save).
+ * The uncontended path costs two states (key, claim) and, after the body, one (save). The record's
+ * stored result is read only by the state that returns it, which replaces the state data: a repeat
+ * never holds its input and the stored result at once, so that it fits Step Functions' 256 KiB.
  */
 export class IdempotencyStates {
   /** Success tail: stores the result; the execution's output is the body's. */
@@ -146,6 +152,7 @@ export class IdempotencyStates {
       key: config.key,
       ...(config.validate ? { validate: config.validate } : {}),
       expiresAfterSeconds: config.expiresAfterSeconds,
+      ...(config.ttlMarginSeconds !== undefined ? { ttlMarginSeconds: config.ttlMarginSeconds } : {}),
     };
     const computeKey = new tasks.LambdaInvoke(scope, STATE.computeKey, {
       lambdaFunction: config.keyFunction,
@@ -185,10 +192,11 @@ export class IdempotencyStates {
       table: config.table.table,
       key: this.recordKey,
       consistentRead: true,
-      projectionExpression: [RECORD_NAMES.status, RECORD_NAMES.owner, RECORD_NAMES.validation, RECORD_NAMES.result].map((n) =>
+      // Not the result: beside the input it could pass the 256 KiB of state data (Return Stored Result reads it).
+      projectionExpression: [RECORD_NAMES.status, RECORD_NAMES.owner, RECORD_NAMES.validation].map((n) =>
         new tasks.DynamoProjectionExpression().withAttribute(n),
       ),
-      expressionAttributeNames: this.names(RECORD_STATUS, RECORD_OWNER, RECORD_VALIDATION, RECORD_RESULT),
+      expressionAttributeNames: this.names(RECORD_STATUS, RECORD_OWNER, RECORD_VALIDATION),
       resultPath: '$.record',
     }).addRetry(transientRetry([...THROTTLING_ERRORS, ...SERVER_ERRORS]));
     claim.addCatch(read, { errors: [CONDITIONAL_CHECK_FAILED], resultPath: sfn.JsonPath.DISCARD });
@@ -252,14 +260,32 @@ export class IdempotencyStates {
       },
       resultPath: '$.ownerState',
     })
-      .addRetry({ errors: ['Sfn.ThrottlingException', 'Sfn.SfnException'], interval: Duration.seconds(1), backoffRate: 2, maxAttempts: 6, jitterStrategy: sfn.JitterType.FULL })
-      .addCatch(takeOver, { errors: [EXECUTION_DOES_NOT_EXIST], resultPath: sfn.JsonPath.DISCARD })
-      .next(isOwnerRunning);
+      .addRetry({ errors: ['Sfn.ThrottlingException', 'Sfn.SfnException'], interval: Duration.seconds(1), backoffRate: 2, maxAttempts: 6, jitterStrategy: sfn.JitterType.FULL });
+    checkOwner.next(isOwnerRunning);
 
-    const returnStored = new sfn.Pass(scope, STATE.returnStoredResult, {
-      parameters: { output: sfn.JsonPath.stringToJson(sfn.JsonPath.stringAt('$.record.Item.result.S')) },
+    // An owner that does not exist: its history was deleted (90 days after it ended), or the record is
+    // older than its state machine. DescribeExecution is eventually consistent, though, and may not
+    // know an execution that has just started: take over only when the same owner is missing again
+    // one poll later.
+    const noteMissingOwner = new sfn.Pass(scope, STATE.noteMissingOwner, { inputPath: '$.record.Item.owner.S', resultPath: '$.missingOwner' })
+      .next(new sfn.Wait(scope, STATE.waitForMissingOwner, { time: sfn.WaitTime.duration(Duration.seconds(config.pollSeconds)) }))
+      .next(claim);
+    const missingBefore = new sfn.Choice(scope, STATE.ownerMissingBefore)
+      .when(sfn.Condition.stringEqualsJsonPath('$.missingOwner', '$.record.Item.owner.S'), takeOver)
+      .otherwise(noteMissingOwner);
+    checkOwner.addCatch(missingBefore, { errors: [EXECUTION_DOES_NOT_EXIST], resultPath: sfn.JsonPath.DISCARD });
+
+    // The stored result replaces the state data (input included): a result that was stored fits alone.
+    const returnStored = new tasks.DynamoGetItem(scope, STATE.returnStoredResult, {
+      table: config.table.table,
+      key: this.recordKey,
+      consistentRead: true,
+      projectionExpression: [new tasks.DynamoProjectionExpression().withAttribute(RECORD_NAMES.result)],
+      expressionAttributeNames: this.names(RECORD_RESULT),
+      resultSelector: { output: sfn.JsonPath.stringToJson(sfn.JsonPath.stringAt('$.Item.result.S')) },
+      resultPath: '$',
       outputPath: '$.output',
-    });
+    }).addRetry(transientRetry([...THROTTLING_ERRORS, ...SERVER_ERRORS]));
     const succeeded = sfn.Condition.stringEquals('$.record.Item.status.S', STATUS.succeeded);
     const check = new sfn.Choice(scope, STATE.checkRecord)
       // Gone since the claim failed (expired and deleted): claim again.

@@ -63,6 +63,9 @@ export const STATE = {
   duplicateTimedOut: 'Duplicate Wait Timed Out',
   waitForDuplicate: 'Wait For Duplicate',
   takeOverRecord: 'Take Over Idempotency Record',
+  ownerMissingBefore: 'Was Record Owner Missing Before',
+  noteMissingOwner: 'Note Missing Record Owner',
+  waitForMissingOwner: 'Wait For Missing Record Owner',
   saveResult: 'Save Idempotent Result',
   resultNotSaved: 'Result Not Saved',
   markResultTooLarge: 'Mark Result Too Large',
@@ -105,6 +108,9 @@ export const BEFORE_BODY_STATES: string[] = [
   STATE.duplicateTimedOut,
   STATE.waitForDuplicate,
   STATE.takeOverRecord,
+  STATE.ownerMissingBefore,
+  STATE.noteMissingOwner,
+  STATE.waitForMissingOwner,
 ];
 
 /**
