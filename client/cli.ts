@@ -2,6 +2,7 @@ import { ChildProcess, spawn } from 'child_process';
 import * as os from 'os';
 import { parseArgs, ParseArgsConfig } from 'util';
 import { DynamoDBClient } from '@aws-sdk/client-dynamodb';
+import { SFNClient } from '@aws-sdk/client-sfn';
 import { HolderStatus, SemaphoreClient, sleep, WaitState } from './semaphore-client';
 import { isExecutionHolder } from '../src/private/lock-schema';
 
@@ -93,10 +94,12 @@ ended it), or 3 when no permit was free within the wait. COMMAND finds the lease
 $CDK_SFN_SEMAPHORE_LEASE_ID and the fencing token (it strictly increases with every acquisition of
 the lock) in $CDK_SFN_SEMAPHORE_FENCING_TOKEN.
 
-COMMAND runs in a process group (and session) of its own: SIGINT, SIGTERM and SIGHUP sent to ${NAME}
-(Ctrl-C in a terminal included) are passed to that whole group, once, children of COMMAND included;
-the permit is given back once COMMAND has exited. COMMAND has no controlling terminal (/dev/tty).
-A signal that arrives while waiting for a permit ends the wait: exit 128 + its number.
+COMMAND runs in a process group (and session) of its own: SIGINT, SIGTERM, SIGHUP and SIGQUIT sent to
+${NAME} (Ctrl-C and Ctrl-\\ in a terminal included) are passed to that whole group, once, children of
+COMMAND included; the permit is given back once COMMAND has exited. COMMAND has no controlling
+terminal (/dev/tty). A signal that arrives while waiting for a permit ends the wait: exit 128 + its
+number. SIGKILL cannot be passed on: a ${NAME} killed with it leaves COMMAND running without
+renewals, and once the lease has ended (plus the clock-skew margin) another holder may get in.
 
 If a renewal finds the permit gone (force-released, or reclaimed after the lease expired), or renewals
 keep failing until the lease has ended (it may be reclaimed), COMMAND's group gets SIGTERM, then
@@ -108,8 +111,8 @@ SIGKILL after min(10s, a third of the lease), and the exit code is 3. If giving 
 ${COMMON_HELP}`,
   'status': `Usage: ${NAME} status LOCK [--json]
 
-Show the holders of LOCK (executions and leases), their ages and leases, the permits in use and the
-lock's limit.
+Show the holders of LOCK (executions and leases), their ages and leases, the permits in use, the
+lock's limit, and how many executions are queued for a permit (--json lists them).
 
   --json          print JSON instead of a table
 
@@ -229,16 +232,21 @@ async function dispatch(argv: string[], io: CliIo): Promise<number> {
 
   // The SDK warns on stderr about Node versions it will drop one day: noise in every script's log.
   process.env.AWS_SDK_JS_NODE_VERSION_SUPPORT_WARNING_DISABLED ??= 'true';
+  const sdk = { region: values.region as string | undefined, profile: values.profile as string | undefined };
   const client = new SemaphoreClient({
     tableName: table,
     clockSkewSeconds,
-    dynamodb: new DynamoDBClient({ region: values.region as string | undefined, profile: values.profile as string | undefined }),
+    dynamodb: new DynamoDBClient(sdk),
+    // Releases wake the workflows' queued executions. One attempt: a retry of a call that did wake the
+    // waiter would hear TaskTimedOut and take back the permit it uses.
+    stepFunctions: new SFNClient({ ...sdk, maxAttempts: 1 }),
+    onWarning: (message) => io.stderr(`${NAME}: ${lock}: warning: ${message}`),
   });
 
   switch (name) {
     case 'acquire': {
       const limits = limitReporter(lock, acquire!, io);
-      const held = await client.acquire(lock, { ...acquire!, onWait: limits.onWait });
+      const held = await client.acquire(lock, { ...acquire!, onWait: limits.onWait, onRetry: limits.onRetry });
       if (!held) throw await notAcquired(client, lock, acquire!, limits);
       limits.check(held.lockLimit);
       const printed = { leaseId: held.leaseId, fencingToken: held.fencingToken, expiresAt: new Date(held.expiresAt).toISOString() };
@@ -282,8 +290,8 @@ function acquireOptions(command: string, values: Values, env: NodeJS.ProcessEnv)
   if (values.wait !== undefined && values['no-wait']) throw new CliError(`${command}: --wait and --no-wait exclude each other`, EXIT.usage);
   let limit: number | undefined;
   if (values.limit !== undefined) {
-    limit = Number(values.limit);
-    if (!Number.isInteger(limit) || limit < 1) throw new CliError(`${command}: --limit must be a positive integer, got: '${values.limit}'`, EXIT.usage);
+    limit = /^\s*\d+\s*$/.test(String(values.limit)) ? Number(values.limit) : NaN;
+    if (!Number.isSafeInteger(limit) || limit < 1) throw new CliError(`${command}: --limit must be a positive integer, got: '${values.limit}'`, EXIT.usage);
   }
   return {
     limit,
@@ -307,7 +315,7 @@ export function defaultOwner(env: NodeJS.ProcessEnv): string {
 
 /**
  * What an acquire reports on stderr besides failing: once, that it waits; once, that --limit is above
- * the lock's limit (which then applies).
+ * the lock's limit (which then applies); each attempt that failed and is tried again.
  */
 function limitReporter(lock: string, options: CliAcquireOptions, io: CliIo) {
   let warned = false;
@@ -317,6 +325,7 @@ function limitReporter(lock: string, options: CliAcquireOptions, io: CliIo) {
     warned = true;
     io.stderr(`${NAME}: ${lock}: warning: the lock's limit is ${lockLimit}; --limit ${options.limit} cannot raise it`);
   };
+  const onRetry = (error: Error) => io.stderr(`${NAME}: ${lock}: warning: acquiring failed (${firstLine(error)}), trying again`);
   const onWait = (state: WaitState) => {
     check(state.lockLimit);
     if (waiting) return;
@@ -324,7 +333,7 @@ function limitReporter(lock: string, options: CliAcquireOptions, io: CliIo) {
     const until = options.wait === 'forever' ? 'until one is free' : `up to ${options.wait}`;
     io.stderr(`${NAME}: ${lock}: ${state.permitsInUse} of ${state.limit} permits in use, waiting ${until}`);
   };
-  return { check, onWait };
+  return { check, onWait, onRetry };
 }
 
 async function notAcquired(
@@ -374,7 +383,8 @@ async function printStatus(client: SemaphoreClient, lock: string, json: boolean,
     io.stdout(JSON.stringify(status, null, 2));
     return EXIT.ok;
   }
-  io.stdout(`${lock}: ${status.permitsInUse} of ${status.limit ?? '?'} permits in use`);
+  const queued = status.waiters.length === 0 ? '' : `, ${status.waiters.length} execution${status.waiters.length === 1 ? '' : 's'} queued`;
+  io.stdout(`${lock}: ${status.permitsInUse} of ${status.limit ?? '?'} permits in use${queued}`);
   if (status.holders.length === 0) return EXIT.ok;
   const rows = status.holders.map((h) => [h.kind, h.id, h.owner ?? '', age(h.ageSeconds), lease(h)]);
   const header = ['KIND', 'HOLDER', 'OWNER', 'AGE', 'LEASE'];
@@ -408,11 +418,11 @@ async function run(client: SemaphoreClient, lock: string, command: string[], opt
     if (child) signalGroup(child, signal);
     else abort.abort();
   };
-  const signals = ['SIGINT', 'SIGTERM', 'SIGHUP'] as const;
+  const signals = ['SIGINT', 'SIGTERM', 'SIGHUP', 'SIGQUIT'] as const;
   for (const signal of signals) process.on(signal, onSignal);
   try {
     const limits = limitReporter(lock, options, io);
-    const held = await client.acquire(lock, { ...options, signal: abort.signal, onWait: limits.onWait });
+    const held = await client.acquire(lock, { ...options, signal: abort.signal, onWait: limits.onWait, onRetry: limits.onRetry });
     if (!held) {
       if (received) {
         io.stderr(`${NAME}: ${lock}: interrupted (${received}) while waiting for a permit`);

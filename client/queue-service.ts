@@ -41,6 +41,8 @@ export interface QueueServiceOptions {
   readonly tableName: string;
   /** Whether a waiter's execution stopped (it can never be woken). @default - never asked: such entries are left to the releasers */
   readonly isGone?: (executionArn: string) => Promise<boolean>;
+  /** Told when a waiter was handed a permit but SendTaskSuccess failed for another reason than a closed token. @default - not told */
+  readonly onWakeUpLost?: (executionArn: string, error: Error) => void;
 }
 
 /** What serving a queue did. */
@@ -115,7 +117,10 @@ export async function serveQueue(options: QueueServiceOptions, lockName: string)
       result.admitted++;
     } catch (e) {
       // Not delivered for another reason: the waiter finds its permit when its wait times out.
-      if (!TOKEN_GONE.includes((e as Error).name)) break;
+      if (!TOKEN_GONE.includes((e as Error).name)) {
+        options.onWakeUpLost?.(head.id, e as Error);
+        break;
+      }
       // Its task is gone: give the permit back, unless the waiter found and claimed it meanwhile.
       await update(
         'SET #permits = #permits - :one REMOVE #head',

@@ -51,6 +51,9 @@ import {
  * there only when the lock has none yet.
  */
 
+/** Draw a fresh fencing token for a holder that holds a permit. */
+const DRAW_FENCING_TOKEN_UPDATE = `SET ${NAMES.fence} = if_not_exists(${NAMES.fence}, ${VALUES.zero}) + ${VALUES.one}`;
+
 /** Lease ids start with this, so that they never look like an execution ARN. */
 export const LEASE_ID_PREFIX = 'lease-';
 
@@ -69,6 +72,12 @@ export interface SemaphoreClientOptions {
   readonly stepFunctions?: SFNClient;
   /** How long past its end a lease counts as expired, for clock skew between machines. @default 30 */
   readonly clockSkewSeconds?: number;
+  /**
+   * Told when a release handed its permit to a queued execution but could not wake it (no
+   * `states:SendTaskSuccess` permission, no region, a network error): the permit then sits idle until
+   * that execution's `queueCheckInterval`. @default - not told
+   */
+  readonly onWarning?: (message: string) => void;
 }
 
 export interface AcquireOptions {
@@ -90,6 +99,8 @@ export interface AcquireOptions {
   readonly signal?: AbortSignal;
   /** Called after each attempt that found the lock full, before waiting for the next one. */
   readonly onWait?: (state: WaitState) => void;
+  /** Called after an attempt that failed with an error that may pass (throttling, a server or network error), before the next one. */
+  readonly onRetry?: (error: Error) => void;
 }
 
 /** What an acquire that has to wait saw on the lock. */
@@ -132,9 +143,14 @@ export interface HolderStatus {
 export interface LockStatus {
   readonly lockName: string;
   readonly permitsInUse: number;
-  /** The limit of the last successful acquire, if any. */
+  /** The limit stored on the lock: the last workflow acquire's (a client records its own only on a lock that has none). */
   readonly limit?: number;
   readonly holders: HolderStatus[];
+  /**
+   * Executions queued for a permit, oldest first: while there are any, every permit given back goes
+   * to them, and a client acquire waits until the queue is empty.
+   */
+  readonly waiters: string[];
 }
 
 /** A client of the semaphore table, sharing permits with the workflows. */
@@ -143,6 +159,7 @@ export class SemaphoreClient {
   private readonly sfn: SFNClient;
   private readonly tableName: string;
   private readonly skewMillis: number;
+  private readonly warn: (message: string) => void;
 
   constructor(options: SemaphoreClientOptions) {
     if (!options.tableName) throw new Error('a table name is required');
@@ -152,6 +169,7 @@ export class SemaphoreClient {
     // back the permit the waiter is using. A failed call is a lost wake-up, which the waiter recovers.
     this.sfn = options.stepFunctions ?? new SFNClient({ maxAttempts: 1 });
     this.skewMillis = (options.clockSkewSeconds ?? 30) * 1000;
+    this.warn = options.onWarning ?? (() => undefined);
   }
 
   /** Take a permit; undefined when none became free within the wait. */
@@ -179,31 +197,51 @@ export class SemaphoreClient {
         [HOLDER_LEASE_EXPIRES_AT]: { N: String(expiresAt) },
         ...(options.owner ? { [HOLDER_OWNER]: { S: options.owner } } : {}),
       };
-      const taken = await this.conditionalUpdate(
-        lockName,
-        leaseId,
-        CLIENT_ACQUIRE_UPDATE,
-        CLIENT_ACQUIRE_CONDITION,
-        {
-          [VALUES.zero]: { N: '0' },
-          [VALUES.one]: { N: '1' },
-          [VALUES.limit]: { N: String(limit) },
-          [VALUES.entry]: { M: entry },
-        },
-        'UPDATED_NEW',
-      );
+      let taken: Record<string, AttributeValue> | undefined;
+      let failure: unknown;
+      try {
+        taken = await this.conditionalUpdate(
+          lockName,
+          leaseId,
+          CLIENT_ACQUIRE_UPDATE,
+          CLIENT_ACQUIRE_CONDITION,
+          {
+            [VALUES.zero]: { N: '0' },
+            [VALUES.one]: { N: '1' },
+            [VALUES.limit]: { N: String(limit) },
+            [VALUES.entry]: { M: entry },
+          },
+          'UPDATED_NEW',
+        );
+      } catch (e) {
+        // The write may have landed although the call failed (after the SDK's own retries): look below.
+        failure = e;
+      }
       if (taken) return { lockName, leaseId, expiresAt, fencingToken: numberOf(taken[FENCING_TOKEN]), ...limits(limit, taken) };
 
-      // Full (or our own write landed although the call failed): look, and reclaim expired leases.
+      // Full, or the call failed: look (our write may have landed), and reclaim expired leases.
       const item = await this.getItem(lockName);
       const ours = item?.[leaseId]?.M;
       if (ours) {
-        return { lockName, leaseId, expiresAt: Number(ours[HOLDER_LEASE_EXPIRES_AT]?.N), ...limits(limit, item) };
+        // Ours, but the response with its fencing token was lost: draw a fresh one.
+        const counter = { [VALUES.zero]: { N: '0' }, [VALUES.one]: { N: '1' } };
+        const drawn = await this.conditionalUpdate(lockName, leaseId, DRAW_FENCING_TOKEN_UPDATE, RELEASE_CONDITION, counter, 'UPDATED_NEW');
+        const fencingToken = numberOf(drawn?.[FENCING_TOKEN]);
+        return { lockName, leaseId, expiresAt: Number(ours[HOLDER_LEASE_EXPIRES_AT]?.N), fencingToken, ...limits(limit, item) };
+      }
+      // Not ours: a failed call ends the acquire unless it may pass (throttling, a server or network
+      // error) and there is time left to try again.
+      if (failure !== undefined) {
+        const left = deadline - Date.now();
+        if (!isTransient(failure) || left <= 0 || options.signal?.aborted) throw failure;
+        options.onRetry?.(failure as Error);
+        await sleep(Math.min(left, pollMillis / 2 + Math.random() * (pollMillis / 2)), options.signal);
+        continue;
       }
       if (item && (await this.reclaimExpired(lockName, item)) > 0) {
         // Permits freed this way go to the lock's waiters first, as a release would hand them over.
         if ((item[WAITERS]?.L?.length ?? 0) > 0) {
-          await serveQueue({ dynamodb: this.ddb, stepFunctions: this.sfn, tableName: this.tableName }, lockName);
+          await serveQueue({ dynamodb: this.ddb, stepFunctions: this.sfn, tableName: this.tableName, onWakeUpLost: this.wakeUpLost }, lockName);
         }
         continue;
       }
@@ -271,6 +309,7 @@ export class SemaphoreClient {
       permitsInUse: Number(item?.[PERMITS_IN_USE]?.N ?? 0),
       limit: item?.[CONCURRENCY_LIMIT]?.N === undefined ? undefined : Number(item[CONCURRENCY_LIMIT].N),
       holders,
+      waiters: (item?.[WAITERS]?.L ?? []).map((w) => w.M?.[WAITER_ID]?.S ?? '').filter((id) => id !== ''),
     };
   }
 
@@ -328,6 +367,7 @@ export class SemaphoreClient {
         const name = (e as Error).name;
         if (!['TaskTimedOut', 'TaskDoesNotExist', 'InvalidToken'].includes(name)) {
           // Not delivered: a lost wake-up, which the waiter finds when its wait times out.
+          this.wakeUpLost(headId, e as Error);
           return true;
         }
       }
@@ -342,6 +382,12 @@ export class SemaphoreClient {
     }
     return held;
   }
+
+  private readonly wakeUpLost = (waiter: string, error: Error) =>
+    this.warn(
+      `handed the permit to the queued execution ${waiter} but could not wake it (${error.name}: ${String(error.message).split('\n')[0]}); ` +
+        'it finds the permit when its queueCheckInterval ends (is states:SendTaskSuccess allowed? see SemaphoreTable.grantClient)',
+    );
 
   /** Release every lease of the item that ended more than the skew ago; how many were freed. */
   private async reclaimExpired(lockName: string, item: Record<string, AttributeValue>): Promise<number> {
@@ -403,6 +449,16 @@ export class SemaphoreClient {
   }
 }
 
+/** Errors that may pass: throttling, server errors, time-outs and broken connections. */
+function isTransient(e: unknown): boolean {
+  const err = e as { name?: string; code?: string; $fault?: string };
+  return (
+    err.$fault === 'server' ||
+    ['ThrottlingException', 'ProvisionedThroughputExceededException', 'RequestLimitExceeded', 'TimeoutError'].includes(err.name ?? '') ||
+    ['ECONNRESET', 'ECONNREFUSED', 'ETIMEDOUT', 'EPIPE', 'EAI_AGAIN'].includes(err.code ?? '')
+  );
+}
+
 function numberOf(value: AttributeValue | undefined): number | undefined {
   return value?.N === undefined ? undefined : Number(value.N);
 }
@@ -425,10 +481,11 @@ function positive(name: string, value: number): void {
   if (!(value > 0) || !Number.isFinite(value)) throw new Error(`${name} must be a positive number of seconds, got: ${value}`);
 }
 
-/** Wait `ms`, or less if `signal` aborts. */
+/** Wait `ms` (at most about 24.8 days: timers take no more), or less if `signal` aborts. */
 export function sleep(ms: number, signal?: AbortSignal): Promise<void> {
   return new Promise((resolve) => {
-    const timer = setTimeout(done, ms);
+    // A longer delay would make setTimeout fire at once.
+    const timer = setTimeout(done, Math.min(ms, 2 ** 31 - 1));
     signal?.addEventListener('abort', done, { once: true });
     function done() {
       clearTimeout(timer);

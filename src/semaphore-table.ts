@@ -1,4 +1,4 @@
-import { RemovalPolicy, Resource } from 'aws-cdk-lib';
+import { ArnFormat, RemovalPolicy, Resource, Stack } from 'aws-cdk-lib';
 import * as dynamodb from 'aws-cdk-lib/aws-dynamodb';
 import * as iam from 'aws-cdk-lib/aws-iam';
 import * as kms from 'aws-cdk-lib/aws-kms';
@@ -42,6 +42,14 @@ export interface ISemaphoreTable extends IConstruct {
    * for example an operator's dashboard.
    */
   grantReadLocks(grantee: iam.IGrantable): iam.Grant;
+
+  /**
+   * Permit the principal everything the `cdk-sfn-semaphore` CLI and `SemaphoreClient` call:
+   * `dynamodb:UpdateItem` and `dynamodb:GetItem` on this table (take, renew, give back, status,
+   * reclaim expired leases), and `states:SendTaskSuccess` on the state machines of the table's
+   * account and Region, to wake a workflow's queued execution when a release hands it the permit.
+   */
+  grantClient(grantee: iam.IGrantable): iam.Grant;
 }
 
 /**
@@ -169,6 +177,10 @@ export class SemaphoreTable extends Construct implements ISemaphoreTable {
   public grantReadLocks(grantee: iam.IGrantable): iam.Grant {
     return this.table.grantReadData(grantee);
   }
+
+  public grantClient(grantee: iam.IGrantable): iam.Grant {
+    return grantClient(this, grantee);
+  }
 }
 
 function grantAcquireRelease(table: dynamodb.ITable, grantee: iam.IGrantable): iam.Grant {
@@ -176,6 +188,18 @@ function grantAcquireRelease(table: dynamodb.ITable, grantee: iam.IGrantable): i
   // table encrypted with a customer managed key (Table.grant() leaves it out).
   table.encryptionKey?.grantEncryptDecrypt(grantee);
   return table.grant(grantee, 'dynamodb:UpdateItem');
+}
+
+function grantClient(table: ISemaphoreTable, grantee: iam.IGrantable): iam.Grant {
+  table.table.encryptionKey?.grantEncryptDecrypt(grantee);
+  const items = table.table.grant(grantee, 'dynamodb:UpdateItem', 'dynamodb:GetItem');
+  // Queued executions can belong to any workflow sharing the lock: no narrower resource is known.
+  const wake = iam.Grant.addToPrincipal({
+    grantee,
+    actions: ['states:SendTaskSuccess'],
+    resourceArns: [Stack.of(table).formatArn({ service: 'states', resource: 'stateMachine', resourceName: '*', arnFormat: ArnFormat.COLON_RESOURCE_NAME })],
+  });
+  return items.combine(wake);
 }
 
 /** An existing table, seen through the semaphore interface. */
@@ -197,5 +221,9 @@ class ImportedSemaphoreTable extends Resource implements ISemaphoreTable {
 
   public grantReadLocks(grantee: iam.IGrantable): iam.Grant {
     return this.table.grantReadData(grantee);
+  }
+
+  public grantClient(grantee: iam.IGrantable): iam.Grant {
+    return grantClient(this, grantee);
   }
 }

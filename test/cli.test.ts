@@ -159,7 +159,9 @@ async function until(condition: () => Promise<boolean>, what: string, timeoutMs 
 
 /**
  * A DynamoDB endpoint in front of dynalite that drops the connection of renewals (`SET holder.leaseExpiresAt`)
- * or releases (`REMOVE holder`, conditional on the holder) while told to, as a network that is down.
+ * or releases (`REMOVE holder`, conditional on the holder) while told to, as a network that is down; and
+ * of a client's acquires, either before they reach dynalite or after (the write lands, its response is
+ * lost), as many times as told.
  */
 class FaultyProxy {
   public static async start(target: string): Promise<FaultyProxy> {
@@ -170,6 +172,8 @@ class FaultyProxy {
 
   public readonly fail = { renew: false, release: false };
   public readonly dropped = { renew: 0, release: 0 };
+  /** How many acquires to drop before they reach dynalite, and how many responses of acquires that did. */
+  public readonly acquireFaults = { beforeWrite: 0, afterWrite: 0 };
   private readonly server: http.Server;
 
   private constructor(target: URL) {
@@ -189,7 +193,20 @@ class FaultyProxy {
           req.socket.destroy();
           return;
         }
+        const acquire = call.UpdateExpression?.startsWith('SET #permits = if_not_exists(#permits, :zero) + :one, #holder = :entry');
+        if (acquire && this.acquireFaults.beforeWrite > 0) {
+          this.acquireFaults.beforeWrite--;
+          req.socket.destroy();
+          return;
+        }
+        const loseResponse = acquire && this.acquireFaults.afterWrite > 0;
+        if (loseResponse) this.acquireFaults.afterWrite--;
         const upstream = http.request({ host: target.hostname, port: target.port, method: req.method, path: req.url, headers: req.headers }, (up) => {
+          if (loseResponse) {
+            up.resume();
+            up.on('end', () => req.socket.destroy());
+            return;
+          }
           res.writeHead(up.statusCode!, up.headers);
           up.pipe(res);
         });
@@ -212,6 +229,7 @@ class FaultyProxy {
 afterEach(async () => {
   proxy.fail.renew = false;
   proxy.fail.release = false;
+  proxy.acquireFaults.beforeWrite = proxy.acquireFaults.afterWrite = 0;
   // Every test leaves the lock free.
   const status = await client().status(LOCK);
   expect(status.holders).toEqual([]);
@@ -248,7 +266,14 @@ describe('CLI holders and workflow executions share one lock', () => {
     expect(work.byExecution.has(execution.arn)).toBe(false);
 
     const status = JSON.parse((await cli('status', LOCK, '--json')).stdout);
-    expect(status).toMatchObject({ lockName: LOCK, permitsInUse: 1, limit: 1, holders: [{ id: leaseId, kind: 'lease', owner: 'deploy-script', expired: false }] });
+    expect(status).toMatchObject({
+      lockName: LOCK,
+      permitsInUse: 1,
+      limit: 1,
+      holders: [{ id: leaseId, kind: 'lease', owner: 'deploy-script', expired: false }],
+      waiters: [execution.arn],
+    });
+    expect((await cli('status', LOCK)).stdout.split('\n')[0]).toBe(`${LOCK}: 1 of 1 permits in use, 1 execution queued`);
 
     // The binary's release finds the waiter, moves the permit to it and wakes it (SendTaskSuccess to the
     // simulation's Step Functions API, through AWS_ENDPOINT_URL_SFN).
@@ -259,6 +284,63 @@ describe('CLI holders and workflow executions share one lock', () => {
     // Woken, not found by a timed-out wait: the permit went straight to it, and nothing else took it.
     expect(execution.stateTransitions.has('Check Handed-Off Permit')).toBe(false);
     expect(execution.stateTransitions.has('Acquire Permit')).toBe(true);
+  });
+
+  test('a release that cannot wake the queued execution warns; the execution finds its permit when its wait times out', async () => {
+    const acquired = await cli('acquire', LOCK, '--no-wait');
+    expect(acquired.code).toBe(0);
+    const execution = sim.startExecution(sim.stateMachine(stateMachineLogicalId(workflowStateMachine())), { n: 2 });
+    await until(async () => execution.stateTransitions.get('Wait In Queue') === 1, 'the execution to queue');
+
+    // No Step Functions endpoint to be reached (as without states:SendTaskSuccess, or without a region).
+    const released = await binaryWith({ AWS_ENDPOINT_URL_SFN: 'http://127.0.0.1:9' }, 'release', LOCK, acquired.stdout).done;
+    expect(released.code).toBe(0);
+    expect(released.stderr.trim()).toMatch(
+      new RegExp(`^cdk-sfn-semaphore: ${LOCK}: warning: handed the permit to the queued execution ${execution.arn} but could not wake it \\(.*\\); it finds the permit when its queueCheckInterval ends .*SemaphoreTable.grantClient\\)$`),
+    );
+    // Its wait times out (5 simulated minutes), it finds the permit handed to it and goes in.
+    await execution.done;
+    expect(execution.status).toBe('SUCCEEDED');
+    expect(execution.stateTransitions.get('Check Handed-Off Permit')).toBe(1);
+  });
+
+  test('an acquire whose write landed but whose response was lost finds its own lease and a fencing token', async () => {
+    proxy.acquireFaults.afterWrite = 3; // every attempt the SDK makes
+    const acquired = await binaryWith({ AWS_ENDPOINT_URL_DYNAMODB: proxy.endpoint }, 'acquire', LOCK, '--no-wait', '--json').done;
+    expect([acquired.code, acquired.stderr]).toEqual([0, '']);
+    expect(proxy.acquireFaults.afterWrite).toBe(0);
+    const printed = JSON.parse(acquired.stdout);
+    expect(printed.fencingToken).toEqual(expect.any(Number));
+    const status = JSON.parse((await cli('status', LOCK, '--json')).stdout);
+    expect(status.holders.map((h: { id: string }) => h.id)).toEqual([printed.leaseId]);
+    expect((await cli('release', LOCK, printed.leaseId)).code).toBe(0);
+  });
+
+  test('an acquire that fails on the way tries again within its wait; without a wait it fails with exit 1', async () => {
+    // More failures than the SDK's own attempts of one call: the acquire itself must try again.
+    proxy.acquireFaults.beforeWrite = 6;
+    const waited = await binaryWith({ AWS_ENDPOINT_URL_DYNAMODB: proxy.endpoint }, 'acquire', LOCK, '--wait', '20s').done;
+    expect(waited.code).toBe(0);
+    expect(waited.stderr.trim()).toMatch(new RegExp(`^cdk-sfn-semaphore: ${LOCK}: warning: acquiring failed \\(.*\\), trying again$`));
+    expect(proxy.acquireFaults.beforeWrite).toBe(0);
+    expect((await cli('release', LOCK, waited.stdout.trim())).code).toBe(0);
+
+    proxy.acquireFaults.beforeWrite = 12;
+    const once = await binaryWith({ AWS_ENDPOINT_URL_DYNAMODB: proxy.endpoint }, 'acquire', LOCK, '--no-wait').done;
+    expect(once.code).toBe(1);
+    // One call (with the SDK's own attempts), not one after the other.
+    expect(proxy.acquireFaults.beforeWrite).toBeGreaterThan(0);
+    expect(once.stderr.trim().split('\n')).toHaveLength(1);
+    // It looked: nothing of it is left on the lock.
+    expect(JSON.parse((await cli('status', LOCK, '--json')).stdout).holders).toEqual([]);
+  });
+
+  test('an acquire that is refused for good (no such table) fails at once, whatever its wait', async () => {
+    const started = Date.now();
+    const refused = await cli('acquire', LOCK, '--table', 'no-such-table', '--limit', '1', '--wait', '60s');
+    expect(refused.code).toBe(1);
+    expect(refused.stderr).toMatch(/^cdk-sfn-semaphore: ResourceNotFoundException: /);
+    expect(Date.now() - started).toBeLessThan(10_000);
   });
 
   test('an execution inside makes the CLI wait or give up with exit code 3, then get the permit', async () => {
@@ -519,7 +601,8 @@ describe('usage and errors', () => {
 
   test('run --help says where signals go', async () => {
     const help = (await cli('run', '--help')).stdout;
-    expect(help).toContain('SIGINT, SIGTERM and SIGHUP');
+    expect(help).toContain('SIGINT, SIGTERM, SIGHUP and SIGQUIT');
+    expect(help).toContain('SIGKILL cannot be passed on');
     expect(help).toContain('process group');
   });
 
@@ -544,6 +627,8 @@ describe('usage and errors', () => {
     [['run', LOCK, '--lease', '9s', '--', 'true'], 2, "cdk-sfn-semaphore: run: --lease must be at least 10s (it is renewed every third of it), got: '9s'"],
     [['renew', LOCK, 'lease-x', '--lease', '5'], 2, "cdk-sfn-semaphore: renew: --lease must be at least 10s (it is renewed every third of it), got: '5'"],
     [['acquire', LOCK, '--limit', '0'], 2, "cdk-sfn-semaphore: acquire: --limit must be a positive integer, got: '0'"],
+    [['acquire', LOCK, '--limit', '0x10'], 2, "cdk-sfn-semaphore: acquire: --limit must be a positive integer, got: '0x10'"],
+    [['acquire', LOCK, '--limit', '1e1'], 2, "cdk-sfn-semaphore: acquire: --limit must be a positive integer, got: '1e1'"],
     [['acquire', LOCK, '--wait', '5s', '--no-wait'], 2, 'cdk-sfn-semaphore: acquire: --wait and --no-wait exclude each other'],
     [['acquire', LOCK, '--colour'], 2, /^cdk-sfn-semaphore: acquire: Unknown option '--colour'/],
     [['status', LOCK, '--clock-skew', 'a bit'], 2, "cdk-sfn-semaphore: status: --clock-skew must be a duration such as 90s, 15m or 2h, got: 'a bit'"],

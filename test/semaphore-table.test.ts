@@ -84,6 +84,34 @@ describe('SemaphoreTable', () => {
     expect(stmts[1].Action).not.toContain('dynamodb:UpdateItem');
   });
 
+  test('grants a client (the CLI) UpdateItem and GetItem on this table, the key, and SendTaskSuccess to wake queued executions', () => {
+    const stack = newStack();
+    const role = new iam.Role(stack, 'Role', { assumedBy: new iam.AccountRootPrincipal() });
+    const key = new kms.Key(stack, 'Key');
+    const table = new SemaphoreTable(stack, 'Locks', { encryptionKey: key });
+    table.grantClient(role);
+
+    const [policy] = Object.values(Template.fromStack(stack).findResources('AWS::IAM::Policy')) as any[];
+    const stmts = policy.Properties.PolicyDocument.Statement;
+    expect(stmts).toContainEqual({
+      Action: ['dynamodb:UpdateItem', 'dynamodb:GetItem'],
+      Effect: 'Allow',
+      Resource: [{ 'Fn::GetAtt': [expect.stringMatching(/^LocksTable/), 'Arn'] }, { Ref: 'AWS::NoValue' }],
+    });
+    expect(stmts).toContainEqual({
+      Action: 'states:SendTaskSuccess',
+      Effect: 'Allow',
+      Resource: { 'Fn::Join': ['', ['arn:', { Ref: 'AWS::Partition' }, ':states:', { Ref: 'AWS::Region' }, ':', { Ref: 'AWS::AccountId' }, ':stateMachine:*']] },
+    });
+    expect(stmts).toContainEqual(expect.objectContaining({ Action: expect.arrayContaining(['kms:Decrypt', 'kms:Encrypt']) }));
+    // Nothing else: no Scan, no DeleteItem, no other service.
+    expect(stmts.flatMap((st: any) => [st.Action].flat()).filter((a: string) => !a.startsWith('kms:')).sort()).toEqual([
+      'dynamodb:GetItem',
+      'dynamodb:UpdateItem',
+      'states:SendTaskSuccess',
+    ]);
+  });
+
   test('imports an existing table by name', () => {
     const stack = newStack();
     const role = new iam.Role(stack, 'Role', { assumedBy: new iam.AccountRootPrincipal() });
