@@ -112,6 +112,13 @@ export interface ScenarioResult {
   readonly overtakers: number;
   /** Permits the subject's reconciler reclaimed (from its metrics), during and after the run. */
   readonly reclaimedByReconciler: number;
+  /**
+   * Of those, the ones its run after the last execution stopped reclaimed (once every event was
+   * delivered and every cleanup had run): permits that nothing but the reconciler would have freed.
+   * (A scheduled run during a long simulation may free a permit whose cleanup event is still delayed;
+   * that one is counted above only.)
+   */
+  readonly reclaimedAfterRun: number;
   readonly drainSeconds: number;
   readonly idealSeconds: number;
   readonly drainRatio: number;
@@ -203,6 +210,7 @@ export async function runScenario(subject: Subject, options: ScenarioOptions): P
     for (const e of running) e.abort('Demo.Stuck', 'still waiting at the horizon');
     await sim.idle();
     clearInterval(progress);
+    const reclaimedDuringRun = emittedMetricSum(sim, 'PermitsReclaimed');
     if (options.sweepAfterRun ?? true) {
       await sim.fireScheduledRules();
       await sim.idle();
@@ -238,6 +246,7 @@ export async function runScenario(subject: Subject, options: ScenarioOptions): P
       lostWakeUps: sim.lostWakeUps,
       overtakers: countOvertakers(arrived, admitted),
       reclaimedByReconciler: emittedMetricSum(sim, 'PermitsReclaimed'),
+      reclaimedAfterRun: emittedMetricSum(sim, 'PermitsReclaimed') - reclaimedDuringRun,
       drainSeconds,
       idealSeconds,
       drainRatio: drainSeconds / idealSeconds,
