@@ -30,7 +30,8 @@ import {
   QUEUE_NAMES,
   QUEUE_VALUES,
   RELEASE_IF_NO_WAITERS_CONDITION,
-  RELEASE_STOPPED_RUN_CONDITION,
+  STILL_HELD_CONDITION,
+  STILL_HELD_UPDATE,
   TAKE_BACK_CONDITION,
   TAKE_BACK_UPDATE,
   WAITERS,
@@ -328,8 +329,11 @@ export class SemaphoreClient {
       if (await this.conditionalUpdate(lockName, holder, RELEASE_UPDATE, RELEASE_IF_NO_WAITERS_CONDITION, { ...one, ...zero, ...run })) return true;
       const peeked = await this.conditionalUpdate(lockName, holder, PEEK_UPDATE, PEEK_CONDITION, { ...one, ...zero, ...run }, 'UPDATED_NEW');
       if (!peeked) {
-        // Not held (any more), or the queue emptied meanwhile.
-        return !!(await this.conditionalUpdate(lockName, holder, RELEASE_UPDATE, RELEASE_STOPPED_RUN_CONDITION, { ...one, ...run })) || held;
+        // Not held (any more), or the queue emptied meanwhile (and may have filled again since: a
+        // release that ignored the queue would leave such a waiter asleep beside a free permit).
+        if (await this.conditionalUpdate(lockName, holder, RELEASE_UPDATE, RELEASE_IF_NO_WAITERS_CONDITION, { ...one, ...zero, ...run })) return true;
+        if (!(await this.conditionalUpdate(lockName, holder, STILL_HELD_UPDATE, STILL_HELD_CONDITION, run))) return held;
+        continue;
       }
       const head = peeked[NEXT_WAITER]?.M ?? {};
       const headId = head[WAITER_ID]?.S ?? '';
@@ -340,6 +344,8 @@ export class SemaphoreClient {
         handedOff = await this.conditionalUpdate(lockName, holder, HAND_OFF_UPDATE, HAND_OFF_CONDITION, {
           ...run,
           ...headValues,
+          // Nobody drew a fencing token since the peek drew this one (else an acquisition after it would hold a smaller one).
+          [QUEUE_VALUES.fence]: { N: fence },
           [VALUES.entry]: {
             M: {
               [HOLDER_ACQUIRED_AT]: { S: new Date().toISOString() },
@@ -353,7 +359,8 @@ export class SemaphoreClient {
         if ((e as Error).name !== 'ValidationException') throw e;
       }
       if (!handedOff) {
-        // Served by someone else, or it holds a permit already (an entry from before): drop it, look again.
+        // Served by someone else, or it holds a permit already (an entry from before), or a fencing
+        // token was drawn meanwhile: drop the head if it can never be served, and look again.
         await this.conditionalUpdate(lockName, holder, DROP_HEAD_UPDATE, DROP_HEAD_CONDITION, headValues, 'NONE', headId);
         continue;
       }

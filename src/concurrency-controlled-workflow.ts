@@ -770,7 +770,7 @@ export class ConcurrencyControlledWorkflow extends Construct {
       .addRetry(transientRetry([...THROTTLING_ERRORS, ...SERVER_ERRORS]))
       .addCatch(waitAgain, { errors: [CONDITIONAL_CHECK_FAILED], resultPath: sfn.JsonPath.DISCARD })
       .next(waitAgain);
-    const poll = acquireTask(this, STATE.poll, { ...lockTask, limit, leaseSeconds: spec.leaseSeconds, permitPath: ownPermitPath })
+    const poll = acquireTask(this, STATE.poll, { ...lockTask, limit, leaseSeconds: spec.leaseSeconds, permitPath: ownPermitPath, asWaiter: true })
       .addRetry(transientRetry(THROTTLING_ERRORS))
       .addCatch(waitAgain, { errors: [CONDITIONAL_CHECK_FAILED], resultPath: sfn.JsonPath.DISCARD })
       .addCatch(undoPoll, { errors: SERVER_ERRORS, resultPath: sfn.JsonPath.DISCARD });

@@ -181,6 +181,9 @@ describe('definition', () => {
     expect(def.States['Hand Off Permit'].Catch).toContainEqual(expect.objectContaining({ Next: 'Confirm Hand-Off' }));
     expect(def.States['Confirm Hand-Off'].Next).toBe('Take Back Permit');
     expect(def.States['Hand Off Permit'].Parameters.ConditionExpression).toContain('attribute_exists(#headToken)');
+    // Nobody drew a fencing token since the peek: fencing tokens follow the order of admission.
+    expect(def.States['Hand Off Permit'].Parameters.ConditionExpression).toContain('#fence = :fence');
+    expect(def.States['Hand Off Permit'].Parameters.ExpressionAttributeValues).toMatchObject({ ':fence': { 'N.$': '$.handoff.next.fencingToken' } });
     expect(def.States['Fail With Original Error']).toEqual({ Type: 'Fail', ErrorPath: '$.Error', CausePath: '$.Cause' });
   });
 
@@ -222,6 +225,13 @@ describe('definition', () => {
     expect(def.States['Check Handed-Off Permit'].Catch[0]).toMatchObject({ Next: 'Poll For Permit' });
     // Still full: sleep again in its place, with a new token; without a place any more, queue anew.
     expect(def.States['Poll For Permit'].Catch[0]).toMatchObject({ Next: 'Wait In Queue Again' });
+    // A waiter that gets in by polling, or finds a permit handed to it, gives up its wait token: an entry
+    // it still has in the queue is then dropped, never handed a second permit.
+    for (const name of ['Poll For Permit', 'Check Handed-Off Permit']) {
+      expect(def.States[name].Parameters.UpdateExpression).toMatch(/ REMOVE #token$/);
+      expect(def.States[name].Parameters.ExpressionAttributeNames['#token.$']).toBe("States.Format('waitToken:{}', $$.Execution.Id)");
+    }
+    expect(def.States['Acquire Permit'].Parameters.UpdateExpression).not.toContain('REMOVE');
     const again = def.States['Wait In Queue Again'];
     expect(again).toMatchObject({
       Resource: expect.stringContaining(':states:::aws-sdk:dynamodb:updateItem.waitForTaskToken'),
@@ -323,9 +333,15 @@ describe('cleanup', () => {
       },
       Catch: [{ ErrorEquals: ['DynamoDB.ConditionalCheckFailedException'], Next: 'Peek At Next Waiter Of Stopped Execution', ResultPath: null }],
     });
-    expect(def.States['Release Permit Without Hand-Off Of Stopped Execution'].Catch).toEqual([
-      { ErrorEquals: ['DynamoDB.ConditionalCheckFailedException'], Next: 'Permit Not Held', ResultPath: null },
-    ]);
+    // After a peek that found no waiter: still only if nobody waits; refused, is it still held (look at the queue again) or not.
+    expect(def.States['Release Permit Without Hand-Off Of Stopped Execution']).toMatchObject({
+      Parameters: { ConditionExpression: expect.stringContaining('size(#waiters) = :zero') },
+      Catch: [{ ErrorEquals: ['DynamoDB.ConditionalCheckFailedException'], Next: 'Is Permit Still Held Of Stopped Execution', ResultPath: null }],
+    });
+    expect(def.States['Is Permit Still Held Of Stopped Execution']).toMatchObject({
+      Next: 'Peek At Next Waiter Of Stopped Execution',
+      Catch: [{ ErrorEquals: ['DynamoDB.ConditionalCheckFailedException'], Next: 'Permit Not Held', ResultPath: null }],
+    });
   });
 
   test('reads a runtime lock name from the event, or from DescribeExecution when the input is not in it', () => {

@@ -1,10 +1,11 @@
+import { DynamoDBClient, UpdateItemCommand } from '@aws-sdk/client-dynamodb';
 import { App, CfnElement, Duration, Stack } from 'aws-cdk-lib';
 import * as lambda from 'aws-cdk-lib/aws-lambda';
 import * as sfn from 'aws-cdk-lib/aws-stepfunctions';
 import * as tasks from 'aws-cdk-lib/aws-stepfunctions-tasks';
 import { ConcurrencyControlledWorkflow, SemaphoreTable, WaitStrategy } from '../src';
 import { lockState, logicalId, stateMachineLogicalId, statuses, WorkTracker, workflowStack } from './helpers';
-import { Execution, LockMonitor, seededRandom, Simulator, SimulatorOptions } from '../simulator';
+import { Execution, LockMonitor, seededRandom, Simulator, SimulatorOptions, TaskContext } from '../simulator';
 
 /*
  * Executed behaviour: the synthesized workflow and cleanup state machines run in the local simulator
@@ -13,6 +14,14 @@ import { Execution, LockMonitor, seededRandom, Simulator, SimulatorOptions } fro
  */
 
 const BODY_STATES = new Set(['Do Work']);
+
+/** Execution ARNs of the test stack's workflow, without the execution name. */
+const ARN_PREFIX = 'arn:aws:states:us-east-1:123456789012:execution:TestStack-WorkflowStateMachine8F1B1C15:';
+
+/** A DynamoDB client of the simulator's tables, for writes a test makes beside the state machines. */
+function localDynamoDb(sim: Simulator): DynamoDBClient {
+  return new DynamoDBClient({ endpoint: sim.db.endpoint, region: 'us-east-1', credentials: { accessKeyId: 'local', secretAccessKey: 'local' } });
+}
 
 /** Transitions outside the body. */
 function overhead(e: Execution): number {
@@ -414,10 +423,160 @@ describe('the queue', () => {
       expect(monitor.violations).toEqual([]);
       // The waiters whose wake-up was lost found their permit by the check after the timeout.
       expect(executions.filter((e) => e.stateTransitions.has('Check Handed-Off Permit')).length).toBeGreaterThan(0);
-      // A permit handed to a stale entry (one an execution left when its wait timed out and it queued
-      // again) whose wake-up is lost stays with an execution that has ended: the reconciler's next
-      // run frees it, as it frees any holder that is no longer running.
-      await sim.fireScheduledRules();
+      // Nothing for the reconciler: no permit was handed to an entry nobody would claim (an execution
+      // that gets in by polling or by its check gives up its wait token, and its entry is dropped).
+      expect(await lockState(sim)).toEqual([{ lockName: 'TestStack/Workflow', permitsInUse: 0, holders: [] }]);
+    });
+  });
+
+  test('a fencing token drawn between a peek and its hand-off makes the releaser peek again: tokens follow admission', async () => {
+    const { stack, workflow, workFunctionId } = workflowStack({ concurrencyLimit: 1, waitStrategy: WaitStrategy.QUEUE, permitPath: '$.permit' });
+    const tokens = new Map<string, number>();
+    const work = new WorkTracker(() => 5);
+    const tracked = async (input: any, context: TaskContext) => {
+      tokens.set(context.execution.name, input.permit.fencingToken);
+      return work.handler(input, context);
+    };
+    let drawn: number | undefined;
+    // Just before the first hand-off writes, another acquisition of the lock draws a fencing token (a
+    // waiter that finds a handed-off permit, a CLI acquire once a permit is free...).
+    const handOff = async (input: any, context: TaskContext) => {
+      if (drawn === undefined) {
+        const out = await localDynamoDb(context.simulator).send(
+          new UpdateItemCommand({
+            TableName: context.simulator.tableName('WorkflowLockTable'),
+            Key: { lockName: { S: 'TestStack/Workflow' } },
+            UpdateExpression: 'SET fencingToken = fencingToken + :one',
+            ExpressionAttributeValues: { ':one': { N: '1' } },
+            ReturnValues: 'UPDATED_NEW',
+          }),
+        );
+        drawn = Number(out.Attributes!.fencingToken.N);
+      }
+      return context.simulator.dynamo.run('arn:aws:states:::dynamodb:updateItem', input);
+    };
+    await simulate(stack, { taskHandlers: { 'Hand Off Permit': handOff }, lambdaHandlers: { [workFunctionId]: tracked } }, async (sim) => {
+      const sm = sim.stateMachine(stateMachineLogicalId(workflow.stateMachine));
+      const holder = sim.startExecution(sm, {}, { name: 'holder' });
+      await sim.sleep(1);
+      const waiter = sim.startExecution(sm, {}, { name: 'waiter' });
+      await Promise.all([holder.done, waiter.done]);
+
+      expect([holder.status, waiter.status]).toEqual(['SUCCEEDED', 'SUCCEEDED']);
+      expect(drawn).toBeGreaterThan(tokens.get('holder')!);
+      // The waiter, admitted after that draw, holds a greater token.
+      expect(tokens.get('waiter')).toBeGreaterThan(drawn!);
+      // The first hand-off was refused; the releaser peeked again, drawing a new token, and handed off.
+      expect(holder.stateTransitions.get('Peek At Next Waiter')).toBe(2);
+      expect(holder.stateTransitions.get('Hand Off Permit')).toBe(2);
+      expect(waiter.stateTransitions.has('Check Handed-Off Permit')).toBe(false);
+      expect(await lockState(sim)).toEqual([{ lockName: 'TestStack/Workflow', permitsInUse: 0, holders: [] }]);
+    });
+  });
+
+  test('a release racing a served waiter and a new one: the newcomer is handed the permit, never left asleep beside it', async () => {
+    // A and B hold both permits, C waits. A's release finds C queued and goes to peek; meanwhile B's
+    // release serves C, so A's peek finds nobody; then D queues (the lock is still full) before A gives
+    // its permit back. Giving it back then would leave D asleep beside a free permit.
+    const { stack, workflow, workFunctionId } = workflowStack({ concurrencyLimit: 2, waitStrategy: WaitStrategy.QUEUE });
+    const finish = new Map<string, () => void>();
+    const body = async (_input: any, context: TaskContext) => {
+      if (['A', 'B', 'C'].includes(context.execution.name)) await new Promise<void>((resolve) => finish.set(context.execution.name, resolve));
+      return { done: true };
+    };
+    let sim!: Simulator;
+    const holds = async (name: string) => (await sim.scan('WorkflowLockTable'))[0]?.[`${ARN_PREFIX}${name}`] !== undefined;
+    const queued = async (name: string) => ((await sim.scan('WorkflowLockTable'))[0]?.waiters?.L ?? []).some((w) => w.M!.id.S === `${ARN_PREFIX}${name}`);
+    const until = async (condition: () => Promise<boolean>) => {
+      for (let i = 0; i < 600 && !(await condition()); i++) await sim.sleep(0.5);
+    };
+    let d: Execution | undefined;
+    const realCall = (input: any, context: TaskContext) => context.simulator.dynamo.run('arn:aws:states:::dynamodb:updateItem', input);
+    const taskHandlers = {
+      'Peek At Next Waiter': async (input: any, context: TaskContext) => {
+        if (context.execution.name === 'A' && finish.has('B')) {
+          finish.get('B')!();
+          finish.delete('B');
+          await until(() => holds('C'));
+        }
+        return realCall(input, context);
+      },
+      'Release Permit Without Hand-Off': async (input: any, context: TaskContext) => {
+        if (context.execution.name === 'A' && d === undefined) {
+          d = sim.startExecution(sim.stateMachine(stateMachineLogicalId(workflow.stateMachine)), {}, { name: 'D' });
+          await until(() => queued('D'));
+        }
+        return realCall(input, context);
+      },
+    };
+    sim = await Simulator.start(stack, { taskHandlers, lambdaHandlers: { [workFunctionId]: body } });
+    try {
+      const sm = sim.stateMachine(stateMachineLogicalId(workflow.stateMachine));
+      const a = sim.startExecution(sm, {}, { name: 'A' });
+      const b = sim.startExecution(sm, {}, { name: 'B' });
+      await until(async () => finish.has('A') && finish.has('B'));
+      const c = sim.startExecution(sm, {}, { name: 'C' });
+      await until(() => queued('C'));
+      finish.get('A')!();
+      await Promise.all([a.done, b.done]);
+      await d!.done;
+      // C, served by B, holds its permit until now.
+      finish.get('C')!();
+      await c.done;
+
+      expect([a, b, c, d!].map((e) => e.status)).toEqual(['SUCCEEDED', 'SUCCEEDED', 'SUCCEEDED', 'SUCCEEDED']);
+      expect(a.stateTransitions.get('Release Permit Without Hand-Off')).toBe(1);
+      // Refused (D waits), A checked that it still held the permit, looked again, and handed it to D.
+      expect(a.stateTransitions.get('Is Permit Still Held')).toBe(1);
+      expect(a.stateTransitions.get('Wake Next Waiter')).toBe(1);
+      // D was woken, not left to find a free permit when its wait timed out.
+      expect(d!.stateTransitions.has('Check Handed-Off Permit')).toBe(false);
+      expect(d!.stateTransitions.get('Wait In Queue')).toBe(1);
+      expect(await lockState(sim)).toEqual([{ lockName: 'TestStack/Workflow', permitsInUse: 0, holders: [] }]);
+    } finally {
+      await sim.stop();
+    }
+  });
+
+  test('a waiter that gets in by polling gives up its wait token: its entry left in the queue is dropped, not handed a permit', async () => {
+    const props = { concurrencyLimit: 1, waitStrategy: WaitStrategy.QUEUE, queueCheckInterval: Duration.seconds(30) };
+    const { stack, workflow, workFunctionId } = workflowStack(props);
+    let itemInBody: Record<string, any> | undefined;
+    const body = async (input: any, context: TaskContext) => {
+      if (context.execution.name === 'waiter') itemInBody = (await context.simulator.scan('WorkflowLockTable'))[0];
+      await context.simulator.sleep(input.seconds, context.signal);
+      return {};
+    };
+    await simulate(stack, { lambdaHandlers: { [workFunctionId]: body } }, async (sim) => {
+      const sm = sim.stateMachine(stateMachineLogicalId(workflow.stateMachine));
+      const holder = sim.startExecution(sm, { seconds: 100 }, { name: 'holder' });
+      await sim.sleep(2);
+      const waiter = sim.startExecution(sm, { seconds: 5 }, { name: 'waiter' });
+      await sim.sleep(2);
+      expect(waiter.stateTransitions.get('Wait In Queue')).toBe(1);
+      // The holder's permit is freed behind the queue's back (as an operator's force-release would),
+      // so the waiter finds it by polling once its wait times out.
+      await localDynamoDb(sim).send(
+        new UpdateItemCommand({
+          TableName: sim.tableName('WorkflowLockTable'),
+          Key: { lockName: { S: 'TestStack/Workflow' } },
+          UpdateExpression: 'SET permitsInUse = permitsInUse - :one REMOVE #holder',
+          ExpressionAttributeNames: { '#holder': holder.arn },
+          ExpressionAttributeValues: { ':one': { N: '1' } },
+        }),
+      );
+      await waiter.done;
+
+      expect(waiter.status).toBe('SUCCEEDED');
+      expect(waiter.stateTransitions.get('Poll For Permit')).toBe(1);
+      // Inside, it held the permit; its entry was still queued, but without a token.
+      expect(itemInBody![waiter.arn]).toBeDefined();
+      expect(itemInBody!.waiters.L.map((w: any) => w.M.id.S)).toEqual([waiter.arn]);
+      expect(itemInBody![`waitToken:${waiter.arn}`]).toBeUndefined();
+      // Its own release dropped the entry (it could never be served) and gave the permit back.
+      expect(waiter.stateTransitions.get('Drop Served Waiter')).toBe(1);
+      holder.abort('Test.Stop', 'done with it');
+      await holder.done;
       await sim.idle();
       expect(await lockState(sim)).toEqual([{ lockName: 'TestStack/Workflow', permitsInUse: 0, holders: [] }]);
     });

@@ -217,8 +217,20 @@ export const ENQUEUE_UPDATE = `SET ${QUEUE_NAMES.waiters} = list_append(if_not_e
 export const RENEW_WAIT_CONDITION = `${NAMES.permits} >= ${VALUES.limit} AND attribute_not_exists(${NAMES.holder}) AND attribute_exists(${QUEUE_NAMES.token})`;
 export const RENEW_WAIT_UPDATE = `SET ${QUEUE_NAMES.token} = ${QUEUE_VALUES.token}`;
 
-/** Release when nobody waits: RELEASE_STOPPED_RUN_CONDITION and an empty queue. */
+/**
+ * Release when nobody waits: RELEASE_STOPPED_RUN_CONDITION and an empty queue. Every release that
+ * frees a permit checks the queue in the same write, so that a waiter that enqueued meanwhile is
+ * never left asleep beside a free permit (its enqueue needed the lock full, and the lock stays full).
+ */
 export const RELEASE_IF_NO_WAITERS_CONDITION = `${RELEASE_STOPPED_RUN_CONDITION} AND ${NO_WAITERS}`;
+
+/**
+ * Is the permit still held (by the run)? A no-op write that fails when it is not: after a release and
+ * a peek both failed (the queue emptied, then filled again, between them), it tells "given back
+ * already" from "look at the queue again".
+ */
+export const STILL_HELD_CONDITION = RELEASE_STOPPED_RUN_CONDITION;
+export const STILL_HELD_UPDATE = `SET ${NAMES.permits} = ${NAMES.permits}`;
 
 /** Read the queue's head (and draw its fencing token) while still holding the permit to hand it. */
 export const PEEK_CONDITION = `${RELEASE_STOPPED_RUN_CONDITION} AND size(${QUEUE_NAMES.waiters}) > ${VALUES.zero}`;
@@ -228,10 +240,12 @@ export const PEEK_UPDATE = `SET ${QUEUE_NAMES.next} = ${QUEUE_NAMES.waiters}[0],
  * Hand off: the holder entry moves from the releaser to the head, which leaves the queue; the count
  * stays; the head's token goes too, and the releaser reads it from the response (UPDATED_OLD: the
  * only string among the attributes the update touches). Conditional on the head being the one read
- * (another releaser may have served it), not holding a permit already (it found one by polling), and
- * having a token (so that the response carries one to wake it with).
+ * (another releaser may have served it), not holding a permit already (it found one by polling),
+ * having a token (so that the response carries one to wake it with), and on nobody having drawn a
+ * fencing token since the peek drew this one: otherwise an acquisition admitted after it would hold a
+ * smaller token than one admitted before (the releaser then peeks again, drawing a new one).
  */
-export const HAND_OFF_CONDITION = `${RELEASE_STOPPED_RUN_CONDITION} AND ${QUEUE_NAMES.waiters}[0].id = ${QUEUE_VALUES.headId} AND attribute_not_exists(${QUEUE_NAMES.head}) AND attribute_exists(${QUEUE_NAMES.headToken})`;
+export const HAND_OFF_CONDITION = `${RELEASE_STOPPED_RUN_CONDITION} AND ${QUEUE_NAMES.waiters}[0].id = ${QUEUE_VALUES.headId} AND attribute_not_exists(${QUEUE_NAMES.head}) AND attribute_exists(${QUEUE_NAMES.headToken}) AND ${NAMES.fence} = ${QUEUE_VALUES.fence}`;
 export const HAND_OFF_UPDATE = `SET ${QUEUE_NAMES.head} = ${VALUES.entry} REMOVE ${NAMES.holder}, ${QUEUE_NAMES.waiters}[0], ${QUEUE_NAMES.headToken}`;
 
 /** Drop a queue head that already holds a permit (it got one by polling), or that has no token to wake it by. */
@@ -256,6 +270,15 @@ export const TAKE_BACK_UPDATE = `SET ${NAMES.holder} = ${VALUES.entry} REMOVE ${
 /**
  * A waiter whose wait timed out or was refused checks whether a permit was handed to it (its wake-up
  * was lost), claims it so that the releaser no longer takes it back, and draws a fresh fencing token.
+ * Its wait token goes: an entry it may still have in the queue can then only be dropped, never
+ * handed a second permit.
  */
 export const CHECK_HANDED_OFF_CONDITION = RELEASE_CONDITION;
-export const CHECK_HANDED_OFF_UPDATE = `SET ${NAMES.fence} = if_not_exists(${NAMES.fence}, ${VALUES.zero}) + ${VALUES.one}, ${NAMES.holder}.${HOLDER_CLAIMED} = ${QUEUE_VALUES.claimed}`;
+export const CHECK_HANDED_OFF_UPDATE = `SET ${NAMES.fence} = if_not_exists(${NAMES.fence}, ${VALUES.zero}) + ${VALUES.one}, ${NAMES.holder}.${HOLDER_CLAIMED} = ${QUEUE_VALUES.claimed} REMOVE ${QUEUE_NAMES.token}`;
+
+/**
+ * Acquire by a waiter that polls (its wait timed out): as ACQUIRE_UPDATE, and its wait token goes, so
+ * that the entry it leaves in the queue is dropped by the releaser that reaches it instead of being
+ * handed a second permit, which this execution would never claim.
+ */
+export const ACQUIRE_AS_WAITER_UPDATE = `${ACQUIRE_UPDATE} REMOVE ${QUEUE_NAMES.token}`;

@@ -2,6 +2,7 @@ import * as sfn from 'aws-cdk-lib/aws-stepfunctions';
 import * as tasks from 'aws-cdk-lib/aws-stepfunctions-tasks';
 import { Construct } from 'constructs';
 import {
+  ACQUIRE_AS_WAITER_UPDATE,
   ACQUIRE_CONDITION,
   ACQUIRE_UPDATE,
   CONCURRENCY_LIMIT,
@@ -13,8 +14,10 @@ import {
   NAMES,
   PERMITS_IN_USE,
   RELEASE_CONDITION,
+  QUEUE_NAMES,
   RELEASE_UPDATE,
   VALUES,
+  WAIT_TOKEN_PREFIX,
 } from './lock-schema';
 import { ISemaphoreTable } from '../semaphore-table';
 
@@ -35,6 +38,12 @@ export interface AcquireTaskProps extends LockTaskProps {
   readonly leaseSeconds?: number;
   /** Where `{ fencingToken }` goes in the state data. @default - nowhere: the state data passes through */
   readonly permitPath?: string;
+  /**
+   * The acquire of an execution that may have an entry in the queue (its wait timed out): its wait
+   * token goes with the write, so that the entry is dropped rather than handed a second permit.
+   * @default false
+   */
+  readonly asWaiter?: boolean;
 }
 
 /**
@@ -46,12 +55,13 @@ export function acquireTask(scope: Construct, id: string, props: AcquireTaskProp
     table: props.table.table,
     key: { [LOCK_KEY]: props.lockName },
     conditionExpression: ACQUIRE_CONDITION,
-    updateExpression: ACQUIRE_UPDATE,
+    updateExpression: props.asWaiter ? ACQUIRE_AS_WAITER_UPDATE : ACQUIRE_UPDATE,
     expressionAttributeNames: {
       [NAMES.permits]: PERMITS_IN_USE,
       [NAMES.holder]: props.holder,
       [NAMES.limit]: CONCURRENCY_LIMIT,
       [NAMES.fence]: FENCING_TOKEN,
+      ...(props.asWaiter ? { [QUEUE_NAMES.token]: sfn.JsonPath.format(`${WAIT_TOKEN_PREFIX}{}`, props.holder) } : {}),
     },
     expressionAttributeValues: {
       [VALUES.zero]: tasks.DynamoAttributeValue.fromNumber(0),

@@ -30,10 +30,11 @@ import {
   QUEUE_NAMES,
   QUEUE_VALUES,
   RELEASE_IF_NO_WAITERS_CONDITION,
-  RELEASE_STOPPED_RUN_CONDITION,
   RELEASE_UPDATE,
   RENEW_WAIT_CONDITION,
   RENEW_WAIT_UPDATE,
+  STILL_HELD_CONDITION,
+  STILL_HELD_UPDATE,
   TAKE_BACK_CONDITION,
   TAKE_BACK_UPDATE,
   VALUES,
@@ -55,6 +56,8 @@ import { ISemaphoreTable } from '../semaphore-table';
  *                                  Check Handed-Off Permit ─no─▶ Poll For Permit ─full─▶ Wait In Queue Again (same place, new token)
  *
  * Release:  Release Permit (only if nobody waits) ─waiters─▶ Peek At Next Waiter ─▶ Hand Off Permit ─▶ Wake Next Waiter
+ *           Peek finds no waiter (served meanwhile) ─▶ Release Permit Without Hand-Off (only if nobody
+ *           waits) ─waiters again─▶ Is Permit Still Held ─yes─▶ Peek At Next Waiter; no ─▶ done.
  *           A waiter that cannot be woken (its token is closed: it stopped, or its wait timed out
  *           just then) gets its permit taken back and passed on, by the same states.
  */
@@ -89,6 +92,7 @@ export function releaseStateNames(suffix: string) {
     takeBack: `${STATE.takeBackPermit}${suffix}`,
     confirmHandOff: `${STATE.confirmHandOff}${suffix}`,
     wakeUpLost: `${STATE.wakeUpLost}${suffix}`,
+    stillHeld: `${STATE.stillHeld}${suffix}`,
     alreadyReleased: `${STATE.alreadyReleased}${suffix}`,
   };
 }
@@ -130,20 +134,37 @@ export function handOffChain(scope: Construct, props: HandOffProps): sfn.State {
 
   const alreadyReleased = props.alreadyReleased ?? props.next ?? new sfn.Succeed(scope, names.alreadyReleased, { outputPath: props.outputPath });
 
+  // After a peek found no waiter: give the permit back, still only if nobody waits, since a waiter can
+  // enqueue between the two writes (the lock was full) and would then sleep beside a free permit.
   const releaseWithoutHandOff = end(
     new tasks.DynamoUpdateItem(scope, names.releaseWithoutHandOff, {
       table,
       key,
-      conditionExpression: RELEASE_STOPPED_RUN_CONDITION,
+      conditionExpression: RELEASE_IF_NO_WAITERS_CONDITION,
       updateExpression: RELEASE_UPDATE,
-      expressionAttributeNames: { [NAMES.permits]: PERMITS_IN_USE, [NAMES.holder]: holder },
-      expressionAttributeValues: { [VALUES.one]: tasks.DynamoAttributeValue.fromNumber(1), [VALUES.redriveCount]: redriveCount },
+      expressionAttributeNames: { [NAMES.permits]: PERMITS_IN_USE, [NAMES.holder]: holder, [QUEUE_NAMES.waiters]: WAITERS },
+      expressionAttributeValues: {
+        [VALUES.one]: tasks.DynamoAttributeValue.fromNumber(1),
+        [VALUES.zero]: tasks.DynamoAttributeValue.fromNumber(0),
+        [VALUES.redriveCount]: redriveCount,
+      },
       resultPath: sfn.JsonPath.DISCARD,
       ...endProps,
-    })
-      .addRetry(retry)
-      .addCatch(alreadyReleased, { errors: [CONDITIONAL_CHECK_FAILED], resultPath: sfn.JsonPath.DISCARD }),
+    }).addRetry(retry),
   );
+  // Refused: not held (any more), or a waiter came. Which? A no-op write conditional on the holder.
+  const stillHeld = new tasks.DynamoUpdateItem(scope, names.stillHeld, {
+    table,
+    key,
+    conditionExpression: STILL_HELD_CONDITION,
+    updateExpression: STILL_HELD_UPDATE,
+    expressionAttributeNames: { [NAMES.permits]: PERMITS_IN_USE, [NAMES.holder]: holder },
+    expressionAttributeValues: { [VALUES.redriveCount]: redriveCount },
+    resultPath: sfn.JsonPath.DISCARD,
+  })
+    .addRetry(retry)
+    .addCatch(alreadyReleased, { errors: [CONDITIONAL_CHECK_FAILED], resultPath: sfn.JsonPath.DISCARD });
+  releaseWithoutHandOff.addCatch(stillHeld, { errors: [CONDITIONAL_CHECK_FAILED], resultPath: sfn.JsonPath.DISCARD });
 
   const release = end(
     new tasks.DynamoUpdateItem(scope, names.release, {
@@ -194,6 +215,7 @@ export function handOffChain(scope: Construct, props: HandOffProps): sfn.State {
     // No permit to hand (released by someone else), or no waiter left (served by another releaser).
     .addCatch(releaseWithoutHandOff, { errors: [CONDITIONAL_CHECK_FAILED], resultPath: sfn.JsonPath.DISCARD });
   release.addCatch(peek, { errors: [CONDITIONAL_CHECK_FAILED], resultPath: sfn.JsonPath.DISCARD });
+  stillHeld.next(peek);
 
   const headId = sfn.JsonPath.stringAt(`${HANDOFF_PATH}.next.id`);
   const headToken = sfn.JsonPath.format(`${WAIT_TOKEN_PREFIX}{}`, sfn.JsonPath.stringAt(`${HANDOFF_PATH}.next.id`));
@@ -221,9 +243,11 @@ export function handOffChain(scope: Construct, props: HandOffProps): sfn.State {
       [QUEUE_NAMES.waiters]: WAITERS,
       [QUEUE_NAMES.head]: headId,
       [QUEUE_NAMES.headToken]: headToken,
+      [NAMES.fence]: FENCING_TOKEN,
     },
     expressionAttributeValues: {
       [VALUES.redriveCount]: redriveCount,
+      [QUEUE_VALUES.fence]: fence,
       [QUEUE_VALUES.headId]: tasks.DynamoAttributeValue.fromString(headId),
       [VALUES.entry]: tasks.DynamoAttributeValue.fromMap({
         [HOLDER_ACQUIRED_AT]: tasks.DynamoAttributeValue.fromString(sfn.JsonPath.stringAt('$$.State.EnteredTime')),
@@ -240,7 +264,8 @@ export function handOffChain(scope: Construct, props: HandOffProps): sfn.State {
     // A retry after a write that landed would fail its condition and lose the wake-up: server errors
     // are confirmed instead (below).
     .addRetry(transientRetry(THROTTLING_ERRORS))
-    // The head was served by another releaser, or already holds a permit, or ours is gone: look again.
+    // The head was served by another releaser, or already holds a permit, or ours is gone, or a fencing
+    // token was drawn since the peek: look again.
     // The head can be the releaser itself (an entry from before it got its permit by polling): then
     // DynamoDB rejects the update (its two paths overlap) and the entry is dropped the same way.
     .addCatch(dropHead, { errors: [CONDITIONAL_CHECK_FAILED, VALIDATION_ERROR], resultPath: sfn.JsonPath.DISCARD });
@@ -409,7 +434,11 @@ export function fencingTokenTask(
     key: { [LOCK_KEY]: props.lockName },
     conditionExpression: CHECK_HANDED_OFF_CONDITION,
     updateExpression: CHECK_HANDED_OFF_UPDATE,
-    expressionAttributeNames: { [NAMES.holder]: sfn.JsonPath.stringAt('$$.Execution.Id'), [NAMES.fence]: FENCING_TOKEN },
+    expressionAttributeNames: {
+      [NAMES.holder]: sfn.JsonPath.stringAt('$$.Execution.Id'),
+      [NAMES.fence]: FENCING_TOKEN,
+      [QUEUE_NAMES.token]: sfn.JsonPath.format(`${WAIT_TOKEN_PREFIX}{}`, sfn.JsonPath.stringAt('$$.Execution.Id')),
+    },
     expressionAttributeValues: {
       [VALUES.zero]: tasks.DynamoAttributeValue.fromNumber(0),
       [VALUES.one]: tasks.DynamoAttributeValue.fromNumber(1),

@@ -41,6 +41,7 @@ export const STATE = {
   confirmHandOff: 'Confirm Hand-Off',
   takeBackPermit: 'Take Back Permit',
   wakeUpLost: 'Wake-Up Lost',
+  stillHeld: 'Is Permit Still Held',
   releaseWithoutHandOffAfterFailure: 'Release Permit Without Hand-Off After Failure',
   peekAtNextWaiterAfterFailure: 'Peek At Next Waiter After Failure',
   handOffAfterFailure: 'Hand Off Permit After Failure',
@@ -49,6 +50,7 @@ export const STATE = {
   confirmHandOffAfterFailure: 'Confirm Hand-Off After Failure',
   takeBackPermitAfterFailure: 'Take Back Permit After Failure',
   wakeUpLostAfterFailure: 'Wake-Up Lost After Failure',
+  stillHeldAfterFailure: 'Is Permit Still Held After Failure',
 
   // Idempotency (before the permit is taken, and after it is given back).
   computeKey: 'Compute Idempotency Key',
