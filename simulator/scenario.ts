@@ -106,7 +106,7 @@ export interface ScenarioResult {
   readonly lostEvents: number;
   readonly lostWakeUps: number;
   /**
-   * Executions admitted before one that arrived earlier (first acquire attempt before theirs) and
+   * Executions admitted before one that arrived earlier (its first acquire attempt answered before theirs) and
    * was still waiting: how far admission is from first come, first served.
    */
   readonly overtakers: number;
@@ -159,11 +159,15 @@ export async function runScenario(subject: Subject, options: ScenarioOptions): P
       abortInsideAfter: random(),
     }));
     const abortInside = new Map<string, number>();
-    // Arrival (first acquire attempt) and admission (entry into the body), for the FIFO figure.
+    // Arrival (the answer to the first acquire attempt: from then on the lock knows it waits, and
+    // executions started together reach DynamoDB in some order) and admission (entry into the body),
+    // for the FIFO figure.
     const arrived = new Map<string, number>();
     const admitted = new Map<string, number>();
-    sim.onStateEntered((execution, stateName) => {
+    sim.onTaskEnded((execution, stateName) => {
       if (subject.acquireStates.includes(stateName) && !arrived.has(execution.arn)) arrived.set(execution.arn, sim.now());
+    });
+    sim.onStateEntered((execution, stateName) => {
       if (subject.enterStates.includes(stateName) && !admitted.has(execution.arn)) admitted.set(execution.arn, sim.now());
     });
     const acquireRandom = seededRandom(seed * 104729 + 3);

@@ -207,6 +207,7 @@ export class Simulator {
   private readonly savedEnv: Record<string, string | undefined> = {};
   private readonly stateListeners: Array<(execution: Execution, stateName: string) => void> = [];
   private readonly taskListeners: Array<(execution: Execution, stateName: string) => void> = [];
+  private readonly taskEndListeners: Array<(execution: Execution, stateName: string) => void> = [];
   private readonly stopListeners: Array<(execution: Execution) => void> = [];
   /** Task tokens of `.waitForTaskToken` tasks. */
   public readonly callbacks = new CallbackTokens((seconds, signal) => this.sleep(seconds, signal));
@@ -279,6 +280,11 @@ export class Simulator {
   /** Call `listener` each time an execution's task starts its call, before the call is on its way. */
   public onTaskStarted(listener: (execution: Execution, stateName: string) => void): void {
     this.taskListeners.push(listener);
+  }
+
+  /** Call `listener` each time an execution's task has its answer (a result or an error; a callback task's callback). */
+  public onTaskEnded(listener: (execution: Execution, stateName: string) => void): void {
+    this.taskEndListeners.push(listener);
   }
 
   /** Call `listener` each time an execution enters a state (nested branches included). */
@@ -696,7 +702,11 @@ export class Simulator {
         // An aborted execution runs no more tasks. (The interpreter would otherwise run a pending
         // retry of a task after the abort; Step Functions does not.)
         if (execution.stopped.signal.aborted) return new Promise(() => undefined);
-        return this.runTask(execution, stateName, state.Resource, input);
+        try {
+          return await this.runTask(execution, stateName, state.Resource, input);
+        } finally {
+          this.taskEndListeners.forEach((l) => l(execution, stateName));
+        }
       };
     }
     return overrides;

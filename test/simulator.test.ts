@@ -367,10 +367,14 @@ test('a stopped execution\'s status event goes out at once, while its call is st
   });
   try {
     const started: string[] = [];
+    const ended: string[] = [];
     sim.onTaskStarted((_, stateName) => started.push(stateName));
+    sim.onTaskEnded((_, stateName) => ended.push(stateName));
     const execution = sim.startExecution(sim.stateMachine(logicalId(workflow.stateMachine.node.defaultChild as any)), {});
     await sim.sleep(1);
     expect(started).toEqual(['Acquire Permit']);
+    // Started, not answered yet.
+    expect(ended).toEqual([]);
     expect(landWrite).toBeDefined();
     execution.abort('Test.Stop', 'stopped while acquiring');
     await sim.sleep(1);
@@ -379,6 +383,7 @@ test('a stopped execution\'s status event goes out at once, while its call is st
     expect(sim.events.filter((e) => e.detail.executionArn === execution.arn).map((e) => e.detail.status)).toEqual(['RUNNING', 'ABORTED']);
     landWrite();
     await sim.idle();
+    expect(ended.filter((name) => name === 'Acquire Permit')).toEqual(['Acquire Permit']);
   } finally {
     await sim.stop();
   }
