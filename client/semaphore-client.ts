@@ -20,7 +20,7 @@ import {
   FENCING_TOKEN,
   HAND_OFF_CONDITION,
   HAND_OFF_UPDATE,
-  HOLDER_FENCING_TOKEN,
+  HOLDER_HANDOFF_ID,
   HOLDER_REDRIVE_COUNT,
   DROP_HEAD_CONDITION,
   DROP_HEAD_UPDATE,
@@ -327,7 +327,7 @@ export class SemaphoreClient {
     let held = false;
     for (let attempt = 0; attempt < 1000; attempt++) {
       if (await this.conditionalUpdate(lockName, holder, RELEASE_UPDATE, RELEASE_IF_NO_WAITERS_CONDITION, { ...one, ...zero, ...run })) return true;
-      const peeked = await this.conditionalUpdate(lockName, holder, PEEK_UPDATE, PEEK_CONDITION, { ...one, ...zero, ...run }, 'UPDATED_NEW');
+      const peeked = await this.conditionalUpdate(lockName, holder, PEEK_UPDATE, PEEK_CONDITION, { ...zero, ...run }, 'UPDATED_NEW');
       if (!peeked) {
         // Not held (any more), or the queue emptied meanwhile (and may have filled again since: a
         // release that ignored the queue would leave such a waiter asleep beside a free permit).
@@ -337,21 +337,20 @@ export class SemaphoreClient {
       }
       const head = peeked[NEXT_WAITER]?.M ?? {};
       const headId = head[WAITER_ID]?.S ?? '';
-      const fence = peeked[FENCING_TOKEN]?.N ?? '0';
+      const handoffId = { [QUEUE_VALUES.handoffId]: { S: randomUUID() } };
       const headValues = { [QUEUE_VALUES.headId]: { S: headId } };
       let handedOff: Record<string, AttributeValue> | undefined;
       try {
         handedOff = await this.conditionalUpdate(lockName, holder, HAND_OFF_UPDATE, HAND_OFF_CONDITION, {
           ...run,
           ...headValues,
-          // Nobody drew a fencing token since the peek drew this one (else an acquisition after it would hold a smaller one).
-          [QUEUE_VALUES.fence]: { N: fence },
+          ...one,
           [VALUES.entry]: {
             M: {
               [HOLDER_ACQUIRED_AT]: { S: new Date().toISOString() },
               [HOLDER_REDRIVE_COUNT]: { N: head[HOLDER_REDRIVE_COUNT]?.N ?? '0' },
               [HOLDER_LEASE_SECONDS]: { N: head[HOLDER_LEASE_SECONDS]?.N ?? '0' },
-              [HOLDER_FENCING_TOKEN]: { N: fence },
+              [HOLDER_HANDOFF_ID]: handoffId[QUEUE_VALUES.handoffId],
             },
           },
         }, 'UPDATED_OLD', headId);
@@ -359,14 +358,15 @@ export class SemaphoreClient {
         if ((e as Error).name !== 'ValidationException') throw e;
       }
       if (!handedOff) {
-        // Served by someone else, or it holds a permit already (an entry from before), or a fencing
-        // token was drawn meanwhile: drop the head if it can never be served, and look again.
+        // Served by someone else, or it holds a permit already (an entry from before): drop the head
+        // if it can never be served, and look again.
         await this.conditionalUpdate(lockName, holder, DROP_HEAD_UPDATE, DROP_HEAD_CONDITION, headValues, 'NONE', headId);
         continue;
       }
       held = true;
       try {
-        const output = JSON.stringify({ fencingToken: Number(fence) });
+        // The hand-off drew the head's fencing token: the counter before it, plus one.
+        const output = JSON.stringify({ fencingToken: Number(handedOff[FENCING_TOKEN]?.N) + 1 });
         // The head's token, which the hand-off removed with its entry.
         await this.sfn.send(new SendTaskSuccessCommand({ taskToken: handedOff[waitTokenAttribute(headId)]?.S, output }));
         return true;
@@ -380,7 +380,7 @@ export class SemaphoreClient {
       }
       // The waiter's task is gone: take the permit back (unless it claimed it meanwhile) and hand it on.
       await this.conditionalUpdate(lockName, holder, TAKE_BACK_UPDATE, TAKE_BACK_CONDITION, {
-        [QUEUE_VALUES.fence]: { N: fence },
+        ...handoffId,
         // A short lease: should this client stop before it hands the permit on, it expires soon.
         [VALUES.entry]: {
           M: { [HOLDER_ACQUIRED_AT]: { S: new Date().toISOString() }, [HOLDER_LEASE_EXPIRES_AT]: { N: String(Date.now() + 60_000) } },

@@ -1,5 +1,10 @@
 import { ApiError } from './sfn-api';
 
+/** What a task of a stopped execution ends with (the interpreter, stopped too, acts on it no more). */
+export function executionStopped(): Error {
+  return Object.assign(new Error('The execution has stopped'), { name: 'Simulator.ExecutionStopped' });
+}
+
 /*
  * The callback pattern (`.waitForTaskToken`), as Step Functions runs it: each attempt of a task gets
  * its own token (`$$.Task.Token`), the task makes its call and then waits until someone sends
@@ -66,7 +71,8 @@ export class CallbackTokens {
 
   /**
    * Wait for `token`'s outcome. `timeouts` come from the state; `stopped` closes the token when the
-   * execution stops (the promise then never settles: a stopped execution runs nothing more).
+   * execution stops, and the promise then rejects (a stopped execution runs nothing more, whatever
+   * the outcome; a promise that never settled would keep the interpreter's task timer alive).
    */
   public wait(
     token: string,
@@ -94,7 +100,15 @@ export class CallbackTokens {
         heartbeat: () => undefined,
       };
       this.waiters.set(token, waiter);
-      stopped.addEventListener('abort', close, { once: true });
+      stopped.addEventListener(
+        'abort',
+        () => {
+          if (!waiter.open) return;
+          close();
+          reject(executionStopped());
+        },
+        { once: true },
+      );
       if (timeouts.timeoutSeconds !== undefined) {
         void this.sleep(timeouts.timeoutSeconds, timers.signal).then(() =>
           waiter.settle({ error: 'States.Timeout', cause: `The task '${stateName}' had no callback within TimeoutSeconds (${timeouts.timeoutSeconds})` }),

@@ -1,6 +1,6 @@
 import * as ddb from '@aws-sdk/client-dynamodb';
 import { Stack, Stage } from 'aws-cdk-lib';
-import { CallbackTokens, WAIT_FOR_TASK_TOKEN, withToken, withTokenMarkers } from './callbacks';
+import { CallbackTokens, executionStopped, WAIT_FOR_TASK_TOKEN, withToken, withTokenMarkers } from './callbacks';
 import { ACCOUNT, CfnTemplate, PhysicalResource, physicalResources, REGION, resolve } from './cfn';
 import { DynamoFaults, DynamoTaskRunner, LocalDynamoDb, TaskError } from './dynamodb';
 import { EventPattern, matchesPattern, TargetInput, targetInput } from './eventbridge';
@@ -699,9 +699,11 @@ export class Simulator {
     for (const [stateName, state] of allStates(execution.stateMachine.definition)) {
       if (state.Type !== 'Task') continue;
       overrides[stateName] = async (input: any) => {
-        // An aborted execution runs no more tasks. (The interpreter would otherwise run a pending
-        // retry of a task after the abort; Step Functions does not.)
-        if (execution.stopped.signal.aborted) return new Promise(() => undefined);
+        // A stopped execution runs no more tasks. (The interpreter would otherwise run a pending
+        // retry of a task after the abort; Step Functions does not.) The attempt fails at once rather
+        // than never settling: the interpreter keeps a timer per task until it settles, which would
+        // keep the process alive, and it runs no state after the abort whatever the task's outcome.
+        if (execution.stopped.signal.aborted) return Promise.reject(executionStopped());
         try {
           return await this.runTask(execution, stateName, state.Resource, input);
         } finally {

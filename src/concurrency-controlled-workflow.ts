@@ -22,6 +22,7 @@ import { acquireTask, LockTaskProps, releaseTask } from './private/lock-tasks';
 import {
   ENQUEUE_REFUSED,
   ENQUEUE_UNCERTAIN,
+  WAIT_TIMED_OUT,
   fencingTokenTask,
   HANDOFF_PATH,
   handOffChain,
@@ -82,7 +83,7 @@ export interface ConcurrencyControlledWorkflowProps {
    * With `QUEUE`, it joins a first-in, first-out queue of waiters kept in the lock item and sleeps in
    * a `.waitForTaskToken` task; a release that finds waiters hands its permit straight to the oldest
    * and wakes it with `SendTaskSuccess`. Waiting then costs one transition and one write however long
-   * it lasts (three more of each per `queueCheckInterval` it outlasts), a freed permit is used at once
+   * it lasts (one more of each per `queueCheckInterval` it outlasts), a freed permit is used at once
    * and waiters are served in order. With `POLLING`, it tries again every `pollInterval`.
    *
    * Workflows sharing a lock may use different strategies: every release hands off to waiters.
@@ -95,7 +96,8 @@ export interface ConcurrencyControlledWorkflowProps {
    * With the queue, how long a waiter sleeps before it checks whether a permit was handed to it and
    * the wake-up lost (the releaser stopped between the hand-off and `SendTaskSuccess`, or the call
    * failed), or whether a permit is free that nobody handed over. It then takes the permit, or
-   * sleeps again in its place in the queue. Whole seconds, at least 1 second.
+   * sleeps again in its place in the queue: the check and the new sleep are one write, so each
+   * interval a wait outlasts costs one transition and one write. Whole seconds, at least 1 second.
    *
    * @default Duration.minutes(5)
    */
@@ -711,13 +713,13 @@ export class ConcurrencyControlledWorkflow extends Construct {
   }
 
   /**
-   * The queue: "Wait In Queue" enqueues and sleeps until woken with the permit. When the queue refuses
-   * (a permit came free, or the queue is full) or the wait times out (was the wake-up lost?), the
-   * execution checks for a handed-off permit, tries once to take one, and otherwise sleeps again in
-   * its place, or, if it has none any more, queues again after `pollInterval`:
+   * The queue: "Wait In Queue" enqueues and sleeps until woken with the permit. When its wait times out
+   * it sleeps again in its place, with a write that is refused if the wake-up was lost (a permit was
+   * handed to it), a permit is free or its place is gone. When the queue refuses (a permit came free,
+   * or the queue is full), the execution checks for a handed-off permit and tries once to take one:
    *
-   *   Wait In Queue ─woken─▶ body
-   *     │ refused, or timed out
+   *   Wait In Queue ─woken─▶ body; timed out ─▶ Wait In Queue Again
+   *     │ refused
    *     ▼
    *   Check Handed-Off Permit ─yes─▶ body
    *     │ no
@@ -725,8 +727,8 @@ export class ConcurrencyControlledWorkflow extends Construct {
    *   Poll For Permit ─yes─▶ body
    *     │ full
    *     ▼
-   *   Wait In Queue Again (its place kept, a new token) ─woken─▶ body; timed out ─▶ Check Handed-Off Permit
-   *     │ refused: no place any more (or a permit is free)
+   *   Wait In Queue Again (its place kept, a new token) ─woken─▶ body; timed out ─▶ itself
+   *     │ refused: handed a permit (a lost wake-up), a permit free, or no place any more
    *     ▼
    *   Check Handed-Off Permit Again ─yes─▶ body
    *     │ no
@@ -778,16 +780,22 @@ export class ConcurrencyControlledWorkflow extends Construct {
     const check = fencingTokenTask(this, STATE.checkHandedOff, { table: this.table, lockName: lockTask.lockName, permitPath: ownPermitPath })
       .addCatch(poll, { errors: [CONDITIONAL_CHECK_FAILED], resultPath: sfn.JsonPath.DISCARD });
     onError(check).next(acquired);
+    // Timed out (no wake-up within the check interval): sleep again in place, a write whose condition
+    // is the whole check (no permit handed over, none free, the entry still there).
+    waitInQueue.addCatch(waitAgain, { errors: WAIT_TIMED_OUT, resultPath: sfn.JsonPath.DISCARD });
     // Refused: the lock has a free permit, the queue is full, or this execution already holds a
     // permit (handed over while it was not waiting: after a lost wake-up, or to an older entry of it).
     waitInQueue.addCatch(check, { errors: [...ENQUEUE_REFUSED, ...ENQUEUE_UNCERTAIN], resultPath: sfn.JsonPath.DISCARD });
     onError(waitInQueue).next(acquired);
-    // Refused: its entry is gone (served: is the permit its own now? or dropped) or a permit is free.
-    // Check once more, then queue anew after a pause that keeps a full queue from becoming a busy loop.
+    // Refused: a permit was handed to it (its wake-up was lost), or its entry is gone (dropped, or
+    // served and taken back), or a permit is free. Check for a handed-off permit, then queue anew after
+    // a pause that keeps a full queue from becoming a busy loop (the enqueue takes a free permit's
+    // refusal to the poll).
     const checkProps = { table: this.table, lockName: lockTask.lockName, permitPath: ownPermitPath };
     const checkAgain = fencingTokenTask(this, STATE.checkHandedOffAgain, checkProps)
       .addCatch(nextWait, { errors: [CONDITIONAL_CHECK_FAILED], resultPath: sfn.JsonPath.DISCARD });
     onError(checkAgain).next(acquired);
+    waitAgain.addCatch(waitAgain, { errors: WAIT_TIMED_OUT, resultPath: sfn.JsonPath.DISCARD });
     waitAgain.addCatch(checkAgain, { errors: ENQUEUE_REFUSED, resultPath: sfn.JsonPath.DISCARD });
     waitAgain.addCatch(check, { errors: ENQUEUE_UNCERTAIN, resultPath: sfn.JsonPath.DISCARD });
     onError(waitAgain).next(acquired);

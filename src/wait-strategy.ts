@@ -5,7 +5,7 @@ export enum WaitStrategy {
   /**
    * Join a first-in, first-out queue of waiters and sleep in a `.waitForTaskToken` task until a
    * release hands over its permit and wakes it. Waiting costs one transition and one DynamoDB write
-   * however long it lasts (three more of each per `queueCheckInterval` it outlasts), a freed permit is
+   * however long it lasts (one more of each per `queueCheckInterval` it outlasts), a freed permit is
    * used at once, and waiters are served in the order they arrived. The default.
    */
   QUEUE = 'QUEUE',

@@ -282,7 +282,8 @@ describe('CLI holders and workflow executions share one lock', () => {
     expect(execution.status).toBe('SUCCEEDED');
     expect(work.byExecution.get(execution.arn)).toBe(1);
     // Woken, not found by a timed-out wait: the permit went straight to it, and nothing else took it.
-    expect(execution.stateTransitions.has('Check Handed-Off Permit')).toBe(false);
+    expect(execution.stateTransitions.has('Wait In Queue Again')).toBe(false);
+    expect(execution.stateTransitions.has('Check Handed-Off Permit Again')).toBe(false);
     expect(execution.stateTransitions.has('Acquire Permit')).toBe(true);
   });
 
@@ -298,10 +299,12 @@ describe('CLI holders and workflow executions share one lock', () => {
     expect(released.stderr.trim()).toMatch(
       new RegExp(`^cdk-sfn-semaphore: ${LOCK}: warning: handed the permit to the queued execution ${execution.arn} but could not wake it \\(.*\\); it finds the permit when its queueCheckInterval ends .*SemaphoreTable.grantClient\\)$`),
     );
-    // Its wait times out (5 simulated minutes), it finds the permit handed to it and goes in.
+    // Its wait times out (5 simulated minutes); sleeping again is refused, as it holds a permit; it
+    // claims the permit handed to it and goes in.
     await execution.done;
     expect(execution.status).toBe('SUCCEEDED');
-    expect(execution.stateTransitions.get('Check Handed-Off Permit')).toBe(1);
+    expect(execution.stateTransitions.get('Wait In Queue Again')).toBe(1);
+    expect(execution.stateTransitions.get('Check Handed-Off Permit Again')).toBe(1);
   });
 
   test('an acquire whose write landed but whose response was lost finds its own lease and a fencing token', async () => {

@@ -156,16 +156,28 @@ describe('definition', () => {
       ExpressionAttributeNames: { '#holder.$': '$.handoff.holder' },
     });
     // Waiters: the permit moves to the oldest, which is woken with its fencing token.
-    expect(def.States['Peek At Next Waiter']).toMatchObject({ Next: 'Hand Off Permit', ResultPath: '$.handoff.next' });
+    expect(def.States['Peek At Next Waiter']).toMatchObject({
+      Next: 'Hand Off Permit',
+      ResultPath: '$.handoff.next',
+      Parameters: { UpdateExpression: 'SET #next = #waiters[0]' },
+      ResultSelector: { 'handoffId.$': 'States.UUID()' },
+    });
     expect(def.States['Hand Off Permit']).toMatchObject({
       Parameters: {
-        UpdateExpression: 'SET #head = :entry REMOVE #holder, #waiters[0], #headToken',
+        // The hand-off draws the head's fencing token itself: tokens follow the order permits are granted in.
+        UpdateExpression: 'SET #head = :entry, #fence = #fence + :one REMOVE #holder, #waiters[0], #headToken',
         ExpressionAttributeNames: { '#headToken.$': "States.Format('waitToken:{}', $.handoff.next.id)" },
         ReturnValues: 'UPDATED_OLD',
       },
-      // The head's token is the one string among the old values the hand-off returns.
-      ResultSelector: { 'tokens.$': '$.Attributes.*.S' },
+      // The head's token is the one string among the old values the hand-off returns; its fencing
+      // token is the counter before the update, plus one.
+      ResultSelector: {
+        'tokens.$': '$.Attributes.*.S',
+        'wake': { 'fencingToken.$': 'States.MathAdd(States.StringToJson($.Attributes.fencingToken.N), 1)' },
+      },
     });
+    expect(def.States['Hand Off Permit'].Parameters.ExpressionAttributeValues[':entry'].M.handoffId).toEqual({ 'S.$': '$.handoff.next.handoffId' });
+    expect(def.States['Wake Next Waiter'].Parameters['Output.$']).toBe('States.JsonToString($.handoff.head.wake)');
     expect(def.States['Wake Next Waiter'].Parameters['TaskToken.$']).toBe('States.ArrayGetItem($.handoff.head.tokens, 0)');
     expect(def.States['Wake Next Waiter']).toMatchObject({
       Resource: expect.stringContaining(':states:::aws-sdk:sfn:sendTaskSuccess'),
@@ -181,9 +193,9 @@ describe('definition', () => {
     expect(def.States['Hand Off Permit'].Catch).toContainEqual(expect.objectContaining({ Next: 'Confirm Hand-Off' }));
     expect(def.States['Confirm Hand-Off'].Next).toBe('Take Back Permit');
     expect(def.States['Hand Off Permit'].Parameters.ConditionExpression).toContain('attribute_exists(#headToken)');
-    // Nobody drew a fencing token since the peek: fencing tokens follow the order of admission.
-    expect(def.States['Hand Off Permit'].Parameters.ConditionExpression).toContain('#fence = :fence');
-    expect(def.States['Hand Off Permit'].Parameters.ExpressionAttributeValues).toMatchObject({ ':fence': { 'N.$': '$.handoff.next.fencingToken' } });
+    // Confirm and take back know the hand-off by its id.
+    expect(def.States['Confirm Hand-Off'].Parameters.ConditionExpression).toBe('#head.handoffId = :handoffId');
+    expect(def.States['Take Back Permit'].Parameters.ConditionExpression).toContain('#head.handoffId = :handoffId');
     expect(def.States['Fail With Original Error']).toEqual({ Type: 'Fail', ErrorPath: '$.Error', CausePath: '$.Cause' });
   });
 
@@ -221,7 +233,10 @@ describe('definition', () => {
       leaseSeconds: { N: '1800' },
       concurrencyLimit: { N: '1' }, // its own limit, for the reconciler's admissions
     });
-    expect(wait.Catch[0]).toMatchObject({ ErrorEquals: ['DynamoDb.ConditionalCheckFailedException', 'DynamoDb.InternalServerErrorException', 'States.Timeout'], Next: 'Check Handed-Off Permit' });
+    // Timed out: sleep again in its place (the write's condition is the check for a lost wake-up).
+    expect(wait.Catch[0]).toMatchObject({ ErrorEquals: ['States.Timeout'], Next: 'Wait In Queue Again' });
+    // Refused, or uncertain: look for a handed-off permit, then try to take a free one.
+    expect(wait.Catch[1]).toMatchObject({ ErrorEquals: ['DynamoDb.ConditionalCheckFailedException', 'DynamoDb.InternalServerErrorException'], Next: 'Check Handed-Off Permit' });
     expect(def.States['Check Handed-Off Permit'].Catch[0]).toMatchObject({ Next: 'Poll For Permit' });
     // Still full: sleep again in its place, with a new token; without a place any more, queue anew.
     expect(def.States['Poll For Permit'].Catch[0]).toMatchObject({ Next: 'Wait In Queue Again' });
@@ -242,9 +257,12 @@ describe('definition', () => {
         ConditionExpression: '#permits >= :limit AND attribute_not_exists(#holder) AND attribute_exists(#token)',
       },
     });
-    expect(again.Catch[0]).toMatchObject({ ErrorEquals: ['DynamoDb.ConditionalCheckFailedException'], Next: 'Check Handed-Off Permit Again' });
+    // Timed out again: again in place; one transition and one write per check interval.
+    expect(again.Catch[0]).toMatchObject({ ErrorEquals: ['States.Timeout'], Next: 'Wait In Queue Again' });
+    // Refused: handed a permit (a lost wake-up), a permit free, or no place any more.
+    expect(again.Catch[1]).toMatchObject({ ErrorEquals: ['DynamoDb.ConditionalCheckFailedException'], Next: 'Check Handed-Off Permit Again' });
     expect(def.States['Check Handed-Off Permit Again']).toMatchObject({ Next: 'Run Protected Body', Catch: [{ Next: 'Wait Before Next Poll' }, expect.anything()] });
-    expect(again.Catch[1]).toMatchObject({ ErrorEquals: ['DynamoDb.InternalServerErrorException', 'States.Timeout'], Next: 'Check Handed-Off Permit' });
+    expect(again.Catch[2]).toMatchObject({ ErrorEquals: ['DynamoDb.InternalServerErrorException'], Next: 'Check Handed-Off Permit' });
     expect(def.States['Wait Before Next Poll'].Next).toBe('Wait In Queue');
   });
 

@@ -16,18 +16,20 @@ async function sweep(sim: Simulator): Promise<any> {
   return sim.invokeFunction(RECONCILER, {});
 }
 
-test('with 30% of status events lost, one reconciler run leaves no permit held', async () => {
+test('with 60% of status events lost, one reconciler run leaves no permit held', async () => {
   // More permits than stops: however many events are lost, the leaks never block everyone (with no
   // schedule, nothing would free them before the sweep below).
   const limit = 16;
   const { stack, workflow, workFunctionId } = workflowStack({ concurrencyLimit: limit, reconcilerScheduleEnabled: false });
   const work = new WorkTracker(() => 5);
-  const sim = await Simulator.start(stack, { seed: 21, eventFaults: { lossRate: 0.3 }, lambdaHandlers: { [workFunctionId]: work.handler } });
+  // Which events are lost depends on the order of the simulator's random draws, which follows the
+  // timing: at 60%, the 8 stops below lose none with a chance of 1 in 1,500 (at 30% it was 1 in 17).
+  const sim = await Simulator.start(stack, { seed: 21, eventFaults: { lossRate: 0.6 }, lambdaHandlers: { [workFunctionId]: work.handler } });
   try {
     const random = seededRandom(21);
     const sm = sim.stateMachine(stateMachineLogicalId(workflow.stateMachine));
     const inputs = Array.from({ length: 40 }, (_, i) => ({ i, abortInside: random() < 0.3 }));
-    expect(inputs.filter((input) => input.abortInside).length).toBeLessThan(limit);
+    expect(inputs.filter((input) => input.abortInside).length).toBe(8);
     const executions = inputs.map((input) => sim.startExecution(sm, input));
     await Promise.all(executions.map((e) => e.done));
     await sim.idle();

@@ -165,8 +165,13 @@ export function waitTokenAttribute(executionArn: string): string {
  * own copy in its update's response.
  */
 export const NEXT_WAITER = 'nextWaiter';
-/** Field of a holder entry that came from the queue: the fencing token it was handed. */
+/** Field of a holder entry that came from the reconciler's queue service: the fencing token it was handed. */
 export const HOLDER_FENCING_TOKEN = 'fencingToken';
+/**
+ * Field of a holder entry that a release handed to a waiter: an id the releaser drew (a UUID), by
+ * which it tells its own hand-off from anyone else's when it confirms or takes it back.
+ */
+export const HOLDER_HANDOFF_ID = 'handoffId';
 /**
  * Field of a holder entry that came from the queue, set when its execution found it without being
  * woken: from then on the releaser that handed it over no longer takes it back.
@@ -196,6 +201,7 @@ export const QUEUE_VALUES = {
   maxWaiters: ':maxWaiters',
   headId: ':headId',
   fence: ':fence',
+  handoffId: ':handoffId',
   claimed: ':claimed',
   token: ':token',
 } as const;
@@ -232,31 +238,31 @@ export const RELEASE_IF_NO_WAITERS_CONDITION = `${RELEASE_STOPPED_RUN_CONDITION}
 export const STILL_HELD_CONDITION = RELEASE_STOPPED_RUN_CONDITION;
 export const STILL_HELD_UPDATE = `SET ${NAMES.permits} = ${NAMES.permits}`;
 
-/** Read the queue's head (and draw its fencing token) while still holding the permit to hand it. */
+/** Read the queue's head while still holding the permit to hand it (a write: reads are not conditional). */
 export const PEEK_CONDITION = `${RELEASE_STOPPED_RUN_CONDITION} AND size(${QUEUE_NAMES.waiters}) > ${VALUES.zero}`;
-export const PEEK_UPDATE = `SET ${QUEUE_NAMES.next} = ${QUEUE_NAMES.waiters}[0], ${NAMES.fence} = if_not_exists(${NAMES.fence}, ${VALUES.zero}) + ${VALUES.one}`;
+export const PEEK_UPDATE = `SET ${QUEUE_NAMES.next} = ${QUEUE_NAMES.waiters}[0]`;
 
 /**
  * Hand off: the holder entry moves from the releaser to the head, which leaves the queue; the count
- * stays; the head's token goes too, and the releaser reads it from the response (UPDATED_OLD: the
- * only string among the attributes the update touches). Conditional on the head being the one read
- * (another releaser may have served it), not holding a permit already (it found one by polling),
- * having a token (so that the response carries one to wake it with), and on nobody having drawn a
- * fencing token since the peek drew this one: otherwise an acquisition admitted after it would hold a
- * smaller token than one admitted before (the releaser then peeks again, drawing a new one).
+ * stays; the head's token goes too. The same write draws the head's fencing token, so that tokens
+ * follow the order in which permits are granted. The releaser reads the head's token and the counter
+ * before the draw from the response (UPDATED_OLD: the token is the only string among the attributes
+ * the update touches; the new token is the old counter plus one). Conditional on the head being the
+ * one read (another releaser may have served it), not holding a permit already (it found one by
+ * polling), and having a token (so that the response carries one to wake it with).
  */
-export const HAND_OFF_CONDITION = `${RELEASE_STOPPED_RUN_CONDITION} AND ${QUEUE_NAMES.waiters}[0].id = ${QUEUE_VALUES.headId} AND attribute_not_exists(${QUEUE_NAMES.head}) AND attribute_exists(${QUEUE_NAMES.headToken}) AND ${NAMES.fence} = ${QUEUE_VALUES.fence}`;
-export const HAND_OFF_UPDATE = `SET ${QUEUE_NAMES.head} = ${VALUES.entry} REMOVE ${NAMES.holder}, ${QUEUE_NAMES.waiters}[0], ${QUEUE_NAMES.headToken}`;
+export const HAND_OFF_CONDITION = `${RELEASE_STOPPED_RUN_CONDITION} AND ${QUEUE_NAMES.waiters}[0].id = ${QUEUE_VALUES.headId} AND attribute_not_exists(${QUEUE_NAMES.head}) AND attribute_exists(${QUEUE_NAMES.headToken})`;
+export const HAND_OFF_UPDATE = `SET ${QUEUE_NAMES.head} = ${VALUES.entry}, ${NAMES.fence} = ${NAMES.fence} + ${VALUES.one} REMOVE ${NAMES.holder}, ${QUEUE_NAMES.waiters}[0], ${QUEUE_NAMES.headToken}`;
 
 /** Drop a queue head that already holds a permit (it got one by polling), or that has no token to wake it by. */
 export const DROP_HEAD_CONDITION = `${QUEUE_NAMES.waiters}[0].id = ${QUEUE_VALUES.headId} AND (attribute_exists(${QUEUE_NAMES.head}) OR attribute_not_exists(${QUEUE_NAMES.headToken}))`;
 export const DROP_HEAD_UPDATE = `REMOVE ${QUEUE_NAMES.waiters}[0], ${QUEUE_NAMES.headToken}`;
 
 /**
- * After a server error on the hand-off: did it land? The fencing token drawn for it is unique, so the
- * head's entry carries it if and only if it did.
+ * After a server error on the hand-off: did it land? Its hand-off id is unique, so the head's entry
+ * carries it if and only if it did.
  */
-export const CONFIRM_HAND_OFF_CONDITION = `${QUEUE_NAMES.head}.${HOLDER_FENCING_TOKEN} = ${QUEUE_VALUES.fence}`;
+export const CONFIRM_HAND_OFF_CONDITION = `${QUEUE_NAMES.head}.${HOLDER_HANDOFF_ID} = ${QUEUE_VALUES.handoffId}`;
 export const CONFIRM_HAND_OFF_UPDATE = `SET ${NAMES.fence} = ${NAMES.fence}`;
 
 /**
@@ -264,7 +270,7 @@ export const CONFIRM_HAND_OFF_UPDATE = `SET ${NAMES.fence} = ${NAMES.fence}`;
  * moves back to the releaser, which then hands it on. Only the very entry it wrote, and only if the
  * waiter has not claimed it meanwhile (CHECK_HANDED_OFF_UPDATE).
  */
-export const TAKE_BACK_CONDITION = `${QUEUE_NAMES.head}.${HOLDER_FENCING_TOKEN} = ${QUEUE_VALUES.fence} AND attribute_not_exists(${QUEUE_NAMES.head}.${HOLDER_CLAIMED}) AND attribute_not_exists(${NAMES.holder})`;
+export const TAKE_BACK_CONDITION = `${QUEUE_NAMES.head}.${HOLDER_HANDOFF_ID} = ${QUEUE_VALUES.handoffId} AND attribute_not_exists(${QUEUE_NAMES.head}.${HOLDER_CLAIMED}) AND attribute_not_exists(${NAMES.holder})`;
 export const TAKE_BACK_UPDATE = `SET ${NAMES.holder} = ${VALUES.entry} REMOVE ${QUEUE_NAMES.head}`;
 
 /**

@@ -1,4 +1,4 @@
-import { Duration, Stack, ArnFormat } from 'aws-cdk-lib';
+import { Duration, Stack, ArnFormat, Token } from 'aws-cdk-lib';
 import * as sfn from 'aws-cdk-lib/aws-stepfunctions';
 import * as tasks from 'aws-cdk-lib/aws-stepfunctions-tasks';
 import { Construct } from 'constructs';
@@ -17,7 +17,7 @@ import {
   HAND_OFF_CONDITION,
   HAND_OFF_UPDATE,
   HOLDER_ACQUIRED_AT,
-  HOLDER_FENCING_TOKEN,
+  HOLDER_HANDOFF_ID,
   HOLDER_LEASE_SECONDS,
   HOLDER_REDRIVE_COUNT,
   LOCK_KEY,
@@ -116,8 +116,9 @@ export interface HandOffProps {
 /**
  * The release of the queue strategy, for the holder at `$.handoff.holder` (run `$.handoff.redriveCount`).
  *
- * Nobody waiting, it is one conditional write, as without a queue. With waiters, it reads the head
- * (drawing its fencing token), moves the holder entry to it, and wakes it: three writes and a call.
+ * Nobody waiting, it is one conditional write, as without a queue. With waiters, it reads the head,
+ * moves the holder entry to it (drawing its fencing token in the same write), and wakes it: three
+ * writes and a call.
  */
 export function handOffChain(scope: Construct, props: HandOffProps): sfn.State {
   const names = releaseStateNames(props.suffix);
@@ -183,7 +184,7 @@ export function handOffChain(scope: Construct, props: HandOffProps): sfn.State {
     }).addRetry(retry),
   );
 
-  // The head as strings (DynamoDB numbers are strings), and what its wake-up will say.
+  // The head as strings (DynamoDB numbers are strings), and an id for the hand-off to it.
   const next = `$.Attributes.${NEXT_WAITER}.M`;
   const peek = new tasks.DynamoUpdateItem(scope, names.peek, {
     table,
@@ -194,11 +195,9 @@ export function handOffChain(scope: Construct, props: HandOffProps): sfn.State {
       [NAMES.holder]: holder,
       [QUEUE_NAMES.waiters]: WAITERS,
       [QUEUE_NAMES.next]: NEXT_WAITER,
-      [NAMES.fence]: FENCING_TOKEN,
     },
     expressionAttributeValues: {
       [VALUES.zero]: tasks.DynamoAttributeValue.fromNumber(0),
-      [VALUES.one]: tasks.DynamoAttributeValue.fromNumber(1),
       [VALUES.redriveCount]: redriveCount,
     },
     returnValues: tasks.DynamoReturnValues.UPDATED_NEW,
@@ -206,8 +205,7 @@ export function handOffChain(scope: Construct, props: HandOffProps): sfn.State {
       id: sfn.JsonPath.stringAt(`${next}.${WAITER_ID}.S`),
       redriveCount: sfn.JsonPath.stringAt(`${next}.${HOLDER_REDRIVE_COUNT}.N`),
       leaseSeconds: sfn.JsonPath.stringAt(`${next}.${HOLDER_LEASE_SECONDS}.N`),
-      fencingToken: sfn.JsonPath.stringAt(`$.Attributes.${FENCING_TOKEN}.N`),
-      wake: { fencingToken: sfn.JsonPath.stringToJson(sfn.JsonPath.stringAt(`$.Attributes.${FENCING_TOKEN}.N`)) },
+      handoffId: sfn.JsonPath.uuid(),
     },
     resultPath: `${HANDOFF_PATH}.next`,
   })
@@ -232,7 +230,7 @@ export function handOffChain(scope: Construct, props: HandOffProps): sfn.State {
     .addCatch(release, { errors: [CONDITIONAL_CHECK_FAILED], resultPath: sfn.JsonPath.DISCARD })
     .next(release);
 
-  const fence = tasks.DynamoAttributeValue.numberFromString(sfn.JsonPath.stringAt(`${HANDOFF_PATH}.next.fencingToken`));
+  const handoffId = tasks.DynamoAttributeValue.fromString(sfn.JsonPath.stringAt(`${HANDOFF_PATH}.next.handoffId`));
   const handOff = new tasks.DynamoUpdateItem(scope, names.handOff, {
     table,
     key,
@@ -247,31 +245,34 @@ export function handOffChain(scope: Construct, props: HandOffProps): sfn.State {
     },
     expressionAttributeValues: {
       [VALUES.redriveCount]: redriveCount,
-      [QUEUE_VALUES.fence]: fence,
+      [VALUES.one]: tasks.DynamoAttributeValue.fromNumber(1),
       [QUEUE_VALUES.headId]: tasks.DynamoAttributeValue.fromString(headId),
       [VALUES.entry]: tasks.DynamoAttributeValue.fromMap({
         [HOLDER_ACQUIRED_AT]: tasks.DynamoAttributeValue.fromString(sfn.JsonPath.stringAt('$$.State.EnteredTime')),
         [HOLDER_REDRIVE_COUNT]: tasks.DynamoAttributeValue.numberFromString(sfn.JsonPath.stringAt(`${HANDOFF_PATH}.next.redriveCount`)),
         [HOLDER_LEASE_SECONDS]: tasks.DynamoAttributeValue.numberFromString(sfn.JsonPath.stringAt(`${HANDOFF_PATH}.next.leaseSeconds`)),
-        [HOLDER_FENCING_TOKEN]: fence,
+        [HOLDER_HANDOFF_ID]: handoffId,
       }),
     },
-    // The head's token, removed by this very update: the one string among the old values it returns.
+    // The head's token, removed by this very update (the one string among the old values it returns),
+    // and the fencing counter before this update drew the head's token from it.
     returnValues: tasks.DynamoReturnValues.UPDATED_OLD,
-    resultSelector: { tokens: sfn.JsonPath.listAt('$.Attributes.*.S') },
+    resultSelector: {
+      tokens: sfn.JsonPath.listAt('$.Attributes.*.S'),
+      wake: { fencingToken: sfn.JsonPath.mathAdd(Token.asNumber(sfn.JsonPath.stringToJson(sfn.JsonPath.stringAt(`$.Attributes.${FENCING_TOKEN}.N`))), 1) },
+    },
     resultPath: `${HANDOFF_PATH}.head`,
   })
     // A retry after a write that landed would fail its condition and lose the wake-up: server errors
     // are confirmed instead (below).
     .addRetry(transientRetry(THROTTLING_ERRORS))
-    // The head was served by another releaser, or already holds a permit, or ours is gone, or a fencing
-    // token was drawn since the peek: look again.
+    // The head was served by another releaser, or already holds a permit, or ours is gone: look again.
     // The head can be the releaser itself (an entry from before it got its permit by polling): then
     // DynamoDB rejects the update (its two paths overlap) and the entry is dropped the same way.
     .addCatch(dropHead, { errors: [CONDITIONAL_CHECK_FAILED, VALIDATION_ERROR], resultPath: sfn.JsonPath.DISCARD });
   peek.next(handOff);
 
-  // Did the hand-off land? Its fencing token is in the head's entry if and only if it did. If it did,
+  // Did the hand-off land? Its id is in the head's entry if and only if it did. If it did,
   // its response (with the head's token) is lost: take the permit back (unless the waiter has claimed
   // it) and hand it on, rather than leave it with a waiter that may have stopped.
   const confirmHandOff = new tasks.DynamoUpdateItem(scope, names.confirmHandOff, {
@@ -280,7 +281,7 @@ export function handOffChain(scope: Construct, props: HandOffProps): sfn.State {
     conditionExpression: CONFIRM_HAND_OFF_CONDITION,
     updateExpression: CONFIRM_HAND_OFF_UPDATE,
     expressionAttributeNames: { [QUEUE_NAMES.head]: headId, [NAMES.fence]: FENCING_TOKEN },
-    expressionAttributeValues: { [QUEUE_VALUES.fence]: fence },
+    expressionAttributeValues: { [QUEUE_VALUES.handoffId]: handoffId },
     resultPath: sfn.JsonPath.DISCARD,
   })
     .addRetry(retry)
@@ -296,7 +297,7 @@ export function handOffChain(scope: Construct, props: HandOffProps): sfn.State {
     updateExpression: TAKE_BACK_UPDATE,
     expressionAttributeNames: { [NAMES.holder]: holder, [QUEUE_NAMES.head]: headId },
     expressionAttributeValues: {
-      [QUEUE_VALUES.fence]: fence,
+      [QUEUE_VALUES.handoffId]: handoffId,
       [VALUES.entry]: tasks.DynamoAttributeValue.fromMap({
         [HOLDER_ACQUIRED_AT]: tasks.DynamoAttributeValue.fromString(sfn.JsonPath.stringAt('$$.State.EnteredTime')),
         [HOLDER_REDRIVE_COUNT]: redriveCount,
@@ -317,7 +318,7 @@ export function handOffChain(scope: Construct, props: HandOffProps): sfn.State {
       action: 'sendTaskSuccess',
       parameters: {
         TaskToken: sfn.JsonPath.arrayGetItem(sfn.JsonPath.listAt(`${HANDOFF_PATH}.head.tokens`), 0),
-        Output: sfn.JsonPath.jsonToString(sfn.JsonPath.objectAt(`${HANDOFF_PATH}.next.wake`)),
+        Output: sfn.JsonPath.jsonToString(sfn.JsonPath.objectAt(`${HANDOFF_PATH}.head.wake`)),
       },
       iamAction: 'states:SendTaskSuccess',
       // Waiters of a shared lock can be executions of any workflow using it, in this account and Region.
@@ -359,7 +360,9 @@ export function waitInQueueTask(scope: Construct, props: WaiterProps): sfn.TaskS
 
 /**
  * "Wait In Queue Again": after a wait timed out, sleep again in the same place: a new token for the
- * entry the execution still has. Refused when the entry is gone or a permit is free.
+ * entry the execution still has. Its condition is the timed-out waiter's whole check: refused when a
+ * permit was handed to it (the wake-up was lost), a permit is free, or its entry is gone. So a long
+ * wait costs one transition and one write per `queueCheckInterval`.
  */
 export function renewWaitTask(scope: Construct, props: WaiterProps): sfn.TaskStateBase {
   return waitTask(scope, STATE.waitInQueueAgain, props, RENEW_WAIT_UPDATE, RENEW_WAIT_CONDITION);
@@ -415,9 +418,14 @@ function waitTask(scope: Construct, id: string, props: WaiterProps, update: stri
   }).addRetry(transientRetry(SDK_THROTTLING_ERRORS));
 }
 
-/** The enqueue's errors: the lock is not full (any more) or the queue is full; the write's outcome is unknown. */
+/**
+ * The wait's errors: refused (the lock is not full any more, the queue is full, the execution holds a
+ * permit, or its entry is gone); uncertain (a server error: did the write land?); timed out (no
+ * wake-up within `queueCheckInterval`).
+ */
 export const ENQUEUE_REFUSED = [SDK_CONDITIONAL_CHECK_FAILED];
-export const ENQUEUE_UNCERTAIN = [...SDK_SERVER_ERRORS, sfn.Errors.TIMEOUT];
+export const ENQUEUE_UNCERTAIN = SDK_SERVER_ERRORS;
+export const WAIT_TIMED_OUT = [sfn.Errors.TIMEOUT];
 
 /**
  * A conditional write on this execution's own holder entry that draws a fresh fencing token: "Check
