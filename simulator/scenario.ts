@@ -110,6 +110,12 @@ export interface ScenarioResult {
    * was still waiting: how far admission is from first come, first served.
    */
   readonly overtakers: number;
+  /**
+   * Executions that arrived before one admitted ahead of them: the victims of the above. One
+   * execution whose first write is delayed (a throttled acquire retried after its backoff) makes
+   * every later arrival an overtaker, but is itself the only one overtaken.
+   */
+  readonly overtaken: number;
   /** Permits the subject's reconciler reclaimed (from its metrics), during and after the run. */
   readonly reclaimedByReconciler: number;
   /**
@@ -249,6 +255,7 @@ export async function runScenario(subject: Subject, options: ScenarioOptions): P
       lostEvents: sim.lostEvents,
       lostWakeUps: sim.lostWakeUps,
       overtakers: countOvertakers(arrived, admitted),
+      overtaken: countOvertaken(arrived, admitted),
       reclaimedByReconciler: emittedMetricSum(sim, 'PermitsReclaimed'),
       reclaimedAfterRun: emittedMetricSum(sim, 'PermitsReclaimed') - reclaimedDuringRun,
       drainSeconds,
@@ -265,6 +272,12 @@ export async function runScenario(subject: Subject, options: ScenarioOptions): P
 export function countOvertakers(arrived: Map<string, number>, admitted: Map<string, number>): number {
   const runs = [...admitted].map(([arn, at]) => ({ arrival: arrived.get(arn) ?? at, admission: at }));
   return runs.filter((e) => runs.some((w) => w.arrival < e.arrival && w.admission > e.admission)).length;
+}
+
+/** Executions admitted after an execution that arrived later and was admitted earlier. */
+export function countOvertaken(arrived: Map<string, number>, admitted: Map<string, number>): number {
+  const runs = [...admitted].map(([arn, at]) => ({ arrival: arrived.get(arn) ?? at, admission: at }));
+  return runs.filter((w) => runs.some((e) => w.arrival < e.arrival && w.admission > e.admission)).length;
 }
 
 /** The sum of one metric over every embedded-metric-format record the stack's Lambda functions logged. */

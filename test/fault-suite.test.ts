@@ -1,6 +1,6 @@
 import { Duration } from 'aws-cdk-lib';
 import { demoSubject } from '../demo/run';
-import { brokenInvariants, runScenario, ScenarioOptions } from '../simulator';
+import { brokenInvariants, countOvertaken, countOvertakers, runScenario, ScenarioOptions } from '../simulator';
 import { WaitStrategy } from '../src';
 
 /*
@@ -89,4 +89,20 @@ test('the suite catches a leak: without the reconciler, lost status events leave
 
   expect(result.lostEvents).toBeGreaterThan(0);
   expect(brokenInvariants(result, LIMIT)).toContainEqual(expect.stringMatching(/permits are still held after every execution stopped/));
+});
+
+test('FIFO figures: one late first write makes many overtakers but one overtaken', () => {
+  // a arrived first but got in last (its first acquire was throttled and retried); b, c, d kept their order.
+  const arrived = new Map([['a', 0], ['b', 1], ['c', 2], ['d', 3]]);
+  const admitted = new Map([['b', 10], ['c', 20], ['d', 30], ['a', 40]]);
+  expect(countOvertakers(arrived, admitted)).toBe(3);
+  expect(countOvertaken(arrived, admitted)).toBe(1);
+  // Swapping two neighbours: one of each.
+  const swapped = new Map([['b', 10], ['a', 20], ['d', 30], ['c', 40]]);
+  expect(countOvertakers(arrived, swapped)).toBe(2);
+  expect(countOvertaken(arrived, swapped)).toBe(2);
+  // First come, first served: none.
+  const inOrder = new Map([['a', 10], ['b', 20], ['c', 30], ['d', 40]]);
+  expect(countOvertakers(arrived, inOrder)).toBe(0);
+  expect(countOvertaken(arrived, inOrder)).toBe(0);
 });
