@@ -324,15 +324,21 @@ export class SemaphoreClient {
     const run = { [VALUES.redriveCount]: { N: String(Number.MAX_SAFE_INTEGER) } };
     const one = { [VALUES.one]: { N: '1' } };
     const zero = { [VALUES.zero]: { N: '0' } };
+    const release = () => this.conditionalUpdate(lockName, holder, RELEASE_UPDATE, RELEASE_IF_NO_WAITERS_CONDITION, { ...one, ...zero, ...run });
     let held = false;
+    // When the queue is known to be non-empty (a head was served by someone else, a waiter came after
+    // an empty peek), look at it at once rather than try a release it refuses, as the workflows do.
+    let peekFirst = false;
     for (let attempt = 0; attempt < 1000; attempt++) {
-      if (await this.conditionalUpdate(lockName, holder, RELEASE_UPDATE, RELEASE_IF_NO_WAITERS_CONDITION, { ...one, ...zero, ...run })) return true;
+      if (!peekFirst && (await release())) return true;
+      peekFirst = false;
       const peeked = await this.conditionalUpdate(lockName, holder, PEEK_UPDATE, PEEK_CONDITION, { ...zero, ...run }, 'UPDATED_NEW');
       if (!peeked) {
         // Not held (any more), or the queue emptied meanwhile (and may have filled again since: a
         // release that ignored the queue would leave such a waiter asleep beside a free permit).
-        if (await this.conditionalUpdate(lockName, holder, RELEASE_UPDATE, RELEASE_IF_NO_WAITERS_CONDITION, { ...one, ...zero, ...run })) return true;
+        if (await release()) return true;
         if (!(await this.conditionalUpdate(lockName, holder, STILL_HELD_UPDATE, STILL_HELD_CONDITION, run))) return held;
+        peekFirst = true;
         continue;
       }
       const head = peeked[NEXT_WAITER]?.M ?? {};
@@ -361,6 +367,7 @@ export class SemaphoreClient {
         // Served by someone else, or it holds a permit already (an entry from before): drop the head
         // if it can never be served, and look again.
         await this.conditionalUpdate(lockName, holder, DROP_HEAD_UPDATE, DROP_HEAD_CONDITION, headValues, 'NONE', headId);
+        peekFirst = true;
         continue;
       }
       held = true;

@@ -542,6 +542,70 @@ describe('the queue', () => {
     }
   });
 
+  test('two releases peek at the same head: the one that loses looks again at once and hands its permit to the next', async () => {
+    // A and B hold both permits, C and D wait. Both releases read C as the head; A's hand-off lands
+    // first, so B's is refused. B must not start over with a give-back the queue refuses anyway.
+    const { stack, workflow, workFunctionId } = workflowStack({ concurrencyLimit: 2, waitStrategy: WaitStrategy.QUEUE });
+    const finish = new Map<string, () => void>();
+    const body = async (_input: any, context: TaskContext) => {
+      if (['A', 'B', 'C'].includes(context.execution.name)) await new Promise<void>((resolve) => finish.set(context.execution.name, resolve));
+      return { done: true };
+    };
+    let sim!: Simulator;
+    const holds = async (name: string) => (await sim.scan('WorkflowLockTable'))[0]?.[`${ARN_PREFIX}${name}`] !== undefined;
+    const queued = async (name: string) => ((await sim.scan('WorkflowLockTable'))[0]?.waiters?.L ?? []).some((w) => w.M!.id.S === `${ARN_PREFIX}${name}`);
+    const until = async (condition: () => Promise<boolean>) => {
+      for (let i = 0; i < 600 && !(await condition()); i++) await sim.sleep(0.5);
+    };
+    const peeked: string[] = [];
+    const realCall = (input: any, context: TaskContext) => context.simulator.dynamo.run('arn:aws:states:::dynamodb:updateItem', input);
+    const taskHandlers = {
+      'Peek At Next Waiter': async (input: any, context: TaskContext) => {
+        const out: any = await realCall(input, context);
+        peeked.push(`${context.execution.name}:${out.Attributes.nextWaiter.M.id.S.slice(ARN_PREFIX.length)}`);
+        return out;
+      },
+      'Hand Off Permit': async (input: any, context: TaskContext) => {
+        if (context.execution.name === 'A') await until(async () => peeked.includes('B:C'));
+        if (context.execution.name === 'B' && !(await holds('C'))) await until(() => holds('C'));
+        return realCall(input, context);
+      },
+    };
+    sim = await Simulator.start(stack, { taskHandlers, lambdaHandlers: { [workFunctionId]: body } });
+    try {
+      const sm = sim.stateMachine(stateMachineLogicalId(workflow.stateMachine));
+      const a = sim.startExecution(sm, {}, { name: 'A' });
+      const b = sim.startExecution(sm, {}, { name: 'B' });
+      await until(async () => finish.has('A') && finish.has('B'));
+      const c = sim.startExecution(sm, {}, { name: 'C' });
+      await until(() => queued('C'));
+      const d = sim.startExecution(sm, {}, { name: 'D' });
+      await until(() => queued('D'));
+      finish.get('A')!();
+      finish.get('B')!();
+      await Promise.all([a.done, b.done, d.done]);
+      // C, served by A, holds its permit until now.
+      finish.get('C')!();
+      await c.done;
+      await sim.idle();
+
+      expect([a, b, c, d].map((e) => e.status)).toEqual(['SUCCEEDED', 'SUCCEEDED', 'SUCCEEDED', 'SUCCEEDED']);
+      expect(peeked.slice(0, 3).sort()).toEqual(['A:C', 'B:C', 'B:D']);
+      // B's hand-off to C was refused; the head was not a served waiter of its own, so nothing was
+      // dropped; B peeked again straight away (no second Release Permit) and handed its permit to D.
+      expect(b.stateTransitions.get('Hand Off Permit')).toBe(2);
+      expect(b.stateTransitions.get('Drop Served Waiter')).toBe(1);
+      expect(b.stateTransitions.get('Release Permit')).toBe(1);
+      expect(b.stateTransitions.get('Peek At Next Waiter')).toBe(2);
+      expect(b.stateTransitions.get('Wake Next Waiter')).toBe(1);
+      // Both waiters were woken, not left to find their permit when their wait timed out.
+      expect([c, d].every((e) => e.stateTransitions.get('Wait In Queue') === 1 && !e.stateTransitions.has('Wait In Queue Again'))).toBe(true);
+      expect(await lockState(sim)).toEqual([{ lockName: 'TestStack/Workflow', permitsInUse: 0, holders: [] }]);
+    } finally {
+      await sim.stop();
+    }
+  });
+
   test('a waiter that gets in by polling gives up its wait token: its entry left in the queue is dropped, not handed a permit', async () => {
     const props = { concurrencyLimit: 1, waitStrategy: WaitStrategy.QUEUE, queueCheckInterval: Duration.seconds(30) };
     const { stack, workflow, workFunctionId } = workflowStack(props);

@@ -217,6 +217,9 @@ export function handOffChain(scope: Construct, props: HandOffProps): sfn.State {
 
   const headId = sfn.JsonPath.stringAt(`${HANDOFF_PATH}.next.id`);
   const headToken = sfn.JsonPath.format(`${WAIT_TOKEN_PREFIX}{}`, sfn.JsonPath.stringAt(`${HANDOFF_PATH}.next.id`));
+  // After the head was served by another releaser the queue most likely holds more: peek again at
+  // once (an empty queue sends the peek on to Release Permit Without Hand-Off), one write fewer than
+  // starting over with Release Permit, which would be refused.
   const dropHead = new tasks.DynamoUpdateItem(scope, names.dropHead, {
     table,
     key,
@@ -227,8 +230,8 @@ export function handOffChain(scope: Construct, props: HandOffProps): sfn.State {
     resultPath: sfn.JsonPath.DISCARD,
   })
     .addRetry(retry)
-    .addCatch(release, { errors: [CONDITIONAL_CHECK_FAILED], resultPath: sfn.JsonPath.DISCARD })
-    .next(release);
+    .addCatch(peek, { errors: [CONDITIONAL_CHECK_FAILED], resultPath: sfn.JsonPath.DISCARD })
+    .next(peek);
 
   const handoffId = tasks.DynamoAttributeValue.fromString(sfn.JsonPath.stringAt(`${HANDOFF_PATH}.next.handoffId`));
   const handOff = new tasks.DynamoUpdateItem(scope, names.handOff, {
