@@ -3,11 +3,13 @@ import * as fs from 'fs';
 import * as http from 'http';
 import * as os from 'os';
 import * as path from 'path';
-import { DynamoDBClient } from '@aws-sdk/client-dynamodb';
+import { DeleteItemCommand, DynamoDBClient, GetItemCommand, PutItemCommand } from '@aws-sdk/client-dynamodb';
+import { SendTaskSuccessCommand, SFNClient } from '@aws-sdk/client-sfn';
 import { stateMachineLogicalId, WorkTracker, workflowStack } from './helpers';
 import { defaultOwner, main, parseDuration } from '../client/cli';
 import { SemaphoreClient } from '../client/semaphore-client';
 import { Simulator } from '../simulator';
+import { DROP_HEAD_UPDATE, HAND_OFF_UPDATE, PEEK_UPDATE, RELEASE_UPDATE } from '../src/private/lock-schema';
 
 /*
  * The CLI and the client against dynalite, on the very lock item a workflow executing in the simulator
@@ -512,6 +514,78 @@ describe('run', () => {
     ]);
     expect(fs.existsSync(file)).toBe(false);
     expect(await client().release(LOCK, lease!.leaseId)).toBe(true);
+  });
+});
+
+describe('the client\'s release', () => {
+  test('two releases read the same head: the one that loses peeks again at once and hands its permit to the next', async () => {
+    const lock = 'two-releases';
+    const arn = (name: string) => `arn:aws:states:us-east-1:123456789012:execution:Other:${name}`;
+    const config = { endpoint: sim.db.endpoint, region: 'us-east-1', credentials: { accessKeyId: 'local', secretAccessKey: 'local' } };
+    const plain = new DynamoDBClient(config);
+    const lease = { M: { acquiredAt: { S: new Date().toISOString() }, leaseExpiresAt: { N: String(Date.now() + 600_000) } } };
+    const waiter = (name: string) => ({ M: { id: { S: arn(name) }, redriveCount: { N: '0' }, leaseSeconds: { N: '0' } } });
+    // Two leases hold both permits; executions c and d are queued, c first.
+    await plain.send(
+      new PutItemCommand({
+        TableName: table,
+        Item: {
+          'lockName': { S: lock },
+          'permitsInUse': { N: '2' },
+          'concurrencyLimit': { N: '2' },
+          'fencingToken': { N: '7' },
+          'lease-a': lease,
+          'lease-b': lease,
+          'waiters': { L: [waiter('c'), waiter('d')] },
+          [`waitToken:${arn('c')}`]: { S: 'token-c' },
+          [`waitToken:${arn('d')}`]: { S: 'token-d' },
+        },
+      }),
+    );
+    const woken: Array<[string | undefined, unknown]> = [];
+    const stepFunctions = {
+      send: async (command: SendTaskSuccessCommand) => {
+        woken.push([command.input.taskToken, JSON.parse(command.input.output ?? 'null')]);
+        return {};
+      },
+    } as unknown as SFNClient;
+    const a = new SemaphoreClient({ tableName: table, dynamodb: plain, stepFunctions });
+    // b's writes are recorded, and a's whole release runs just before b's first hand-off: both read c.
+    const names = new Map([[RELEASE_UPDATE, 'release'], [PEEK_UPDATE, 'peek'], [HAND_OFF_UPDATE, 'hand off'], [DROP_HEAD_UPDATE, 'drop']]);
+    const writes: string[] = [];
+    const bDynamo = new DynamoDBClient(config);
+    bDynamo.middlewareStack.add(
+      (next) => async (args) => {
+        const update = (args.input as { UpdateExpression?: string }).UpdateExpression;
+        if (update !== undefined) {
+          writes.push(names.get(update) ?? update);
+          if (update === HAND_OFF_UPDATE && !writes.slice(0, -1).includes('hand off')) expect(await a.release(lock, 'lease-a')).toBe(true);
+        }
+        return next(args);
+      },
+      { step: 'initialize' },
+    );
+    const b = new SemaphoreClient({ tableName: table, dynamodb: bDynamo, stepFunctions });
+    try {
+      expect(await b.release(lock, 'lease-b')).toBe(true);
+
+      // Refused give-back, peek (c), hand-off refused (a served c), drop refused (d is a live waiter),
+      // then straight to a second peek (d) and its hand-off: no second give-back the queue refuses.
+      expect(writes).toEqual(['release', 'peek', 'hand off', 'drop', 'peek', 'hand off']);
+      // Each waiter woken once, with the token its hand-off drew.
+      expect(woken).toEqual([
+        ['token-c', { fencingToken: 8 }],
+        ['token-d', { fencingToken: 9 }],
+      ]);
+      const item = (await plain.send(new GetItemCommand({ TableName: table, Key: { lockName: { S: lock } }, ConsistentRead: true }))).Item!;
+      expect(item.permitsInUse.N).toBe('2');
+      expect(item.waiters.L).toEqual([]);
+      expect(Object.keys(item).filter((k) => k.startsWith('lease-') || k.startsWith('waitToken:'))).toEqual([]);
+      expect(item[arn('c')]?.M).toBeDefined();
+      expect(item[arn('d')]?.M).toBeDefined();
+    } finally {
+      await plain.send(new DeleteItemCommand({ TableName: table, Key: { lockName: { S: lock } } }));
+    }
   });
 });
 
