@@ -375,6 +375,31 @@ test('a duplicated status-change event never frees a permit twice', async () => 
   });
 });
 
+/** Bodies that hold executions of these names inside until the test calls `finish.get(name)`. */
+function heldBodies(names: string[]) {
+  const finish = new Map<string, () => void>();
+  const body = async (_input: any, context: TaskContext) => {
+    if (names.includes(context.execution.name)) await new Promise<void>((resolve) => finish.set(context.execution.name, resolve));
+    return { done: true };
+  };
+  return { finish, body };
+}
+
+/** Questions on the workflow's lock item about the execution named `name`, and a wait until one holds. */
+function lockProbes(sim: () => Simulator) {
+  const item = async () => (await sim().scan('WorkflowLockTable'))[0];
+  return {
+    holds: async (name: string) => (await item())?.[`${ARN_PREFIX}${name}`] !== undefined,
+    queued: async (name: string) => ((await item())?.waiters?.L ?? []).some((w) => w.M!.id.S === `${ARN_PREFIX}${name}`),
+    until: async (condition: () => Promise<boolean>) => {
+      for (let i = 0; i < 600 && !(await condition()); i++) await sim().sleep(0.5);
+    },
+  };
+}
+
+/** A DynamoDB UpdateItem task's own call, for task handlers that act around it. */
+const updateItem = (input: any, context: TaskContext) => context.simulator.dynamo.run('arn:aws:states:::dynamodb:updateItem', input);
+
 describe('the queue', () => {
   test('waiters are admitted in arrival order, each woken with a fencing token that strictly increases', async () => {
     const { stack, workflow, workFunctionId } = workflowStack({ concurrencyLimit: 1, waitStrategy: WaitStrategy.QUEUE, permitPath: '$.permit' });
@@ -456,7 +481,7 @@ describe('the queue', () => {
         );
         drawn = Number(out.Attributes!.fencingToken.N);
       }
-      return context.simulator.dynamo.run('arn:aws:states:::dynamodb:updateItem', input);
+      return updateItem(input, context);
     };
     await simulate(stack, { taskHandlers: { 'Hand Off Permit': handOff }, lambdaHandlers: { [workFunctionId]: tracked } }, async (sim) => {
       const sm = sim.stateMachine(stateMachineLogicalId(workflow.stateMachine));
@@ -483,19 +508,10 @@ describe('the queue', () => {
     // release serves C, so A's peek finds nobody; then D queues (the lock is still full) before A gives
     // its permit back. Giving it back then would leave D asleep beside a free permit.
     const { stack, workflow, workFunctionId } = workflowStack({ concurrencyLimit: 2, waitStrategy: WaitStrategy.QUEUE });
-    const finish = new Map<string, () => void>();
-    const body = async (_input: any, context: TaskContext) => {
-      if (['A', 'B', 'C'].includes(context.execution.name)) await new Promise<void>((resolve) => finish.set(context.execution.name, resolve));
-      return { done: true };
-    };
+    const { finish, body } = heldBodies(['A', 'B', 'C']);
     let sim!: Simulator;
-    const holds = async (name: string) => (await sim.scan('WorkflowLockTable'))[0]?.[`${ARN_PREFIX}${name}`] !== undefined;
-    const queued = async (name: string) => ((await sim.scan('WorkflowLockTable'))[0]?.waiters?.L ?? []).some((w) => w.M!.id.S === `${ARN_PREFIX}${name}`);
-    const until = async (condition: () => Promise<boolean>) => {
-      for (let i = 0; i < 600 && !(await condition()); i++) await sim.sleep(0.5);
-    };
+    const { holds, queued, until } = lockProbes(() => sim);
     let d: Execution | undefined;
-    const realCall = (input: any, context: TaskContext) => context.simulator.dynamo.run('arn:aws:states:::dynamodb:updateItem', input);
     const taskHandlers = {
       'Peek At Next Waiter': async (input: any, context: TaskContext) => {
         if (context.execution.name === 'A' && finish.has('B')) {
@@ -503,14 +519,14 @@ describe('the queue', () => {
           finish.delete('B');
           await until(() => holds('C'));
         }
-        return realCall(input, context);
+        return updateItem(input, context);
       },
       'Release Permit Without Hand-Off': async (input: any, context: TaskContext) => {
         if (context.execution.name === 'A' && d === undefined) {
           d = sim.startExecution(sim.stateMachine(stateMachineLogicalId(workflow.stateMachine)), {}, { name: 'D' });
           await until(() => queued('D'));
         }
-        return realCall(input, context);
+        return updateItem(input, context);
       },
     };
     sim = await Simulator.start(stack, { taskHandlers, lambdaHandlers: { [workFunctionId]: body } });
@@ -546,29 +562,20 @@ describe('the queue', () => {
     // A and B hold both permits, C and D wait. Both releases read C as the head; A's hand-off lands
     // first, so B's is refused. B must not start over with a give-back the queue refuses anyway.
     const { stack, workflow, workFunctionId } = workflowStack({ concurrencyLimit: 2, waitStrategy: WaitStrategy.QUEUE });
-    const finish = new Map<string, () => void>();
-    const body = async (_input: any, context: TaskContext) => {
-      if (['A', 'B', 'C'].includes(context.execution.name)) await new Promise<void>((resolve) => finish.set(context.execution.name, resolve));
-      return { done: true };
-    };
+    const { finish, body } = heldBodies(['A', 'B', 'C']);
     let sim!: Simulator;
-    const holds = async (name: string) => (await sim.scan('WorkflowLockTable'))[0]?.[`${ARN_PREFIX}${name}`] !== undefined;
-    const queued = async (name: string) => ((await sim.scan('WorkflowLockTable'))[0]?.waiters?.L ?? []).some((w) => w.M!.id.S === `${ARN_PREFIX}${name}`);
-    const until = async (condition: () => Promise<boolean>) => {
-      for (let i = 0; i < 600 && !(await condition()); i++) await sim.sleep(0.5);
-    };
+    const { holds, queued, until } = lockProbes(() => sim);
     const peeked: string[] = [];
-    const realCall = (input: any, context: TaskContext) => context.simulator.dynamo.run('arn:aws:states:::dynamodb:updateItem', input);
     const taskHandlers = {
       'Peek At Next Waiter': async (input: any, context: TaskContext) => {
-        const out: any = await realCall(input, context);
+        const out: any = await updateItem(input, context);
         peeked.push(`${context.execution.name}:${out.Attributes.nextWaiter.M.id.S.slice(ARN_PREFIX.length)}`);
         return out;
       },
       'Hand Off Permit': async (input: any, context: TaskContext) => {
         if (context.execution.name === 'A') await until(async () => peeked.includes('B:C'));
         if (context.execution.name === 'B' && !(await holds('C'))) await until(() => holds('C'));
-        return realCall(input, context);
+        return updateItem(input, context);
       },
     };
     sim = await Simulator.start(stack, { taskHandlers, lambdaHandlers: { [workFunctionId]: body } });

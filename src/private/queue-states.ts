@@ -135,24 +135,27 @@ export function handOffChain(scope: Construct, props: HandOffProps): sfn.State {
 
   const alreadyReleased = props.alreadyReleased ?? props.next ?? new sfn.Succeed(scope, names.alreadyReleased, { outputPath: props.outputPath });
 
-  // After a peek found no waiter: give the permit back, still only if nobody waits, since a waiter can
-  // enqueue between the two writes (the lock was full) and would then sleep beside a free permit.
-  const releaseWithoutHandOff = end(
-    new tasks.DynamoUpdateItem(scope, names.releaseWithoutHandOff, {
-      table,
-      key,
-      conditionExpression: RELEASE_IF_NO_WAITERS_CONDITION,
-      updateExpression: RELEASE_UPDATE,
-      expressionAttributeNames: { [NAMES.permits]: PERMITS_IN_USE, [NAMES.holder]: holder, [QUEUE_NAMES.waiters]: WAITERS },
-      expressionAttributeValues: {
-        [VALUES.one]: tasks.DynamoAttributeValue.fromNumber(1),
-        [VALUES.zero]: tasks.DynamoAttributeValue.fromNumber(0),
-        [VALUES.redriveCount]: redriveCount,
-      },
-      resultPath: sfn.JsonPath.DISCARD,
-      ...endProps,
-    }).addRetry(retry),
-  );
+  // Give the permit back if nobody waits: the release's first write, and again after a peek found no
+  // waiter, since a waiter can enqueue between the two writes (the lock was full) and would then sleep
+  // beside a free permit.
+  const giveBack = (id: string) =>
+    end(
+      new tasks.DynamoUpdateItem(scope, id, {
+        table,
+        key,
+        conditionExpression: RELEASE_IF_NO_WAITERS_CONDITION,
+        updateExpression: RELEASE_UPDATE,
+        expressionAttributeNames: { [NAMES.permits]: PERMITS_IN_USE, [NAMES.holder]: holder, [QUEUE_NAMES.waiters]: WAITERS },
+        expressionAttributeValues: {
+          [VALUES.one]: tasks.DynamoAttributeValue.fromNumber(1),
+          [VALUES.zero]: tasks.DynamoAttributeValue.fromNumber(0),
+          [VALUES.redriveCount]: redriveCount,
+        },
+        resultPath: sfn.JsonPath.DISCARD,
+        ...endProps,
+      }).addRetry(retry),
+    );
+  const releaseWithoutHandOff = giveBack(names.releaseWithoutHandOff);
   // Refused: not held (any more), or a waiter came. Which? A no-op write conditional on the holder.
   const stillHeld = new tasks.DynamoUpdateItem(scope, names.stillHeld, {
     table,
@@ -167,22 +170,7 @@ export function handOffChain(scope: Construct, props: HandOffProps): sfn.State {
     .addCatch(alreadyReleased, { errors: [CONDITIONAL_CHECK_FAILED], resultPath: sfn.JsonPath.DISCARD });
   releaseWithoutHandOff.addCatch(stillHeld, { errors: [CONDITIONAL_CHECK_FAILED], resultPath: sfn.JsonPath.DISCARD });
 
-  const release = end(
-    new tasks.DynamoUpdateItem(scope, names.release, {
-      table,
-      key,
-      conditionExpression: RELEASE_IF_NO_WAITERS_CONDITION,
-      updateExpression: RELEASE_UPDATE,
-      expressionAttributeNames: { [NAMES.permits]: PERMITS_IN_USE, [NAMES.holder]: holder, [QUEUE_NAMES.waiters]: WAITERS },
-      expressionAttributeValues: {
-        [VALUES.one]: tasks.DynamoAttributeValue.fromNumber(1),
-        [VALUES.zero]: tasks.DynamoAttributeValue.fromNumber(0),
-        [VALUES.redriveCount]: redriveCount,
-      },
-      resultPath: sfn.JsonPath.DISCARD,
-      ...endProps,
-    }).addRetry(retry),
-  );
+  const release = giveBack(names.release);
 
   // The head as strings (DynamoDB numbers are strings), and an id for the hand-off to it.
   const next = `$.Attributes.${NEXT_WAITER}.M`;
