@@ -1,5 +1,5 @@
-import { AttributeValue, DynamoDBClient, GetItemCommand, UpdateItemCommand } from '@aws-sdk/client-dynamodb';
-import { SendTaskSuccessCommand, SFNClient } from '@aws-sdk/client-sfn';
+import { AttributeValue } from '@aws-sdk/client-dynamodb';
+import { dynamodb, errorName, Flow, stepFunctions } from './effects';
 import {
   CONCURRENCY_LIMIT,
   FENCING_TOKEN,
@@ -35,12 +35,9 @@ import {
 const TOKEN_GONE = ['TaskTimedOut', 'TaskDoesNotExist', 'InvalidToken'];
 
 export interface QueueServiceOptions {
-  readonly dynamodb: DynamoDBClient;
-  /** With `maxAttempts: 1`: a retry of a SendTaskSuccess that woke the waiter would hear TaskTimedOut and give its permit back. */
-  readonly stepFunctions: SFNClient;
   readonly tableName: string;
   /** Whether a waiter's execution stopped (it can never be woken). @default - never asked: such entries are left to the releasers */
-  readonly isGone?: (executionArn: string) => Promise<boolean>;
+  readonly isGone?: (executionArn: string) => Flow<boolean>;
   /** Told when a waiter was handed a permit but SendTaskSuccess failed for another reason than a closed token. @default - not told */
   readonly onWakeUpLost?: (executionArn: string, error: Error) => void;
 }
@@ -54,12 +51,12 @@ export interface QueueServiceResult {
 }
 
 /** Give the lock's free permits to its oldest waiters and drop entries that can never be served. */
-export async function serveQueue(options: QueueServiceOptions, lockName: string): Promise<QueueServiceResult> {
+export function* serveQueue(options: QueueServiceOptions, lockName: string): Flow<QueueServiceResult> {
   const result: QueueServiceResult = { removed: 0, admitted: 0 };
   const gone = new Map<string, boolean>();
-  const isGone = async (id: string) => {
+  const isGone = function* (id: string): Flow<boolean> {
     if (!options.isGone) return false;
-    if (!gone.has(id)) gone.set(id, await options.isGone(id));
+    if (!gone.has(id)) gone.set(id, yield* options.isGone(id));
     return gone.get(id)!;
   };
   const update = (expression: string, condition: string, names: Record<string, string>, values: Record<string, AttributeValue>) =>
@@ -67,8 +64,8 @@ export async function serveQueue(options: QueueServiceOptions, lockName: string)
 
   // Each round changes the item once (or stops); a bound keeps a queue that keeps changing from holding it forever.
   for (let round = 0; round < 3 * MAX_WAITERS; round++) {
-    const item = (
-      await options.dynamodb.send(new GetItemCommand({ TableName: options.tableName, Key: { [LOCK_KEY]: { S: lockName } }, ConsistentRead: true }))
+    const item: Record<string, AttributeValue> | undefined = (
+      yield* dynamodb('GetItem', { TableName: options.tableName, Key: { [LOCK_KEY]: { S: lockName } }, ConsistentRead: true })
     ).Item;
     const waiters = (item?.[WAITERS]?.L ?? []).map((w) => {
       const id = w.M?.[WAITER_ID]?.S ?? '';
@@ -76,7 +73,7 @@ export async function serveQueue(options: QueueServiceOptions, lockName: string)
     });
     if (!item || waiters.length === 0) break;
 
-    const tidied = await tidy(item, waiters, isGone, update);
+    const tidied = yield* tidy(item, waiters, isGone, update);
     if (tidied === 'changed') {
       result.removed++;
       continue;
@@ -90,7 +87,7 @@ export async function serveQueue(options: QueueServiceOptions, lockName: string)
     if (limits.length === 0 || permits >= Math.min(...limits)) break;
     const fence = Number(item[FENCING_TOKEN]?.N ?? '0') + 1;
     if (head.token === undefined) break; // tidy() leaves no entry without a token at the head
-    const admitted = await update(
+    const admitted = yield* update(
       'SET #permits = :permitsAfter, #fence = :fence, #head = :entry REMOVE #waiters[0], #token',
       `#permits = :permits AND ${item[FENCING_TOKEN] ? '#fence = :fenceBefore' : 'attribute_not_exists(#fence)'} AND #waiters[0].#id = :id AND #token = :token AND attribute_not_exists(#head)`,
       { '#permits': PERMITS_IN_USE, '#fence': FENCING_TOKEN, '#head': head.id, '#waiters': WAITERS, '#id': WAITER_ID, '#token': waitTokenAttribute(head.id) },
@@ -113,16 +110,16 @@ export async function serveQueue(options: QueueServiceOptions, lockName: string)
     );
     if (!admitted) continue;
     try {
-      await options.stepFunctions.send(new SendTaskSuccessCommand({ taskToken: head.token, output: JSON.stringify({ fencingToken: fence }) }));
+      yield* stepFunctions('SendTaskSuccess', { taskToken: head.token, output: JSON.stringify({ fencingToken: fence }) });
       result.admitted++;
     } catch (e) {
       // Not delivered for another reason: the waiter finds its permit when its wait times out.
-      if (!TOKEN_GONE.includes((e as Error).name)) {
+      if (!TOKEN_GONE.includes(errorName(e))) {
         options.onWakeUpLost?.(head.id, e as Error);
         break;
       }
       // Its task is gone: give the permit back, unless the waiter found and claimed it meanwhile.
-      await update(
+      yield* update(
         'SET #permits = #permits - :one REMOVE #head',
         '#head.#fencingToken = :fence AND attribute_not_exists(#head.#claimed)',
         { '#permits': PERMITS_IN_USE, '#head': head.id, '#fencingToken': HOLDER_FENCING_TOKEN, '#claimed': HOLDER_CLAIMED },
@@ -140,16 +137,16 @@ export async function serveQueue(options: QueueServiceOptions, lockName: string)
  * old run would then free. The new run queues anew (at worst after its next `queueCheckInterval`, if
  * it had just renewed the entry). How many went.
  */
-export async function dropWaiter(options: QueueServiceOptions, lockName: string, executionArn: string, run: number): Promise<number> {
+export function* dropWaiter(options: QueueServiceOptions, lockName: string, executionArn: string, run: number): Flow<number> {
   let removed = 0;
   for (let round = 0; round < MAX_WAITERS; round++) {
-    const item = (
-      await options.dynamodb.send(new GetItemCommand({ TableName: options.tableName, Key: { [LOCK_KEY]: { S: lockName } }, ConsistentRead: true }))
+    const item: Record<string, AttributeValue> | undefined = (
+      yield* dynamodb('GetItem', { TableName: options.tableName, Key: { [LOCK_KEY]: { S: lockName } }, ConsistentRead: true })
     ).Item;
     const index = (item?.[WAITERS]?.L ?? []).findIndex((w) => w.M?.[WAITER_ID]?.S === executionArn && Number(w.M?.[HOLDER_REDRIVE_COUNT]?.N ?? '0') < run);
     if (!item || index < 0) break;
     const token = item[waitTokenAttribute(executionArn)]?.S;
-    const removedOne = await conditionalUpdate(
+    const removedOne = yield* conditionalUpdate(
       options,
       lockName,
       `REMOVE #waiters[${index}]${token === undefined ? '' : ', #token'}`,
@@ -162,15 +159,15 @@ export async function dropWaiter(options: QueueServiceOptions, lockName: string,
   return removed;
 }
 
-type Update = (expression: string, condition: string, names: Record<string, string>, values: Record<string, AttributeValue>) => Promise<boolean>;
+type Update = (expression: string, condition: string, names: Record<string, string>, values: Record<string, AttributeValue>) => Flow<boolean>;
 
 /** Make at most one change to the queue: 'changed', 'conflict' (the item changed meanwhile), or 'clean'. */
-async function tidy(
+function* tidy(
   item: Record<string, AttributeValue>,
   waiters: Array<{ id: string; token?: string }>,
-  isGone: (id: string) => Promise<boolean>,
+  isGone: (id: string) => Flow<boolean>,
   update: Update,
-): Promise<'changed' | 'conflict' | 'clean'> {
+): Flow<'changed' | 'conflict' | 'clean'> {
   const seen = new Set<string>();
   for (let i = 0; i < waiters.length; i++) {
     const { id, token } = waiters[i];
@@ -178,15 +175,15 @@ async function tidy(
     const values = { ':id': { S: id } };
     if (seen.has(id)) {
       // Its token belongs to its first entry: only this one goes.
-      return outcome(await update(`REMOVE #waiters[${i}]`, `#waiters[${i}].#id = :id`, names, values));
+      return outcome(yield* update(`REMOVE #waiters[${i}]`, `#waiters[${i}].#id = :id`, names, values));
     }
     seen.add(id);
     const holds = item[id]?.M?.[HOLDER_ACQUIRED_AT] !== undefined;
-    if (holds || token === undefined || (await isGone(id))) {
+    if (holds || token === undefined || (yield* isGone(id))) {
       // The entry and its token go together, the token as read (a waiter that renewed it meanwhile stays).
       const tokenIs = token === undefined ? 'attribute_not_exists(#token)' : '#token = :token';
       return outcome(
-        await update(`REMOVE #waiters[${i}]${token === undefined ? '' : ', #token'}`, `#waiters[${i}].#id = :id AND ${tokenIs}`, { ...names, '#token': waitTokenAttribute(id) }, {
+        yield* update(`REMOVE #waiters[${i}]${token === undefined ? '' : ', #token'}`, `#waiters[${i}].#id = :id AND ${tokenIs}`, { ...names, '#token': waitTokenAttribute(id) }, {
           ...values,
           ...(token === undefined ? {} : { ':token': { S: token } }),
         }),
@@ -200,28 +197,26 @@ function outcome(changed: boolean): 'changed' | 'conflict' {
   return changed ? 'changed' : 'conflict';
 }
 
-async function conditionalUpdate(
+function* conditionalUpdate(
   options: QueueServiceOptions,
   lockName: string,
   expression: string,
   condition: string,
   names: Record<string, string>,
   values: Record<string, AttributeValue>,
-): Promise<boolean> {
+): Flow<boolean> {
   try {
-    await options.dynamodb.send(
-      new UpdateItemCommand({
-        TableName: options.tableName,
-        Key: { [LOCK_KEY]: { S: lockName } },
-        UpdateExpression: expression,
-        ConditionExpression: condition,
-        ExpressionAttributeNames: names,
-        ExpressionAttributeValues: values,
-      }),
-    );
+    yield* dynamodb('UpdateItem', {
+      TableName: options.tableName,
+      Key: { [LOCK_KEY]: { S: lockName } },
+      UpdateExpression: expression,
+      ConditionExpression: condition,
+      ExpressionAttributeNames: names,
+      ExpressionAttributeValues: values,
+    });
     return true;
   } catch (e) {
-    if ((e as Error).name === 'ConditionalCheckFailedException') return false;
+    if (errorName(e) === 'ConditionalCheckFailedException') return false;
     throw e;
   }
 }

@@ -1,6 +1,7 @@
 import { randomUUID } from 'crypto';
-import { AttributeValue, ConditionalCheckFailedException, DynamoDBClient, GetItemCommand, UpdateItemCommand } from '@aws-sdk/client-dynamodb';
-import { SendTaskSuccessCommand, SFNClient } from '@aws-sdk/client-sfn';
+import { AttributeValue, DynamoDBClient } from '@aws-sdk/client-dynamodb';
+import { SFNClient } from '@aws-sdk/client-sfn';
+import { clock, dynamodb, errorName, Flow, runFlow, stepFunctions, uuid } from './effects';
 import { serveQueue } from './queue-service';
 import {
   CLIENT_ACQUIRE_CONDITION,
@@ -191,65 +192,21 @@ export class SemaphoreClient {
     const leaseId = `${LEASE_ID_PREFIX}${randomUUID()}`;
 
     for (;;) {
-      const now = Date.now();
-      const expiresAt = now + leaseSeconds * 1000;
-      const entry: Record<string, AttributeValue> = {
-        [HOLDER_ACQUIRED_AT]: { S: new Date(now).toISOString() },
-        [HOLDER_LEASE_EXPIRES_AT]: { N: String(expiresAt) },
-        ...(options.owner ? { [HOLDER_OWNER]: { S: options.owner } } : {}),
-      };
-      let taken: Record<string, AttributeValue> | undefined;
-      let failure: unknown;
-      try {
-        taken = await this.conditionalUpdate(
-          lockName,
-          leaseId,
-          CLIENT_ACQUIRE_UPDATE,
-          CLIENT_ACQUIRE_CONDITION,
-          {
-            [VALUES.zero]: { N: '0' },
-            [VALUES.one]: { N: '1' },
-            [VALUES.limit]: { N: String(limit) },
-            [VALUES.entry]: { M: entry },
-          },
-          'UPDATED_NEW',
-        );
-      } catch (e) {
-        // The write may have landed although the call failed (after the SDK's own retries): look below.
-        failure = e;
-      }
-      if (taken) return { lockName, leaseId, expiresAt, fencingToken: numberOf(taken[FENCING_TOKEN]), ...limits(limit, taken) };
-
-      // Full, or the call failed: look (our write may have landed), and reclaim expired leases.
-      const item = await this.getItem(lockName);
-      const ours = item?.[leaseId]?.M;
-      if (ours) {
-        // Ours, but the response with its fencing token was lost: draw a fresh one.
-        const counter = { [VALUES.zero]: { N: '0' }, [VALUES.one]: { N: '1' } };
-        const drawn = await this.conditionalUpdate(lockName, leaseId, DRAW_FENCING_TOKEN_UPDATE, RELEASE_CONDITION, counter, 'UPDATED_NEW');
-        const fencingToken = numberOf(drawn?.[FENCING_TOKEN]);
-        return { lockName, leaseId, expiresAt: Number(ours[HOLDER_LEASE_EXPIRES_AT]?.N), fencingToken, ...limits(limit, item) };
-      }
-      // Not ours: a failed call ends the acquire unless it may pass (throttling, a server or network
-      // error) and there is time left to try again.
-      if (failure !== undefined) {
+      const attempt = await this.run(acquireAttempt(this.protocol(), lockName, leaseId, { limit, leaseSeconds, owner: options.owner }));
+      if (attempt.lease) return attempt.lease;
+      if (attempt.reclaimed) continue;
+      // A failed call ends the acquire unless it may pass (throttling, a server or network error) and
+      // there is time left to try again.
+      if (attempt.failure !== undefined) {
         const left = deadline - Date.now();
-        if (!isTransient(failure) || left <= 0 || options.signal?.aborted) throw failure;
-        options.onRetry?.(failure as Error);
+        if (!isTransient(attempt.failure) || left <= 0 || options.signal?.aborted) throw attempt.failure;
+        options.onRetry?.(attempt.failure as Error);
         await sleep(Math.min(left, pollMillis / 2 + Math.random() * (pollMillis / 2)), options.signal);
         continue;
       }
-      if (item && (await this.reclaimExpired(lockName, item)) > 0) {
-        // Permits freed this way go to the lock's waiters first, as a release would hand them over.
-        if ((item[WAITERS]?.L?.length ?? 0) > 0) {
-          await serveQueue({ dynamodb: this.ddb, stepFunctions: this.sfn, tableName: this.tableName, onWakeUpLost: this.wakeUpLost }, lockName);
-        }
-        continue;
-      }
-
       const remaining = deadline - Date.now();
       if (remaining <= 0 || options.signal?.aborted) return undefined;
-      options.onWait?.({ permitsInUse: Number(item?.[PERMITS_IN_USE]?.N ?? 0), ...limits(limit, item) });
+      options.onWait?.({ permitsInUse: Number(attempt.item?.[PERMITS_IN_USE]?.N ?? 0), ...limits(limit, attempt.item) });
       await sleep(Math.min(remaining, pollMillis / 2 + Math.random() * (pollMillis / 2)), options.signal);
     }
   }
@@ -259,12 +216,10 @@ export class SemaphoreClient {
     positive('leaseSeconds', leaseSeconds);
     notAnExecution(leaseId);
     const expiresAt = Date.now() + leaseSeconds * 1000;
-    const renewed = await this.conditionalUpdate(
-      lockName,
-      leaseId,
-      `SET ${NAMES.holder}.${HOLDER_LEASE_EXPIRES_AT} = ${VALUES.expiresAt}`,
-      RELEASE_CONDITION,
-      { [VALUES.expiresAt]: { N: String(expiresAt) } },
+    const renewed = await this.run(
+      conditionalUpdate(this.tableName, lockName, leaseId, `SET ${NAMES.holder}.${HOLDER_LEASE_EXPIRES_AT} = ${VALUES.expiresAt}`, RELEASE_CONDITION, {
+        [VALUES.expiresAt]: { N: String(expiresAt) },
+      }),
     );
     return renewed ? expiresAt : undefined;
   }
@@ -272,7 +227,7 @@ export class SemaphoreClient {
   /** Give a lease's permit back; false when it is not held (any more). An execution's permit needs forceRelease. */
   public async release(lockName: string, leaseId: string): Promise<boolean> {
     notAnExecution(leaseId);
-    return this.releaseHolder(lockName, leaseId);
+    return this.run(releaseHolder(this.protocol(), lockName, leaseId));
   }
 
   /**
@@ -280,12 +235,12 @@ export class SemaphoreClient {
    * For operators; false when the holder holds nothing.
    */
   public async forceRelease(lockName: string, holder: string): Promise<boolean> {
-    return this.releaseHolder(lockName, holder);
+    return this.run(releaseHolder(this.protocol(), lockName, holder));
   }
 
   /** The lock's holders, their ages and leases, the count and the last limit. */
   public async status(lockName: string): Promise<LockStatus> {
-    const item = await this.getItem(lockName);
+    const item = await this.run(getItem(this.tableName, lockName));
     const now = Date.now();
     const holders: HolderStatus[] = [];
     for (const [id, value] of Object.entries(item ?? {})) {
@@ -314,87 +269,12 @@ export class SemaphoreClient {
     };
   }
 
-  /**
-   * Give a permit back as the workflows do: when executions wait in the lock's queue, hand it to the
-   * oldest (the holder entry moves to it) and wake it with SendTaskSuccess; a waiter whose task is
-   * gone gets it taken back and passed on. True when the holder held a permit.
-   */
-  private async releaseHolder(lockName: string, holder: string): Promise<boolean> {
-    // Leases carry no run; an execution's permit is freed whatever run took it.
-    const run = { [VALUES.redriveCount]: { N: String(Number.MAX_SAFE_INTEGER) } };
-    const one = { [VALUES.one]: { N: '1' } };
-    const zero = { [VALUES.zero]: { N: '0' } };
-    const release = () => this.conditionalUpdate(lockName, holder, RELEASE_UPDATE, RELEASE_IF_NO_WAITERS_CONDITION, { ...one, ...zero, ...run });
-    let held = false;
-    // When the queue is known to be non-empty (a head was served by someone else, a waiter came after
-    // an empty peek), look at it at once rather than try a release it refuses, as the workflows do.
-    let peekFirst = false;
-    for (let attempt = 0; attempt < 1000; attempt++) {
-      if (!peekFirst && (await release())) return true;
-      peekFirst = false;
-      const peeked = await this.conditionalUpdate(lockName, holder, PEEK_UPDATE, PEEK_CONDITION, { ...zero, ...run }, 'UPDATED_NEW');
-      if (!peeked) {
-        // Not held (any more), or the queue emptied meanwhile (and may have filled again since: a
-        // release that ignored the queue would leave such a waiter asleep beside a free permit).
-        if (await release()) return true;
-        if (!(await this.conditionalUpdate(lockName, holder, STILL_HELD_UPDATE, STILL_HELD_CONDITION, run))) return held;
-        peekFirst = true;
-        continue;
-      }
-      const head = peeked[NEXT_WAITER]?.M ?? {};
-      const headId = head[WAITER_ID]?.S ?? '';
-      const handoffId = { [QUEUE_VALUES.handoffId]: { S: randomUUID() } };
-      const headValues = { [QUEUE_VALUES.headId]: { S: headId } };
-      let handedOff: Record<string, AttributeValue> | undefined;
-      try {
-        handedOff = await this.conditionalUpdate(lockName, holder, HAND_OFF_UPDATE, HAND_OFF_CONDITION, {
-          ...run,
-          ...headValues,
-          ...one,
-          [VALUES.entry]: {
-            M: {
-              [HOLDER_ACQUIRED_AT]: { S: new Date().toISOString() },
-              [HOLDER_REDRIVE_COUNT]: { N: head[HOLDER_REDRIVE_COUNT]?.N ?? '0' },
-              [HOLDER_LEASE_SECONDS]: { N: head[HOLDER_LEASE_SECONDS]?.N ?? '0' },
-              [HOLDER_HANDOFF_ID]: handoffId[QUEUE_VALUES.handoffId],
-            },
-          },
-        }, 'UPDATED_OLD', headId);
-      } catch (e) {
-        if ((e as Error).name !== 'ValidationException') throw e;
-      }
-      if (!handedOff) {
-        // Served by someone else, or it holds a permit already (an entry from before): drop the head
-        // if it can never be served, and look again.
-        await this.conditionalUpdate(lockName, holder, DROP_HEAD_UPDATE, DROP_HEAD_CONDITION, headValues, 'NONE', headId);
-        peekFirst = true;
-        continue;
-      }
-      held = true;
-      try {
-        // The hand-off drew the head's fencing token: the counter before it, plus one.
-        const output = JSON.stringify({ fencingToken: Number(handedOff[FENCING_TOKEN]?.N) + 1 });
-        // The head's token, which the hand-off removed with its entry.
-        await this.sfn.send(new SendTaskSuccessCommand({ taskToken: handedOff[waitTokenAttribute(headId)]?.S, output }));
-        return true;
-      } catch (e) {
-        const name = (e as Error).name;
-        if (!['TaskTimedOut', 'TaskDoesNotExist', 'InvalidToken'].includes(name)) {
-          // Not delivered: a lost wake-up, which the waiter finds when its wait times out.
-          this.wakeUpLost(headId, e as Error);
-          return true;
-        }
-      }
-      // The waiter's task is gone: take the permit back (unless it claimed it meanwhile) and hand it on.
-      await this.conditionalUpdate(lockName, holder, TAKE_BACK_UPDATE, TAKE_BACK_CONDITION, {
-        ...handoffId,
-        // A short lease: should this client stop before it hands the permit on, it expires soon.
-        [VALUES.entry]: {
-          M: { [HOLDER_ACQUIRED_AT]: { S: new Date().toISOString() }, [HOLDER_LEASE_EXPIRES_AT]: { N: String(Date.now() + 60_000) } },
-        },
-      }, 'NONE', headId);
-    }
-    return held;
+  private protocol(): ClientProtocolOptions {
+    return { tableName: this.tableName, clockSkewMs: this.skewMillis, onWakeUpLost: this.wakeUpLost };
+  }
+
+  private run<T>(flow: Flow<T>): Promise<T> {
+    return runFlow(flow, { dynamodb: this.ddb, stepFunctions: this.sfn });
   }
 
   private readonly wakeUpLost = (waiter: string, error: Error) =>
@@ -402,64 +282,256 @@ export class SemaphoreClient {
       `handed the permit to the queued execution ${waiter} but could not wake it (${error.name}: ${String(error.message).split('\n')[0]}); ` +
         'it finds the permit when its queueCheckInterval ends (is states:SendTaskSuccess allowed? see SemaphoreTable.grantClient)',
     );
+}
 
-  /** Release every lease of the item that ended more than the skew ago; how many were freed. */
-  private async reclaimExpired(lockName: string, item: Record<string, AttributeValue>): Promise<number> {
-    const now = Date.now();
-    let freed = 0;
-    for (const [id, value] of Object.entries(item)) {
-      const expiresAt = value.M?.[HOLDER_LEASE_EXPIRES_AT]?.N;
-      if (isExecutionHolder(id) || !value.M?.[HOLDER_ACQUIRED_AT] || expiresAt === undefined) continue;
-      if (Number(expiresAt) + this.skewMillis >= now) continue;
-      // Conditional on the lease we saw: one renewed meanwhile is left alone.
-      if (await this.conditionalUpdate(lockName, id, RELEASE_UPDATE, RELEASE_EXPIRED_LEASE_CONDITION, { [VALUES.one]: { N: '1' }, [VALUES.expiresAt]: { N: expiresAt } })) {
-        freed++;
+/*
+ * The client's side of the lock protocol, as flows (client/effects.ts): the class above runs them
+ * against AWS, the protocol checker (checker/) step by step in its model.
+ */
+
+/** What the client's flows need. */
+export interface ClientProtocolOptions {
+  readonly tableName: string;
+  /** How long past its end a lease counts as expired, milliseconds. */
+  readonly clockSkewMs: number;
+  /** Told when a release handed its permit to a queued execution but could not wake it. */
+  readonly onWakeUpLost?: (waiter: string, error: Error) => void;
+}
+
+/** What one acquire attempt came to. */
+export interface AcquireAttempt {
+  /** The permit, taken by this attempt (or by an earlier one whose response was lost). */
+  readonly lease?: Lease;
+  /** The write failed, and it is not ours: the caller decides whether to try again. */
+  readonly failure?: unknown;
+  /** Expired leases were freed: worth trying again at once. */
+  readonly reclaimed?: boolean;
+  /** The lock as the attempt saw it, when it was full. */
+  readonly item?: Record<string, AttributeValue>;
+}
+
+/**
+ * One attempt to take a permit under `leaseId`: the conditional write; when it is refused or fails,
+ * a look at the lock (the write may have landed) and the reclaim of expired leases.
+ */
+export function* acquireAttempt(
+  options: ClientProtocolOptions,
+  lockName: string,
+  leaseId: string,
+  request: { readonly limit: number; readonly leaseSeconds: number; readonly owner?: string },
+): Flow<AcquireAttempt> {
+  const now = yield* clock();
+  const expiresAt = now + request.leaseSeconds * 1000;
+  const entry: Record<string, AttributeValue> = {
+    [HOLDER_ACQUIRED_AT]: { S: new Date(now).toISOString() },
+    [HOLDER_LEASE_EXPIRES_AT]: { N: String(expiresAt) },
+    ...(request.owner ? { [HOLDER_OWNER]: { S: request.owner } } : {}),
+  };
+  let taken: Record<string, AttributeValue> | undefined;
+  let failure: unknown;
+  try {
+    taken = yield* conditionalUpdate(
+      options.tableName,
+      lockName,
+      leaseId,
+      CLIENT_ACQUIRE_UPDATE,
+      CLIENT_ACQUIRE_CONDITION,
+      {
+        [VALUES.zero]: { N: '0' },
+        [VALUES.one]: { N: '1' },
+        [VALUES.limit]: { N: String(request.limit) },
+        [VALUES.entry]: { M: entry },
+      },
+      'UPDATED_NEW',
+    );
+  } catch (e) {
+    // The write may have landed although the call failed (after the SDK's own retries): look below.
+    failure = e;
+  }
+  if (taken) return { lease: { lockName, leaseId, expiresAt, fencingToken: numberOf(taken[FENCING_TOKEN]), ...limits(request.limit, taken) } };
+
+  // Full, or the call failed: look (our write may have landed), and reclaim expired leases.
+  const item = yield* getItem(options.tableName, lockName);
+  const ours = item?.[leaseId]?.M;
+  if (ours) {
+    // Ours, but the response with its fencing token was lost: draw a fresh one.
+    const counter = { [VALUES.zero]: { N: '0' }, [VALUES.one]: { N: '1' } };
+    const drawn = yield* conditionalUpdate(options.tableName, lockName, leaseId, DRAW_FENCING_TOKEN_UPDATE, RELEASE_CONDITION, counter, 'UPDATED_NEW');
+    const fencingToken = numberOf(drawn?.[FENCING_TOKEN]);
+    return { lease: { lockName, leaseId, expiresAt: Number(ours[HOLDER_LEASE_EXPIRES_AT]?.N), fencingToken, ...limits(request.limit, item) } };
+  }
+  if (failure !== undefined) return { failure };
+  if (item && (yield* reclaimExpired(options, lockName, item)) > 0) {
+    // Permits freed this way go to the lock's waiters first, as a release would hand them over.
+    if ((item[WAITERS]?.L?.length ?? 0) > 0) {
+      yield* serveQueue({ tableName: options.tableName, onWakeUpLost: options.onWakeUpLost }, lockName);
+    }
+    return { reclaimed: true };
+  }
+  return { item };
+}
+
+/**
+ * Give a permit back as the workflows do: when executions wait in the lock's queue, hand it to the
+ * oldest (the holder entry moves to it) and wake it with SendTaskSuccess; a waiter whose task is
+ * gone gets it taken back and passed on. True when the holder held a permit.
+ */
+export function* releaseHolder(options: ClientProtocolOptions, lockName: string, holder: string): Flow<boolean> {
+  const table = options.tableName;
+  // Leases carry no run; an execution's permit is freed whatever run took it.
+  const run = { [VALUES.redriveCount]: { N: String(Number.MAX_SAFE_INTEGER) } };
+  const one = { [VALUES.one]: { N: '1' } };
+  const zero = { [VALUES.zero]: { N: '0' } };
+  const release = () => conditionalUpdate(table, lockName, holder, RELEASE_UPDATE, RELEASE_IF_NO_WAITERS_CONDITION, { ...one, ...zero, ...run });
+  let held = false;
+  // When the queue is known to be non-empty (a head was served by someone else, a waiter came after
+  // an empty peek), look at it at once rather than try a release it refuses, as the workflows do.
+  let peekFirst = false;
+  for (let attempt = 0; attempt < 1000; attempt++) {
+    if (!peekFirst && (yield* release())) return true;
+    peekFirst = false;
+    const peeked = yield* conditionalUpdate(table, lockName, holder, PEEK_UPDATE, PEEK_CONDITION, { ...zero, ...run }, 'UPDATED_NEW');
+    if (!peeked) {
+      // Not held (any more), or the queue emptied meanwhile (and may have filled again since: a
+      // release that ignored the queue would leave such a waiter asleep beside a free permit).
+      if (yield* release()) return true;
+      if (!(yield* conditionalUpdate(table, lockName, holder, STILL_HELD_UPDATE, STILL_HELD_CONDITION, run))) return held;
+      peekFirst = true;
+      continue;
+    }
+    const head = peeked[NEXT_WAITER]?.M ?? {};
+    const headId = head[WAITER_ID]?.S ?? '';
+    const handoffId = { [QUEUE_VALUES.handoffId]: { S: yield* uuid() } };
+    const headValues = { [QUEUE_VALUES.headId]: { S: headId } };
+    const now = yield* clock();
+    let handedOff: Record<string, AttributeValue> | undefined;
+    try {
+      handedOff = yield* conditionalUpdate(
+        table,
+        lockName,
+        holder,
+        HAND_OFF_UPDATE,
+        HAND_OFF_CONDITION,
+        {
+          ...run,
+          ...headValues,
+          ...one,
+          [VALUES.entry]: {
+            M: {
+              [HOLDER_ACQUIRED_AT]: { S: new Date(now).toISOString() },
+              [HOLDER_REDRIVE_COUNT]: { N: head[HOLDER_REDRIVE_COUNT]?.N ?? '0' },
+              [HOLDER_LEASE_SECONDS]: { N: head[HOLDER_LEASE_SECONDS]?.N ?? '0' },
+              [HOLDER_HANDOFF_ID]: handoffId[QUEUE_VALUES.handoffId],
+            },
+          },
+        },
+        'UPDATED_OLD',
+        headId,
+      );
+    } catch (e) {
+      if (errorName(e) !== 'ValidationException') throw e;
+    }
+    if (!handedOff) {
+      // Served by someone else, or it holds a permit already (an entry from before): drop the head
+      // if it can never be served, and look again.
+      yield* conditionalUpdate(table, lockName, holder, DROP_HEAD_UPDATE, DROP_HEAD_CONDITION, headValues, 'NONE', headId);
+      peekFirst = true;
+      continue;
+    }
+    held = true;
+    try {
+      // The hand-off drew the head's fencing token: the counter before it, plus one.
+      const output = JSON.stringify({ fencingToken: Number(handedOff[FENCING_TOKEN]?.N) + 1 });
+      // The head's token, which the hand-off removed with its entry.
+      yield* stepFunctions('SendTaskSuccess', { taskToken: handedOff[waitTokenAttribute(headId)]?.S, output });
+      return true;
+    } catch (e) {
+      const name = errorName(e);
+      if (!['TaskTimedOut', 'TaskDoesNotExist', 'InvalidToken'].includes(name)) {
+        // Not delivered: a lost wake-up, which the waiter finds when its wait times out.
+        options.onWakeUpLost?.(headId, e as Error);
+        return true;
       }
     }
-    return freed;
+    // The waiter's task is gone: take the permit back (unless it claimed it meanwhile) and hand it on.
+    const later = yield* clock();
+    yield* conditionalUpdate(
+      table,
+      lockName,
+      holder,
+      TAKE_BACK_UPDATE,
+      TAKE_BACK_CONDITION,
+      {
+        ...handoffId,
+        // A short lease: should this client stop before it hands the permit on, it expires soon.
+        [VALUES.entry]: {
+          M: { [HOLDER_ACQUIRED_AT]: { S: new Date(later).toISOString() }, [HOLDER_LEASE_EXPIRES_AT]: { N: String(later + 60_000) } },
+        },
+      },
+      'NONE',
+      headId,
+    );
   }
+  return held;
+}
 
-  private async getItem(lockName: string): Promise<Record<string, AttributeValue> | undefined> {
-    const out = await this.ddb.send(new GetItemCommand({ TableName: this.tableName, Key: { [LOCK_KEY]: { S: lockName } }, ConsistentRead: true }));
-    return out.Item;
-  }
-
-  private async conditionalUpdate(
-    lockName: string,
-    holder: string,
-    update: string,
-    condition: string,
-    values: Record<string, AttributeValue>,
-    returnValues: 'NONE' | 'UPDATED_NEW' | 'UPDATED_OLD' = 'NONE',
-    head?: string,
-  ): Promise<Record<string, AttributeValue> | undefined> {
-    const expressions = `${update} ${condition}`;
-    try {
-      const out = await this.ddb.send(
-        new UpdateItemCommand({
-          TableName: this.tableName,
-          Key: { [LOCK_KEY]: { S: lockName } },
-          UpdateExpression: update,
-          ConditionExpression: condition,
-          ExpressionAttributeNames: {
-            ...(expressions.includes(NAMES.holder) ? { [NAMES.holder]: holder } : {}),
-            ...(expressions.includes(NAMES.permits) ? { [NAMES.permits]: PERMITS_IN_USE } : {}),
-            ...(expressions.includes(NAMES.limit) ? { [NAMES.limit]: CONCURRENCY_LIMIT } : {}),
-            ...(expressions.includes(NAMES.fence) ? { [NAMES.fence]: FENCING_TOKEN } : {}),
-            ...(expressions.includes(QUEUE_NAMES.waiters) ? { [QUEUE_NAMES.waiters]: WAITERS } : {}),
-            ...(expressions.includes(QUEUE_NAMES.next) ? { [QUEUE_NAMES.next]: NEXT_WAITER } : {}),
-            ...(head !== undefined && expressions.includes(QUEUE_NAMES.head) ? { [QUEUE_NAMES.head]: head } : {}),
-            ...(head !== undefined && expressions.includes(QUEUE_NAMES.headToken) ? { [QUEUE_NAMES.headToken]: waitTokenAttribute(head) } : {}),
-          },
-          ExpressionAttributeValues: values,
-          ReturnValues: returnValues,
-        }),
-      );
-      return out.Attributes ?? {};
-    } catch (e) {
-      if (e instanceof ConditionalCheckFailedException || (e as Error).name === 'ConditionalCheckFailedException') return undefined;
-      throw e;
+/** Release every lease of the item that ended more than the skew ago; how many were freed. */
+function* reclaimExpired(options: ClientProtocolOptions, lockName: string, item: Record<string, AttributeValue>): Flow<number> {
+  const now = yield* clock();
+  let freed = 0;
+  for (const [id, value] of Object.entries(item)) {
+    const expiresAt = value.M?.[HOLDER_LEASE_EXPIRES_AT]?.N;
+    if (isExecutionHolder(id) || !value.M?.[HOLDER_ACQUIRED_AT] || expiresAt === undefined) continue;
+    if (Number(expiresAt) + options.clockSkewMs >= now) continue;
+    // Conditional on the lease we saw: one renewed meanwhile is left alone.
+    const values = { [VALUES.one]: { N: '1' }, [VALUES.expiresAt]: { N: expiresAt } };
+    if (yield* conditionalUpdate(options.tableName, lockName, id, RELEASE_UPDATE, RELEASE_EXPIRED_LEASE_CONDITION, values)) {
+      freed++;
     }
+  }
+  return freed;
+}
+
+function* getItem(tableName: string, lockName: string): Flow<Record<string, AttributeValue> | undefined> {
+  const out = yield* dynamodb('GetItem', { TableName: tableName, Key: { [LOCK_KEY]: { S: lockName } }, ConsistentRead: true });
+  return out.Item;
+}
+
+/** A conditional write on a holder's behalf: the attributes it returns, or undefined when its condition failed. */
+function* conditionalUpdate(
+  tableName: string,
+  lockName: string,
+  holder: string,
+  update: string,
+  condition: string,
+  values: Record<string, AttributeValue>,
+  returnValues: 'NONE' | 'UPDATED_NEW' | 'UPDATED_OLD' = 'NONE',
+  head?: string,
+): Flow<Record<string, AttributeValue> | undefined> {
+  const expressions = `${update} ${condition}`;
+  try {
+    const out = yield* dynamodb('UpdateItem', {
+      TableName: tableName,
+      Key: { [LOCK_KEY]: { S: lockName } },
+      UpdateExpression: update,
+      ConditionExpression: condition,
+      ExpressionAttributeNames: {
+        ...(expressions.includes(NAMES.holder) ? { [NAMES.holder]: holder } : {}),
+        ...(expressions.includes(NAMES.permits) ? { [NAMES.permits]: PERMITS_IN_USE } : {}),
+        ...(expressions.includes(NAMES.limit) ? { [NAMES.limit]: CONCURRENCY_LIMIT } : {}),
+        ...(expressions.includes(NAMES.fence) ? { [NAMES.fence]: FENCING_TOKEN } : {}),
+        ...(expressions.includes(QUEUE_NAMES.waiters) ? { [QUEUE_NAMES.waiters]: WAITERS } : {}),
+        ...(expressions.includes(QUEUE_NAMES.next) ? { [QUEUE_NAMES.next]: NEXT_WAITER } : {}),
+        ...(head !== undefined && expressions.includes(QUEUE_NAMES.head) ? { [QUEUE_NAMES.head]: head } : {}),
+        ...(head !== undefined && expressions.includes(QUEUE_NAMES.headToken) ? { [QUEUE_NAMES.headToken]: waitTokenAttribute(head) } : {}),
+      },
+      ExpressionAttributeValues: values,
+      ReturnValues: returnValues,
+    });
+    return out.Attributes ?? {};
+  } catch (e) {
+    if (errorName(e) === 'ConditionalCheckFailedException') return undefined;
+    throw e;
   }
 }
 
