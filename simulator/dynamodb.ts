@@ -192,9 +192,12 @@ export class DynamoTaskRunner {
  * base class `DynamoDb.DynamoDbException`).
  */
 function errorName(sdkIntegration: boolean, sdkName: string, message: string): TaskError {
+  return new TaskError(stepFunctionsDynamoErrorName(sdkIntegration, sdkName), message);
+}
+
+/** The name Step Functions gives the DynamoDB error `sdkName` (as the DynamoDB API names it). */
+export function stepFunctionsDynamoErrorName(sdkIntegration: boolean, sdkName: string): string {
   const exception = sdkName === 'InternalServerError' ? 'InternalServerErrorException' : sdkName;
-  if (sdkIntegration) {
-    return new TaskError(`DynamoDb.${exception === 'ValidationException' ? 'DynamoDbException' : exception}`, message);
-  }
-  return new TaskError(`DynamoDB.${exception === 'ValidationException' ? 'AmazonDynamoDBException' : exception}`, message);
+  if (sdkIntegration) return `DynamoDb.${exception === 'ValidationException' ? 'DynamoDbException' : exception}`;
+  return `DynamoDB.${exception === 'ValidationException' ? 'AmazonDynamoDBException' : exception}`;
 }

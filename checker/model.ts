@@ -1,0 +1,974 @@
+import { marshall, unmarshall } from '@aws-sdk/util-dynamodb';
+import { AslHost, BranchEnd, isEnd, Leaf, Thread } from './asl';
+import { AttributeValue, clone, DynamoDbError, Item, ModelDynamoDb, stableStringify } from './dynamodb-model';
+import { BODY_TASK, MachineInfo, System } from './system';
+import { Effect, Flow } from '../client/effects';
+import { acquireAttempt, ClientProtocolOptions, releaseHolder } from '../client/semaphore-client';
+import { guardRedrive, sweep } from '../lambda/reconciler-flows';
+import { stepFunctionsDynamoErrorName } from '../simulator/dynamodb';
+import { HOLDER_ACQUIRED_AT, HOLDER_HANDOFF_ID, HOLDER_REDRIVE_COUNT, LOCK_KEY, PERMITS_IN_USE } from '../src/private/lock-schema';
+import { STATE } from '../src/private/state-names';
+
+/*
+ * The model the checker explores: executions of the synthesized workflow and cleanup state machines
+ * (run by the ASL interpreter), the reconciler's sweep and redrive guard and the client (run as the
+ * very flows production runs), one lock table, and the faults the protocol must survive. Every
+ * conditional write is one atomic step; so is every other call. Time is abstract: it passes in
+ * "ticks", each longer than any grace period and any window of eventual consistency.
+ *
+ * Non-determinism, each bounded by a budget:
+ * - stops of executions (workflow or cleanup) anywhere, with the write they had on its way landing
+ *   later (`inFlight`), and redrives, which resume the stopped threads with the run + 1;
+ * - server errors: a write that lands but whose response is lost, or one that does not land;
+ * - callback waits that time out, wake-ups lost (SendTaskSuccess reported done, never delivered);
+ * - status events delivered late and out of order (always), duplicated, or lost; a failing guard
+ *   retried by Lambda (three attempts);
+ * - stale reads of DescribeExecution, GetExecutionHistory and ListExecutions: any view since the last
+ *   tick (an execution started since then may not exist yet);
+ * - sweeps, client leases (and their crashes), failing bodies, ticks.
+ */
+
+/** How far the model's executions and faults may go. */
+export interface Budget {
+  /** Stops of executions (StopExecution, time-outs) and crashes of clients. */
+  stops: number;
+  /** Of the stops, how many may leave a write on its way, to land later. */
+  inFlight: number;
+  redrives: number;
+  /** Server errors after a write landed (the response lost), or before it did. */
+  serverErrors: number;
+  /** Callback waits (`.waitForTaskToken`) that time out. */
+  timeouts: number;
+  lostWakeUps: number;
+  lostEvents: number;
+  duplicateEvents: number;
+  staleReads: number;
+  sweeps: number;
+  ticks: number;
+  bodyFailures: number;
+}
+
+export const NO_FAULTS: Budget = {
+  stops: 0,
+  inFlight: 0,
+  redrives: 0,
+  serverErrors: 0,
+  timeouts: 0,
+  lostWakeUps: 0,
+  lostEvents: 0,
+  duplicateEvents: 0,
+  staleReads: 0,
+  sweeps: 0,
+  ticks: 0,
+  bodyFailures: 0,
+};
+
+/** What DescribeExecution says of an execution: one view per change since the last tick. */
+interface View {
+  readonly status: string; // RUNNING, SUCCEEDED, FAILED, ABORTED, or DOES_NOT_EXIST
+  readonly redriveCount: number;
+}
+
+export interface Exec {
+  readonly arn: string;
+  readonly name: string;
+  readonly machine: 'workflow' | 'cleanup';
+  readonly input: unknown;
+  readonly startTime: string;
+  status: 'RUNNING' | 'SUCCEEDED' | 'FAILED' | 'ABORTED';
+  run: number;
+  /** Where its threads are: while it runs, and after a stop (for a redrive). */
+  root?: Thread;
+  error?: string;
+  views: View[];
+  /** For each redrive: where the run resumed, and when. */
+  redrives: Array<{ at: string; resumedAt: string }>;
+  /** Counter of tokens and ids it drew. */
+  seq: number;
+  inBody?: boolean;
+  /** In the body with a permit the protocol gave it (not resumed there by a redrive and not yet guarded). */
+  guarded?: boolean;
+}
+
+/** A pending delivery of an event. */
+interface PendingEvent {
+  readonly kind: 'status' | 'redrive';
+  readonly arn: string;
+  readonly status: string;
+  readonly run: number;
+  readonly time: string;
+  /** Lambda's attempt at the guard, from 1. */
+  readonly attempt: number;
+  /** How many deliveries of this event happened already (names the cleanup executions). */
+  readonly delivered: number;
+}
+
+/** A call on its way when its caller stopped (a DynamoDB write, a SendTaskSuccess): it lands at some later step. */
+interface LateWrite {
+  readonly owner: string;
+  readonly state: string;
+  readonly kind: 'dynamodb' | 'sendTaskSuccess';
+  readonly input: Record<string, any>;
+}
+
+type Answer = { ok: unknown } | { err: { name: string; message: string } };
+
+interface Actor {
+  readonly id: string;
+  readonly kind: 'sweep' | 'guard' | 'client';
+  readonly args: any;
+  answers: Answer[];
+}
+
+export interface World {
+  tables: Record<string, Record<string, Item>>;
+  execs: Exec[];
+  events: PendingEvent[];
+  late: LateWrite[];
+  actors: Actor[];
+  budget: Budget;
+  clock: number;
+  /** What the invariants remember: the last fencing token seen at body entry, wake-ups per hand-off. */
+  ghost: { lastFence?: number; fenceViolation?: string; wakes: Record<string, number>; guardGaveUp: number };
+}
+
+/** One step of the model: what happened, and the world after it. */
+export interface Step {
+  readonly label: string;
+  readonly world: World;
+  /** Only the passing of time brings it: a callback wait's time-out, a sweep, a tick. */
+  readonly time?: boolean;
+}
+
+/** The model's configuration. */
+export interface ModelOptions {
+  readonly system: System;
+  /** Workflow executions, all started at the beginning. */
+  readonly executions: number;
+  /** Client leases (scripts), each acquiring once and releasing, or crashing. */
+  readonly clients?: number;
+  readonly budget: Budget;
+}
+
+const BASE_TIME = Date.parse('2026-01-01T00:00:00.000Z');
+/** One tick: longer than any grace period and any window of eventual consistency. */
+export const TICK_MS = 15 * 60 * 1000;
+/** A client lease: shorter than a tick, so that a crashed client's lease has expired after one. */
+const CLIENT_LEASE_SECONDS = 60;
+/** Effect a client flow yields while it holds its permit; its next step releases. */
+const HOLDING = { service: 'model', action: 'hold' } as unknown as Effect;
+
+
+export class Model {
+  private readonly s: System;
+
+  constructor(private readonly options: ModelOptions) {
+    this.s = options.system;
+  }
+
+  // ---- the initial world ----
+
+  public initial(): World {
+    const world: World = {
+      tables: { [this.s.tableName]: {} },
+      execs: [],
+      events: [],
+      late: [],
+      actors: [],
+      budget: { ...this.options.budget },
+      clock: 0,
+      ghost: { wakes: {}, guardGaveUp: 0 },
+    };
+    for (let i = 0; i < this.options.executions; i++) {
+      const name = String.fromCharCode(65 + i); // A, B, C...
+      const exec: Exec = {
+        arn: `${this.s.workflow.arn.replace(':stateMachine:', ':execution:')}:${name}`,
+        name,
+        machine: 'workflow',
+        input: {},
+        startTime: iso(world.clock),
+        status: 'RUNNING',
+        run: 0,
+        // Just started: it may not be visible to DescribeExecution yet.
+        views: [{ status: 'DOES_NOT_EXIST', redriveCount: 0 }, { status: 'RUNNING', redriveCount: 0 }],
+        redrives: [],
+        seq: 0,
+      };
+      this.startThreads(world, exec);
+      world.execs.push(exec);
+    }
+    for (let i = 0; i < (this.options.clients ?? 0); i++) {
+      world.actors.push({ id: `client-${i + 1}`, kind: 'client', args: { leaseId: `lease-${i + 1}` }, answers: [] });
+    }
+    this.afterStep(world, undefined);
+    return world;
+  }
+
+  // ---- successors ----
+
+  /** Every step the world can take, faults included. */
+  public successors(world: World): Step[] {
+    const steps: Step[] = [];
+    const b = world.budget;
+    for (const exec of world.execs) {
+      if (exec.status === 'RUNNING' && exec.root) {
+        for (const leaf of this.info(exec).machine.leaves(exec.root)) steps.push(...this.leafSteps(world, exec, leaf));
+        if (b.stops > 0) steps.push(...this.stop(world, exec.arn, 'stopped', true));
+      } else if (exec.root && exec.status !== 'SUCCEEDED' && b.redrives > 0) {
+        steps.push(this.mutate(world, `${exec.name}: redriven`, (w) => this.redrive(w, this.exec(w, exec.arn))));
+      }
+    }
+    world.events.forEach((event, i) => {
+      const what = `${event.kind === 'status' ? `${event.status} event` : 'RUNNING event (redriven)'} of ${shortName(event.arn)} run ${event.run}`;
+      steps.push(this.mutate(world, `deliver ${what}`, (w) => this.deliver(w, i, false)));
+      if (b.duplicateEvents > 0) steps.push(this.mutate(world, `deliver ${what}, and again later`, (w) => (w.budget.duplicateEvents--, this.deliver(w, i, true))));
+      if (b.lostEvents > 0) steps.push(this.mutate(world, `lose ${what}`, (w) => (w.budget.lostEvents--, w.events.splice(i, 1))));
+    });
+    world.late.forEach((late, i) => {
+      steps.push(
+        this.mutate(world, `the call of ${shortName(late.owner)} '${late.state}' lands late`, (w) => {
+          w.late.splice(i, 1);
+          if (late.kind === 'sendTaskSuccess') {
+            this.sendTaskSuccess(w, late.input.TaskToken, late.input.Output);
+            return;
+          }
+          try {
+            this.db(w).updateItem(late.input as any);
+          } catch (e) {
+            if (!(e instanceof DynamoDbError)) throw e;
+          }
+        }),
+      );
+    });
+    for (const actor of world.actors) steps.push(...this.actorSteps(world, actor));
+    if (b.sweeps > 0 && !world.actors.some((a) => a.kind === 'sweep')) {
+      steps.push(this.mutate(world, 'the reconciler sweeps', (w) => (w.budget.sweeps--, w.actors.push({ id: `sweep-${w.budget.sweeps}`, kind: 'sweep', args: {}, answers: [] }))));
+    }
+    // Clients renew their leases while they hold them: time passes only when none does.
+    if (b.ticks > 0 && !world.actors.some((a) => a.kind === 'client' && this.holding(world, a))) {
+      steps.push(this.mutate(world, 'time passes', (w) => this.tick(w)));
+    }
+    return steps;
+  }
+
+  /** A step of one thread of an execution. */
+  private leafSteps(world: World, exec: Exec, leaf: Leaf): Step[] {
+    const info = this.info(exec);
+    const state = info.machine.state(leaf.thread.state);
+    const who = `${exec.name}: '${leaf.thread.state}'`;
+    const steps: Step[] = [];
+    const b = world.budget;
+    if (state.Type === 'Wait') {
+      // A Wait state is time passing for its execution: the fair run lets it pass in turn with the others.
+      const step = this.onLeaf(world, exec, leaf, `${who} waits`, (w, e, root) => info.machine.waitOver(root, leaf.path, this.host(w, e)));
+      steps.push({ ...step, time: true });
+      return steps;
+    }
+    const resource: string = state.Resource;
+    const callback = resource.endsWith('.waitForTaskToken');
+    if (callback && leaf.thread.token !== undefined) {
+      // Waiting on its token: someone wakes it, or it times out.
+      if (state.TimeoutSeconds !== undefined && b.timeouts > 0) {
+        steps.push(
+          this.onLeaf(world, exec, leaf, `${who} times out`, (w, e, root) => {
+            w.budget.timeouts--;
+            return info.machine.fail(root, leaf.path, 'States.Timeout', 'the callback did not come in time', this.host(w, e));
+          }),
+        );
+      }
+      return steps;
+    }
+    const dynamo = /^arn:aws:states:::(aws-sdk:)?dynamodb:([a-zA-Z]+)(\.waitForTaskToken)?$/.exec(resource);
+    if (dynamo) {
+      const sdk = dynamo[1] !== undefined;
+      const action = dynamo[2];
+      if (action !== 'updateItem' && action !== 'getItem') throw new Error(`the checker has no model of DynamoDB ${action} (state '${leaf.thread.state}')`);
+      steps.push(this.onLeaf(world, exec, leaf, `${who}`, (w, e, root) => this.dynamoTask(w, e, root, leaf, sdk, action, callback, 'normal')));
+      if (b.serverErrors > 0 && action === 'updateItem') {
+        const wouldLand = this.probe(world, exec, leaf, callback);
+        if (wouldLand) {
+          steps.push(this.onLeaf(world, exec, leaf, `${who} lands, its response lost (server error)`, (w, e, root) => (w.budget.serverErrors--, this.dynamoTask(w, e, root, leaf, sdk, action, callback, 'lost'))));
+        }
+        steps.push(this.onLeaf(world, exec, leaf, `${who} fails before it lands (server error)`, (w, e, root) => (w.budget.serverErrors--, this.dynamoTask(w, e, root, leaf, sdk, action, callback, 'unapplied'))));
+      }
+      return steps;
+    }
+    if (resource === 'arn:aws:states:::aws-sdk:sfn:sendTaskSuccess') {
+      steps.push(this.onLeaf(world, exec, leaf, `${who}`, (w, e, root) => this.wakeTask(w, e, root, leaf, false)));
+      if (b.lostWakeUps > 0) steps.push(this.onLeaf(world, exec, leaf, `${who}: the wake-up is lost`, (w, e, root) => (w.budget.lostWakeUps--, this.wakeTask(w, e, root, leaf, true))));
+      return steps;
+    }
+    if (leaf.thread.state === BODY_TASK) {
+      steps.push(this.onLeaf(world, exec, leaf, `${exec.name}: the body succeeds`, (w, e, root) => info.machine.succeed(root, leaf.path, { worked: true }, this.host(w, e))));
+      if (b.bodyFailures > 0) {
+        steps.push(
+          this.onLeaf(world, exec, leaf, `${exec.name}: the body fails`, (w, e, root) => {
+            w.budget.bodyFailures--;
+            return info.machine.fail(root, leaf.path, 'WorkFailed', 'the body failed', this.host(w, e));
+          }),
+        );
+      }
+      return steps;
+    }
+    throw new Error(`the checker has no model of the task '${leaf.thread.state}' (${resource})`);
+  }
+
+  /** Whether the write of a DynamoDB task would succeed now. */
+  private probe(world: World, exec: Exec, leaf: Leaf, callback: boolean): boolean {
+    const w = clone(world);
+    const e = this.exec(w, exec.arn);
+    const input = this.info(e).machine.taskInput(leaf.thread, this.host(w, e), callback ? 'probe' : undefined) as any;
+    try {
+      this.db(w).updateItem(input);
+      return true;
+    } catch (err) {
+      if (err instanceof DynamoDbError) return false;
+      throw err;
+    }
+  }
+
+  private dynamoTask(w: World, e: Exec, root: Thread, leaf: Leaf, sdk: boolean, action: string, callback: boolean, mode: 'normal' | 'lost' | 'unapplied'): Thread | BranchEnd {
+    const machine = this.info(e).machine;
+    const host = this.host(w, e);
+    const thread = this.threadAt(root, leaf.path);
+    const token = callback ? `tok:${e.name}:${e.run}:${++e.seq}` : undefined;
+    const input = machine.taskInput(thread, host, token) as any;
+    if (mode === 'unapplied') return machine.fail(root, leaf.path, stepFunctionsDynamoErrorName(sdk, 'InternalServerError'), 'server error', host);
+    let result: unknown;
+    try {
+      result = action === 'getItem' ? this.db(w).getItem(input) : this.db(w).updateItem(input);
+    } catch (err) {
+      if (!(err instanceof DynamoDbError)) throw err;
+      return machine.fail(root, leaf.path, stepFunctionsDynamoErrorName(sdk, err.name), err.message, host);
+    }
+    if (mode === 'lost') return machine.fail(root, leaf.path, stepFunctionsDynamoErrorName(sdk, 'InternalServerError'), 'server error after the write', host);
+    if (callback) {
+      thread.token = token;
+      return root;
+    }
+    return machine.succeed(root, leaf.path, result, host);
+  }
+
+  private wakeTask(w: World, e: Exec, root: Thread, leaf: Leaf, lost: boolean): Thread | BranchEnd {
+    const machine = this.info(e).machine;
+    const host = this.host(w, e);
+    const input = machine.taskInput(this.threadAt(root, leaf.path), host) as { TaskToken: string; Output: string };
+    if (!lost) {
+      const error = this.sendTaskSuccess(w, input.TaskToken, input.Output);
+      if (error) return machine.fail(root, leaf.path, `Sfn.${error}${error.endsWith('Exception') ? '' : 'Exception'}`, 'the token is closed', host);
+    }
+    return machine.succeed(root, leaf.path, {}, host);
+  }
+
+  /** SendTaskSuccess: wakes the task waiting on the token, or says why not (the SDK's error name). */
+  private sendTaskSuccess(w: World, token: string, output: string): string | undefined {
+    for (const e of w.execs) {
+      if (e.status !== 'RUNNING' || !e.root) continue;
+      const leaf = this.info(e).machine.leaves(e.root).find((l) => l.thread.token === token);
+      if (!leaf) continue;
+      // The woken execution's permit: which hand-off it came from, for "at most one wake per hand-off".
+      const entry = this.lockItem(w)?.[e.arn];
+      const handoff = entry && 'M' in entry ? (entry.M[HOLDER_HANDOFF_ID] && 'S' in entry.M[HOLDER_HANDOFF_ID] ? entry.M[HOLDER_HANDOFF_ID].S : undefined) : undefined;
+      if (handoff !== undefined) w.ghost.wakes[handoff] = (w.ghost.wakes[handoff] ?? 0) + 1;
+      const next = this.info(e).machine.succeed(e.root, leaf.path, JSON.parse(output), this.host(w, e));
+      this.settle(w, e, next);
+      return undefined;
+    }
+    // Every token in this model was issued: one nobody waits on is closed.
+    return token.startsWith('tok:') ? 'TaskTimedOut' : 'InvalidToken';
+  }
+
+  // ---- executions ----
+
+  private info(exec: Exec): MachineInfo {
+    return exec.machine === 'workflow' ? this.s.workflow : this.s.cleanup;
+  }
+
+  private exec(w: World, arn: string): Exec {
+    return w.execs.find((e) => e.arn === arn)!;
+  }
+
+  private host(w: World, e: Exec): AslHost & { abandoned: Thread[] } {
+    const abandoned: Thread[] = [];
+    return {
+      execution: { id: e.arn, name: e.name, input: e.input, redriveCount: e.run, startTime: e.startTime, stateMachineId: this.info(e).arn },
+      now: () => iso(w.clock),
+      uuid: () => `uuid:${e.name}:${e.run}:${++e.seq}`,
+      onAbandon: (thread) => abandoned.push(thread),
+      abandoned,
+    };
+  }
+
+  private threadAt(root: Thread, path: number[]): Thread {
+    let t = root;
+    for (const i of path) t = t.branches![i] as Thread;
+    return t;
+  }
+
+  private startThreads(w: World, exec: Exec): void {
+    const next = this.info(exec).machine.start(exec.input, this.host(w, exec));
+    this.settle(w, exec, next);
+  }
+
+  /** Apply a step to one thread of an execution, in a copy of the world. */
+  private onLeaf(world: World, exec: Exec, _leaf: Leaf, label: string, op: (w: World, e: Exec, root: Thread) => Thread | BranchEnd): Step {
+    return this.mutate(world, label, (w) => {
+      const e = this.exec(w, exec.arn);
+      const next = op(w, e, e.root!);
+      this.settle(w, e, next);
+    });
+  }
+
+  /** After a step: the execution runs on, or ended. */
+  private settle(w: World, e: Exec, next: Thread | BranchEnd): void {
+    if (!isEnd(next)) {
+      e.root = next;
+      return;
+    }
+    e.root = undefined;
+    e.status = next.end === 'ok' ? 'SUCCEEDED' : 'FAILED';
+    if (next.end === 'fail') e.error = next.error;
+    this.statusChanged(w, e);
+  }
+
+  private statusChanged(w: World, e: Exec): void {
+    e.views.push({ status: e.status, redriveCount: e.run });
+    if (e.machine === 'workflow' && ['FAILED', 'ABORTED'].includes(e.status)) {
+      w.events.push({ kind: 'status', arn: e.arn, status: e.status, run: e.run, time: iso(w.clock), attempt: 1, delivered: 0 });
+      sortEvents(w);
+    }
+  }
+
+  /** Stop an execution (StopExecution, or a time-out): its threads end; a write on its way may land later. */
+  private stop(world: World, arn: string, why: string, budgeted: boolean): Step[] {
+    const exec = this.exec(world, arn);
+    const writes = exec.root ? this.info(exec).machine.leaves(exec.root).filter((l) => this.isWrite(exec, l)) : [];
+    const variants: Array<LateWrite | undefined> = [undefined];
+    if (world.budget.inFlight > 0) {
+      for (const leaf of writes) {
+        const w = clone(world);
+        const e = this.exec(w, arn);
+        const token = this.info(e).machine.state(leaf.thread.state).Resource.endsWith('.waitForTaskToken') ? `tok:${e.name}:${e.run}:stopped` : undefined;
+        const kind = this.info(e).machine.state(leaf.thread.state).Resource.includes(':sfn:sendTaskSuccess') ? 'sendTaskSuccess' : 'dynamodb';
+        variants.push({ owner: arn, state: leaf.thread.state, kind, input: this.info(e).machine.taskInput(leaf.thread, this.host(w, e), token) as any });
+      }
+    }
+    return variants.map((late) =>
+      this.mutate(world, `${exec.name}: ${why}${late ? ` while its '${late.state}' call is on its way` : ''}`, (w) => {
+        if (budgeted) w.budget.stops--;
+        if (late) {
+          w.budget.inFlight--;
+          w.late.push(late);
+          sortLate(w);
+        }
+        this.abort(w, this.exec(w, arn));
+      }),
+    );
+  }
+
+  private abort(w: World, e: Exec): void {
+    e.status = 'ABORTED';
+    this.statusChanged(w, e);
+  }
+
+  /** Whether a thread is at a call that changes something (a DynamoDB write, a wake-up) not yet answered: it could be on its way. */
+  private isWrite(exec: Exec, leaf: Leaf): boolean {
+    const state = this.info(exec).machine.state(leaf.thread.state);
+    return state.Type === 'Task' && /dynamodb:updateItem|sfn:sendTaskSuccess/.test(state.Resource) && leaf.thread.token === undefined;
+  }
+
+  /** RedriveExecution: the same threads, where they stopped, their tasks run again; the run + 1. */
+  private redrive(w: World, e: Exec): void {
+    w.budget.redrives--;
+    e.run++;
+    e.status = 'RUNNING';
+    e.error = undefined;
+    const leaves = this.info(e).machine.leaves(e.root!);
+    for (const leaf of leaves) {
+      leaf.thread.token = undefined;
+      leaf.thread.enteredAt = iso(w.clock);
+    }
+    e.redrives.push({ at: iso(w.clock), resumedAt: leaves[0]?.thread.state ?? '' });
+    e.views.push({ status: 'RUNNING', redriveCount: e.run });
+    if (e.machine === 'workflow') {
+      // The redrive's RUNNING status-change event, which the redrive guard's rule matches.
+      if (this.s.redriveGuard) w.events.push({ kind: 'redrive', arn: e.arn, status: 'RUNNING', run: e.run, time: iso(w.clock), attempt: 1, delivered: 0 });
+      sortEvents(w);
+      e.inBody = this.inBody(e);
+      // Resumed inside the body: it runs there without a permit until the guard acts (see the README).
+      e.guarded = false;
+    }
+  }
+
+  // ---- events ----
+
+  private deliver(w: World, index: number, keep: boolean): void {
+    const event = w.events[index];
+    if (keep) w.events[index] = { ...event, delivered: event.delivered + 1 };
+    else w.events.splice(index, 1);
+    sortEvents(w);
+    const target = this.exec(w, event.arn);
+    if (event.kind === 'status') {
+      const name = `cleanup-${target.name}-${event.status}-${event.run}-${event.delivered}`;
+      const cleanup: Exec = {
+        arn: `${this.s.cleanup.arn.replace(':stateMachine:', ':execution:')}:${name}`,
+        name,
+        machine: 'cleanup',
+        input: this.statusEvent(target, event),
+        startTime: iso(w.clock),
+        status: 'RUNNING',
+        run: 0,
+        views: [{ status: 'RUNNING', redriveCount: 0 }],
+        redrives: [],
+        seq: 0,
+      };
+      w.execs.push(cleanup);
+      this.startThreads(w, cleanup);
+    } else {
+      w.actors.push({ id: `guard-${target.name}-${event.run}-${event.attempt}-${event.delivered}`, kind: 'guard', args: { event: this.statusEvent(target, event), attempt: event.attempt }, answers: [] });
+    }
+  }
+
+  /** A "Step Functions Execution Status Change" event, as EventBridge delivers it. */
+  private statusEvent(e: Exec, event: PendingEvent): unknown {
+    return {
+      'version': '0',
+      'detail-type': 'Step Functions Execution Status Change',
+      'source': 'aws.states',
+      'time': event.time,
+      'detail': {
+        executionArn: e.arn,
+        stateMachineArn: this.info(e).arn,
+        name: e.name,
+        status: event.status,
+        redriveCount: event.run,
+        input: JSON.stringify(e.input),
+        inputDetails: { included: true },
+      },
+    };
+  }
+
+  // ---- actors: the reconciler's flows and the clients ----
+
+  private flow(actor: Actor): Flow<unknown> {
+    const config = this.s.reconciler;
+    switch (actor.kind) {
+      case 'sweep':
+        return sweep(config, false);
+      case 'guard':
+        return guardRedrive(config, actor.args.event.detail);
+      case 'client': {
+        const options: ClientProtocolOptions = { tableName: this.s.tableName, clockSkewMs: config.clockSkewMs };
+        const lockName = this.s.lockName;
+        const limit = this.s.limit;
+        return (function* life(): Flow<unknown> {
+          const attempt = yield* acquireAttempt(options, lockName, actor.args.leaseId, { limit, leaseSeconds: CLIENT_LEASE_SECONDS });
+          if (!attempt.lease) return 'not acquired';
+          yield HOLDING;
+          return yield* releaseHolder(options, lockName, actor.args.leaseId);
+        })();
+      }
+    }
+  }
+
+  /** Replay an actor's flow with its answers: the effect it waits on, or its end. */
+  private replay(actor: Actor): { effect?: Effect; done: boolean; error?: unknown } {
+    const flow = this.flow(actor);
+    try {
+      let step = flow.next();
+      for (const answer of actor.answers) {
+        if (step.done) break;
+        step = 'ok' in answer ? flow.next(answer.ok) : flow.throw(Object.assign(new Error(answer.err.message), { name: answer.err.name }));
+      }
+      return step.done ? { done: true } : { effect: step.value, done: false };
+    } catch (e) {
+      return { done: true, error: e };
+    }
+  }
+
+  private holding(_w: World, actor: Actor): boolean {
+    return actor.kind === 'client' && this.replay(actor).effect === HOLDING;
+  }
+
+  private actorSteps(world: World, actor: Actor): Step[] {
+    const { effect } = this.replay(actor);
+    if (!effect) throw new Error(`actor ${actor.id} has ended but is still listed`);
+    const steps: Step[] = [];
+    const answer = (label: string, op: (w: World) => Answer) =>
+      steps.push(
+        this.mutate(world, `${actor.id}: ${label}`, (w) => {
+          const a = w.actors.find((x) => x.id === actor.id)!;
+          a.answers.push(op(w));
+          this.advance(w, a);
+        }),
+      );
+    if ((effect as unknown) === HOLDING) {
+      answer('gives its permit back', () => ({ ok: undefined }));
+      if (world.budget.stops > 0) {
+        steps.push(this.mutate(world, `${actor.id}: crashes while holding its lease`, (w) => (w.budget.stops--, (w.actors = w.actors.filter((a) => a.id !== actor.id)))));
+      }
+      return steps;
+    }
+    switch (effect.service) {
+      case 'dynamodb':
+      case 'document':
+        answer(`${effect.action} ${describeRequest(effect.input)}`, (w) => this.dynamoCall(w, effect.service === 'document', effect.action, effect.input));
+        return steps;
+      case 'sfn':
+        return [...steps, ...this.sfnCall(world, actor, effect.action, effect.input)];
+      default:
+        throw new Error(`unexpected effect ${JSON.stringify(effect)}`);
+    }
+  }
+
+  /** Answer an actor's local effects (the time, ids) at once; drop it when its flow has ended. */
+  private advance(w: World, actor: Actor): void {
+    for (;;) {
+      const { effect, done, error } = this.replay(actor);
+      if (done) {
+        w.actors = w.actors.filter((a) => a.id !== actor.id);
+        if (error !== undefined && actor.kind === 'guard') {
+          // A failed invocation: Lambda tries twice more, then gives up (the dead-letter queue).
+          if (actor.args.attempt < 3) {
+            const detail = actor.args.event.detail;
+            w.events.push({ kind: 'redrive', arn: detail.executionArn, status: 'RUNNING', run: detail.redriveCount, time: actor.args.event.time, attempt: actor.args.attempt + 1, delivered: 0 });
+            sortEvents(w);
+          } else {
+            w.ghost.guardGaveUp++;
+          }
+        } else if (error !== undefined) {
+          throw error;
+        }
+        return;
+      }
+      if (effect!.service === 'clock') actor.answers.push({ ok: BASE_TIME + w.clock * TICK_MS });
+      else if (effect!.service === 'uuid') actor.answers.push({ ok: `uuid:${actor.id}:${actor.answers.length}` });
+      else return;
+    }
+  }
+
+  private dynamoCall(w: World, document: boolean, action: string, input: Record<string, any>): Answer {
+    const db = this.db(w);
+    const request = document ? marshallRequest(input) : input;
+    try {
+      let out: any;
+      switch (action) {
+        case 'GetItem':
+        case 'Get':
+          out = db.getItem(request as any);
+          break;
+        case 'Scan':
+          out = db.scan(request as any);
+          break;
+        default:
+          out = db.updateItem(request as any);
+      }
+      return { ok: document ? unmarshallResponse(out) : out };
+    } catch (e) {
+      if (e instanceof DynamoDbError) return { err: { name: e.name, message: e.message } };
+      throw e;
+    }
+  }
+
+  private sfnCall(world: World, actor: Actor, action: string, input: Record<string, any>): Step[] {
+    const steps: Step[] = [];
+    const answer = (label: string, op: (w: World) => Answer) =>
+      steps.push(
+        this.mutate(world, `${actor.id}: ${label}`, (w) => {
+          const a = w.actors.find((x) => x.id === actor.id)!;
+          a.answers.push(op(w));
+          this.advance(w, a);
+        }),
+      );
+    switch (action) {
+      case 'DescribeExecution':
+      case 'GetExecutionHistory': {
+        const e = world.execs.find((x) => x.arn === input.executionArn);
+        const views = e ? e.views : [];
+        const current = views.length - 1;
+        // The current view; with the budget, any earlier one since the last tick (eventual consistency).
+        const candidates = e ? views.map((_v, i) => i).filter((i) => i === current || world.budget.staleReads > 0) : [-1];
+        const seen = new Set<string>();
+        for (const i of candidates.reverse()) {
+          const view = i < 0 ? { status: 'DOES_NOT_EXIST', redriveCount: 0 } : views[i];
+          const key = stableStringify(view);
+          if (seen.has(key)) continue;
+          seen.add(key);
+          const stale = i >= 0 && i !== current;
+          const label = `${action} ${shortName(input.executionArn)}: ${view.status} run ${view.redriveCount}${stale ? ' (stale)' : ''}`;
+          answer(label, (w) => {
+            if (stale) w.budget.staleReads--;
+            if (view.status === 'DOES_NOT_EXIST') return { err: { name: 'ExecutionDoesNotExist', message: 'Execution Does Not Exist' } };
+            const ex = this.exec(w, input.executionArn);
+            return { ok: action === 'DescribeExecution' ? this.describe(ex, view) : this.history(ex, view) };
+          });
+        }
+        return steps;
+      }
+      case 'ListExecutions': {
+        answer(`ListExecutions ${input.statusFilter ?? ''} ${input.redriveFilter ?? ''}`, (w) => ({
+          ok: {
+            executions: w.execs
+              .filter((e) => this.info(e).arn === input.stateMachineArn)
+              .filter((e) => {
+                const view = e.views[e.views.length - 1];
+                return view.status !== 'DOES_NOT_EXIST' && (!input.statusFilter || view.status === input.statusFilter) && (input.redriveFilter !== 'REDRIVEN' || view.redriveCount > 0);
+              })
+              .map((e) => ({ executionArn: e.arn, status: e.views[e.views.length - 1].status, redriveCount: e.views[e.views.length - 1].redriveCount })),
+          },
+        }));
+        return steps;
+      }
+      case 'StopExecution': {
+        const e = world.execs.find((x) => x.arn === input.executionArn);
+        if (!e || e.status !== 'RUNNING') {
+          answer(`StopExecution ${shortName(input.executionArn)} (not running)`, () => ({ ok: {} }));
+          return steps;
+        }
+        // As a stop by anyone: the write the execution had on its way may land later.
+        for (const stop of this.stop(world, e.arn, `stopped by ${actor.id} (${input.error})`, false)) {
+          const w = stop.world;
+          const a = w.actors.find((x) => x.id === actor.id)!;
+          const e2 = this.exec(w, e.arn);
+          e2.error = input.error;
+          a.answers.push({ ok: {} });
+          this.advance(w, a);
+          this.afterStep(w, undefined);
+          steps.push({ label: stop.label, world: w });
+        }
+        return steps;
+      }
+      case 'SendTaskSuccess': {
+        answer('SendTaskSuccess', (w) => {
+          const error = this.sendTaskSuccess(w, input.taskToken, input.output);
+          return error ? { err: { name: error, message: 'the token is closed' } } : { ok: {} };
+        });
+        if (world.budget.lostWakeUps > 0) answer('SendTaskSuccess: the wake-up is lost', (w) => (w.budget.lostWakeUps--, { ok: {} }));
+        return steps;
+      }
+      default:
+        throw new Error(`the checker has no model of Step Functions ${action}`);
+    }
+  }
+
+  private describe(e: Exec, view: View): unknown {
+    return {
+      executionArn: e.arn,
+      stateMachineArn: this.info(e).arn,
+      name: e.name,
+      status: view.status,
+      redriveCount: view.redriveCount,
+      input: JSON.stringify(e.input),
+      startDate: new Date(e.startTime),
+    };
+  }
+
+  /** GetExecutionHistory, reverse order, as of a view: the redrives it knows of, each after the state it resumed. */
+  private history(e: Exec, view: View): unknown {
+    const events: Array<Record<string, unknown>> = [{ type: 'ExecutionStarted', timestamp: new Date(e.startTime) }];
+    const runs = view.redriveCount;
+    for (let i = 0; i < runs; i++) {
+      const r = e.redrives[i];
+      events.push({ type: 'TaskStateEntered', timestamp: new Date(r.at), stateEnteredEventDetails: { name: r.resumedAt } });
+      events.push({ type: 'ExecutionAborted', timestamp: new Date(r.at) });
+      events.push({ type: 'ExecutionRedriven', timestamp: new Date(r.at) });
+    }
+    if (e.root && view.redriveCount === e.run) {
+      for (const leaf of this.info(e).machine.leaves(e.root)) events.push({ type: 'TaskStateEntered', timestamp: new Date(leaf.thread.enteredAt), stateEnteredEventDetails: { name: leaf.thread.state } });
+    }
+    return { events: events.reverse() };
+  }
+
+  // ---- time ----
+
+  private tick(w: World): void {
+    w.budget.ticks--;
+    w.clock++;
+    for (const e of w.execs) e.views = [e.views[e.views.length - 1]];
+  }
+
+  // ---- plumbing ----
+
+  private db(w: World): ModelDynamoDb {
+    return new ModelDynamoDb(w.tables, { [this.s.tableName]: this.s.keySchema });
+  }
+
+  public lockItem(w: World): Item | undefined {
+    const items = Object.values(w.tables[this.s.tableName]);
+    return items.find((i) => 'S' in (i[LOCK_KEY] ?? {}) && (i[LOCK_KEY] as { S: string }).S === this.s.lockName);
+  }
+
+  /** A copy of the world with `op` applied, then the bookkeeping every step needs. */
+  private mutate(world: World, label: string, op: (w: World) => unknown): Step {
+    const w = clone(world);
+    op(w);
+    this.afterStep(w, label);
+    const time = w.budget.timeouts < world.budget.timeouts || w.budget.sweeps < world.budget.sweeps || w.budget.ticks < world.budget.ticks;
+    return { label, world: w, time };
+  }
+
+  private inBody(e: Exec): boolean {
+    if (e.status !== 'RUNNING' || !e.root) return false;
+    return this.info(e).machine.leaves(e.root).some((l) => this.s.workflow.machine.isInside(STATE.runBody, l.thread.state));
+  }
+
+  /** Track body entries and exits; check fencing tokens at entry. Violations are found by `violations`. */
+  private afterStep(w: World, _label: string | undefined): void {
+    // Without stale reads left, only what DescribeExecution says now matters.
+    if (w.budget.staleReads === 0) for (const e of w.execs) if (e.views.length > 1) e.views = [e.views[e.views.length - 1]];
+    for (const e of w.execs) {
+      if (e.machine !== 'workflow') continue;
+      const now = this.inBody(e);
+      if (now && !e.inBody && e.guarded !== false) {
+        e.guarded = true;
+        const leaf = this.info(e).machine.leaves(e.root!).find((l) => l.thread.state === BODY_TASK);
+        const token = (leaf?.thread.input as any)?.permit?.fencingToken;
+        if (this.s.limit === 1 && typeof token === 'number') {
+          if (w.ghost.lastFence !== undefined && token <= w.ghost.lastFence) w.ghost.fenceViolation = `${e.name} entered the body with fencing token ${token}, not above ${w.ghost.lastFence}`;
+          w.ghost.lastFence = token;
+        }
+      }
+      if (!now) e.guarded = undefined;
+      else if (e.guarded === false && this.ownEntry(w, e)) e.guarded = true;
+      e.inBody = now;
+    }
+  }
+
+  private ownEntry(w: World, e: Exec): boolean {
+    const entry = this.lockItem(w)?.[e.arn];
+    if (!entry || !('M' in entry) || !entry.M[HOLDER_ACQUIRED_AT]) return false;
+    const run = entry.M[HOLDER_REDRIVE_COUNT];
+    return (run && 'N' in run ? Number(run.N) : 0) === e.run;
+  }
+
+  /** What does not hold in this world (empty: all is well). */
+  public violations(w: World): string[] {
+    const result: string[] = [];
+    const item = this.lockItem(w);
+    const limit = this.s.limit;
+    if (item) {
+      const holders = Object.entries(item).filter(([, v]) => 'M' in v && v.M[HOLDER_ACQUIRED_AT] !== undefined);
+      const permits = item[PERMITS_IN_USE] && 'N' in item[PERMITS_IN_USE] ? Number((item[PERMITS_IN_USE] as { N: string }).N) : 0;
+      if (permits !== holders.length) result.push(`permitsInUse is ${permits} but ${holders.length} holders have entries`);
+      if (permits > limit) result.push(`permitsInUse is ${permits}, above the limit of ${limit}`);
+    }
+    const inside = w.execs.filter((e) => e.machine === 'workflow' && e.inBody && e.guarded);
+    for (const e of inside) {
+      if (!this.ownEntry(w, e)) result.push(`OwnEntry: ${e.name} is in the body (run ${e.run}) without an entry stamped with its run`);
+    }
+    const clients = w.actors.filter((a) => this.holding(w, a));
+    for (const c of clients) {
+      if (!item?.[c.args.leaseId]) result.push(`${c.id} holds its permit, but its lease entry is gone`);
+    }
+    if (inside.length + clients.length > limit) {
+      result.push(`${inside.length + clients.length} inside at once (${[...inside.map((e) => e.name), ...clients.map((c) => c.id)].join(', ')}), limit ${limit}`);
+    }
+    for (const [handoff, n] of Object.entries(w.ghost.wakes)) if (n > 1) result.push(`hand-off ${handoff} woke ${n} waiters`);
+    if (w.ghost.fenceViolation) result.push(`fencing: ${w.ghost.fenceViolation}`);
+    return result;
+  }
+
+  /** The world with no faults left to happen, and time free to pass (for the fair run). */
+  public fairCopy(w: World): World {
+    const copy = clone(w);
+    copy.budget = { ...NO_FAULTS, timeouts: 1_000, sweeps: 1_000, ticks: 1_000 };
+    return copy;
+  }
+
+  /** Nothing runs any more: no execution, event, late write, reconciler run or client. */
+  public quiescent(w: World): boolean {
+    return w.execs.every((e) => e.status !== 'RUNNING') && w.events.length === 0 && w.late.length === 0 && w.actors.length === 0;
+  }
+
+  /** After everything ended and a last sweep: a permit still held, or undefined. */
+  public leftovers(w: World): string | undefined {
+    const item = this.lockItem(w);
+    if (!item) return undefined;
+    const holders = Object.entries(item).filter(([, v]) => 'M' in v && v.M[HOLDER_ACQUIRED_AT] !== undefined).map(([k]) => shortName(k));
+    const permits = item[PERMITS_IN_USE] && 'N' in item[PERMITS_IN_USE] ? Number((item[PERMITS_IN_USE] as { N: string }).N) : 0;
+    if (holders.length || permits) return `a permit is held for good after every execution ended and the reconciler swept: ${permits} in use, holders ${holders.join(', ') || 'none'}`;
+    return undefined;
+  }
+
+  /**
+   * The text of a world, for the search's set of states seen: equal worlds give equal text. The
+   * items' attributes are sorted (their order depends on the order of writes); the rest of the world
+   * is built in one order by this code, so plain JSON is enough (and a difference would only cost a
+   * duplicate state, never a missed one).
+   */
+  public key(w: World): string {
+    return JSON.stringify(w, (k, v) => (k === 'tables' ? stableStringify(v) : v));
+  }
+
+  /** Where every execution is, and what is pending: for traces. */
+  public describeWorld(w: World): string {
+    const execs = w.execs.map((e) => {
+      const at = e.root ? this.info(e).machine.leaves(e.root).map((l) => `${l.thread.state}${l.thread.token ? ' (waiting)' : ''}`).join(' + ') : '';
+      return `${e.name} ${e.status} run ${e.run}${at ? ` at ${at}` : ''}`;
+    });
+    const events = w.events.map((e) => `${e.kind} ${shortName(e.arn)} ${e.status} ${e.run}`);
+    return [`executions: ${execs.join('; ')}`, `events: ${events.join('; ') || 'none'}`, `late writes: ${w.late.length}`, `actors: ${w.actors.map((a) => a.id).join(', ') || 'none'}`].join('\n');
+  }
+
+  /** A short summary of the lock item, for traces. */
+  public describeLock(w: World): string {
+    const item = this.lockItem(w);
+    if (!item) return 'no lock item';
+    const parts: string[] = [];
+    for (const [name, value] of Object.entries(item)) {
+      if (name === LOCK_KEY) continue;
+      parts.push(`${shortName(name)}=${summarize(value)}`);
+    }
+    return parts.sort().join(' ');
+  }
+}
+
+function iso(clock: number): string {
+  return new Date(BASE_TIME + clock * TICK_MS).toISOString();
+}
+
+function sortEvents(w: World): void {
+  w.events.sort((a, b) => stableStringify(a).localeCompare(stableStringify(b)));
+}
+
+function sortLate(w: World): void {
+  w.late.sort((a, b) => stableStringify(a).localeCompare(stableStringify(b)));
+}
+
+/** The execution name at the end of an ARN, or the text itself. */
+export function shortName(arnOrName: string): string {
+  const m = /:execution:[^:]+:(.+)$/.exec(arnOrName);
+  if (m) return m[1];
+  return arnOrName.replace(/arn:aws:states:[^:]*:\d*:execution:[^:]+:/g, '');
+}
+
+function summarize(value: AttributeValue): string {
+  if ('S' in value) return value.S.length > 24 ? `${value.S.slice(0, 24)}…` : value.S;
+  if ('N' in value) return value.N;
+  if ('BOOL' in value) return String(value.BOOL);
+  if ('L' in value) return `[${value.L.map(summarize).join(',')}]`;
+  if ('M' in value) return `{${Object.entries(value.M).map(([k, v]) => `${k}:${summarize(v)}`).join(',')}}`;
+  return 'null';
+}
+
+function describeRequest(input: Record<string, any>): string {
+  const names = input.ExpressionAttributeNames ?? {};
+  const holder = names['#holder'] ? ` ${shortName(names['#holder'])}` : '';
+  return `${input.ConditionExpression ? `[${input.ConditionExpression.slice(0, 60)}${input.ConditionExpression.length > 60 ? '…' : ''}]` : ''}${holder}`;
+}
+
+function marshallRequest(input: Record<string, any>): Record<string, any> {
+  const out: Record<string, any> = { ...input };
+  for (const k of ['Key', 'ExclusiveStartKey', 'Item']) if (out[k] !== undefined) out[k] = marshall(out[k]);
+  if (out.ExpressionAttributeValues) out.ExpressionAttributeValues = marshall(out.ExpressionAttributeValues);
+  for (const k of Object.keys(out)) if (out[k] === undefined) delete out[k];
+  return out;
+}
+
+function unmarshallResponse(output: Record<string, any>): Record<string, any> {
+  const out: Record<string, any> = { ...output };
+  if (out.Item) out.Item = unmarshall(out.Item);
+  if (out.Items) out.Items = out.Items.map((i: Item) => unmarshall(i as any));
+  if (out.Attributes) out.Attributes = unmarshall(out.Attributes);
+  return out;
+}

@@ -1,0 +1,190 @@
+import { createHash } from 'crypto';
+import { Model, Step, World } from './model';
+
+/*
+ * Breadth-first search of every interleaving the model allows: the first violation found is one of
+ * the shortest, and its trace is printed step by step with the lock item after each.
+ *
+ * Liveness ("under fairness, no permit is held forever by an ended execution, and every execution
+ * ends") is checked from every state the search reaches: with no more faults, a fair scheduler runs
+ * every execution, event, late write and reconciler run to the end, lets time pass, sweeps, and then
+ * no permit may be held and no execution may still run. A state whose fair run was verified marks
+ * every state on that run verified, so most runs stop after a few steps.
+ */
+
+export interface TraceStep {
+  readonly label: string;
+  readonly lock: string;
+}
+
+export interface Counterexample {
+  readonly violation: string;
+  /** From the first step to the one that broke the invariant. */
+  readonly trace: TraceStep[];
+  /** For a liveness violation: the fair run after the trace, that never got there. */
+  readonly fairRun?: TraceStep[];
+}
+
+export interface SearchResult {
+  readonly states: number;
+  readonly transitions: number;
+  readonly maxDepth: number;
+  readonly seconds: number;
+  /** States from which the fair run was checked (liveness). */
+  readonly fairRuns: number;
+  readonly counterexample?: Counterexample;
+  /** The search stopped at `maxStates` before it was done. */
+  readonly incomplete: boolean;
+}
+
+export interface SearchOptions {
+  /** Stop after this many states (the result says so). @default 5,000,000 */
+  readonly maxStates?: number;
+  /** Check liveness too. @default true */
+  readonly liveness?: boolean;
+  /** Called every 100,000 states. */
+  readonly progress?: (states: number, depth: number) => void;
+}
+
+interface Visit {
+  readonly parent?: string;
+  readonly label: string;
+  readonly depth: number;
+}
+
+function hash(text: string): string {
+  return createHash('sha1').update(text).digest('base64').slice(0, 16);
+}
+
+export function search(model: Model, options: SearchOptions = {}): SearchResult {
+  const started = Date.now();
+  const maxStates = options.maxStates ?? 5_000_000;
+  const initial = model.initial();
+  const visited = new Map<string, Visit>();
+  const live = new Set<string>();
+  let fairRuns = 0;
+  const rootHash = hash(model.key(initial));
+  visited.set(rootHash, { label: 'start', depth: 0 });
+  let queue: Array<{ world: World; hash: string }> = [{ world: initial, hash: rootHash }];
+  let next: Array<{ world: World; hash: string }> = [];
+  let transitions = 0;
+  let depth = 0;
+
+  const finish = (counterexample?: Counterexample, incomplete = false): SearchResult => ({
+    states: visited.size,
+    transitions,
+    maxDepth: depth,
+    seconds: (Date.now() - started) / 1000,
+    fairRuns,
+    counterexample,
+    incomplete,
+  });
+  const trace = (h: string): string[] => {
+    const labels: string[] = [];
+    for (let v = visited.get(h); v && v.parent !== undefined; v = visited.get(v.parent)) labels.push(v.label);
+    return labels.reverse();
+  };
+
+  const initialViolations = model.violations(initial);
+  if (initialViolations.length) return finish({ violation: initialViolations[0], trace: [] });
+
+  while (queue.length > 0) {
+    for (const { world, hash: h } of queue) {
+      if (options.liveness !== false) {
+        const stuck = fairRun(model, world, live);
+        fairRuns++;
+        if (stuck) return finish({ violation: stuck.violation, trace: replay(model, trace(h)), fairRun: stuck.run });
+      }
+      for (const step of model.successors(world)) {
+        transitions++;
+        const key = model.key(step.world);
+        const sh = hash(key);
+        if (visited.has(sh)) continue;
+        visited.set(sh, { parent: h, label: step.label, depth: depth + 1 });
+        const broken = model.violations(step.world);
+        if (broken.length) return finish({ violation: broken[0], trace: replay(model, trace(sh)) });
+        next.push({ world: step.world, hash: sh });
+        if (visited.size % 100_000 === 0) options.progress?.(visited.size, depth + 1);
+        if (visited.size >= maxStates) return finish(undefined, true);
+      }
+    }
+    queue = next;
+    next = [];
+    if (queue.length) depth++;
+  }
+  return finish();
+}
+
+/** The steps of a trace again, from the start, with the lock after each. */
+export function replay(model: Model, labels: string[]): TraceStep[] {
+  let world = model.initial();
+  const steps: TraceStep[] = [];
+  for (const label of labels) {
+    const step = model.successors(world).find((s) => s.label === label);
+    if (!step) throw new Error(`cannot replay the step '${label}'`);
+    world = step.world;
+    steps.push({ label, lock: model.describeLock(world) });
+  }
+  return steps;
+}
+
+/** Steps that only the passing of time brings: a Wait state's end, a callback wait timing out, a scheduled sweep, a tick. */
+const TIME_STEPS = [' waits', ' times out', 'the reconciler sweeps', 'time passes'];
+
+/**
+ * The fair run from a world: no more faults; every other step is taken in turn (late writes land),
+ * and when only time can bring progress, a wait times out, the reconciler sweeps and time passes, in
+ * rotation. Once nothing runs any more, time passes and a last sweep runs: then no permit may be held.
+ * Undefined if all is well; else what went wrong, and the run.
+ */
+function fairRun(model: Model, start: World, live: Set<string>): { violation: string; run: TraceStep[] } | undefined {
+  let world = model.fairCopy(start);
+  const seen: string[] = [];
+  const run: TraceStep[] = [];
+  let turn = 0;
+  let finalSweep = false;
+  // Round robin: the step of whoever (an execution, an event, a reconciler run) waited longest.
+  const served = new Map<string, number>();
+  const who = (label: string) => label.split(':')[0];
+  const take = (step: Step) => {
+    run.push({ label: step.label, lock: model.describeLock(step.world) });
+    world = step.world;
+    return model.violations(world);
+  };
+  for (let i = 0; ; i++) {
+    if (i === 2_000) {
+      return { violation: `the fair run did not end within 2,000 steps: an execution never finishes\n${model.describeWorld(world)}`, run: run.slice(-12) };
+    }
+    const h = hash(model.key(world));
+    if (live.has(h)) break;
+    seen.push(h);
+    // The fair copy has no faults left: every step is either progress or the passing of time.
+    const steps = model.successors(world);
+    const progress = steps.filter((s) => !s.time);
+    progress.sort((a, b) => (served.get(who(a.label)) ?? -1) - (served.get(who(b.label)) ?? -1));
+    let step: Step | undefined = progress[0];
+    if (step) served.set(who(step.label), i);
+    if (!step && model.quiescent(world)) {
+      if (finalSweep) {
+        const left = model.leftovers(world);
+        if (left) return { violation: left, run };
+        break;
+      }
+      // Everything has ended: time passes, and the reconciler's last sweep runs.
+      finalSweep = true;
+      const broken = take(steps.find((s) => s.label === 'time passes')!);
+      if (broken.length) return { violation: `in the fair run: ${broken[0]}`, run };
+      step = model.successors(world).find((s) => s.label === 'the reconciler sweeps')!;
+    }
+    for (let k = 0; !step && k < TIME_STEPS.length; k++) {
+      const kind = TIME_STEPS[(turn + k) % TIME_STEPS.length];
+      step = steps.find((s) => s.label.includes(kind));
+      if (step) turn = (turn + k + 1) % TIME_STEPS.length;
+    }
+    if (!step) return { violation: 'the fair run is stuck: nothing can happen, yet not everything has ended', run };
+    const broken = take(step);
+    if (broken.length) return { violation: `in the fair run: ${broken[0]}`, run };
+  }
+  for (const h of seen) live.add(h);
+  return undefined;
+}
