@@ -71,7 +71,11 @@ export interface FlowClients {
 }
 
 type AnyCommand = new (input: any) => any;
-const DYNAMODB_COMMANDS: Record<DynamoDbAction, AnyCommand> = { GetItem: ddb.GetItemCommand, UpdateItem: ddb.UpdateItemCommand, Scan: ddb.ScanCommand };
+const DYNAMODB_COMMANDS: Record<DynamoDbAction, AnyCommand> = {
+  GetItem: ddb.GetItemCommand,
+  UpdateItem: ddb.UpdateItemCommand,
+  Scan: ddb.ScanCommand,
+};
 const DOCUMENT_COMMANDS: Record<DocumentAction, AnyCommand> = { Get: doc.GetCommand, Update: doc.UpdateCommand, Scan: doc.ScanCommand };
 const SFN_COMMANDS: Record<StepFunctionsAction, AnyCommand> = {
   DescribeExecution: sfn.DescribeExecutionCommand,

@@ -1,5 +1,5 @@
 import { AttributeValue } from '@aws-sdk/client-dynamodb';
-import { dynamodb, errorName, Flow, stepFunctions } from './effects';
+import { clock, dynamodb, errorName, Flow, stepFunctions } from './effects';
 import {
   CONCURRENCY_LIMIT,
   FENCING_TOKEN,
@@ -19,13 +19,13 @@ import {
 /*
  * Serving a lock's queue from outside the state machines: the reconciler's sweep and the client after
  * it reclaimed expired leases. The workflows hand a permit to the oldest waiter whenever they give one
- * back; a permit freed any other way (an expired lease, a dead holder swept, an acquire undone after
+ * back; a permit freed any other way (an expired lease, a dead holder swept, an acquire claimed after
  * a server error) would sit free while waiters sleep until their check interval. This gives every
  * free permit to the head of the queue, as a release would, and tidies the queue on the way:
  *
  * - an entry of a waiter that already holds a permit (it found one by polling) is dropped;
- * - an entry of a waiter that is gone (`isGone`: its execution stopped) is dropped;
- * - a second entry of one waiter (which the enqueue's condition prevents) is dropped.
+ * - an entry of a waiter that is gone (`isGone`: its execution stopped, or a later run of it runs) is dropped;
+ * - a second entry of one run of a waiter (which the enqueue's condition prevents) is dropped.
  *
  * Every write is conditional on what was read (the entry at that index with that id, its token, the
  * count and fencing counter unchanged), so it is safe beside workflows that enqueue, release and hand off.
@@ -36,8 +36,11 @@ const TOKEN_GONE = ['TaskTimedOut', 'TaskDoesNotExist', 'InvalidToken'];
 
 export interface QueueServiceOptions {
   readonly tableName: string;
-  /** Whether a waiter's execution stopped (it can never be woken). @default - never asked: such entries are left to the releasers */
-  readonly isGone?: (executionArn: string) => Flow<boolean>;
+  /**
+   * Whether a waiter can never be woken: its execution stopped, or runs a later run than the one
+   * that queued. @default - never asked: such entries are left to the releasers
+   */
+  readonly isGone?: (executionArn: string, run: number) => Flow<boolean>;
   /** Told when a waiter was handed a permit but SendTaskSuccess failed for another reason than a closed token. @default - not told */
   readonly onWakeUpLost?: (executionArn: string, error: Error) => void;
 }
@@ -54,10 +57,11 @@ export interface QueueServiceResult {
 export function* serveQueue(options: QueueServiceOptions, lockName: string): Flow<QueueServiceResult> {
   const result: QueueServiceResult = { removed: 0, admitted: 0 };
   const gone = new Map<string, boolean>();
-  const isGone = function* (id: string): Flow<boolean> {
+  const isGone = function* (id: string, run: number): Flow<boolean> {
     if (!options.isGone) return false;
-    if (!gone.has(id)) gone.set(id, yield* options.isGone(id));
-    return gone.get(id)!;
+    const key = `${run}:${id}`;
+    if (!gone.has(key)) gone.set(key, yield* options.isGone(id, run));
+    return gone.get(key)!;
   };
   const update = (expression: string, condition: string, names: Record<string, string>, values: Record<string, AttributeValue>) =>
     conditionalUpdate(options, lockName, expression, condition, names, values);
@@ -69,7 +73,8 @@ export function* serveQueue(options: QueueServiceOptions, lockName: string): Flo
     ).Item;
     const waiters = (item?.[WAITERS]?.L ?? []).map((w) => {
       const id = w.M?.[WAITER_ID]?.S ?? '';
-      return { id, token: item?.[waitTokenAttribute(id)]?.S, entry: w.M ?? {} };
+      const run = w.M?.[HOLDER_REDRIVE_COUNT]?.N ?? '0';
+      return { id, run, token: item?.[waitTokenAttribute(id, run)]?.S, entry: w.M ?? {} };
     });
     if (!item || waiters.length === 0) break;
 
@@ -87,10 +92,11 @@ export function* serveQueue(options: QueueServiceOptions, lockName: string): Flo
     if (limits.length === 0 || permits >= Math.min(...limits)) break;
     const fence = Number(item[FENCING_TOKEN]?.N ?? '0') + 1;
     if (head.token === undefined) break; // tidy() leaves no entry without a token at the head
+    const now = yield* clock();
     const admitted = yield* update(
       'SET #permits = :permitsAfter, #fence = :fence, #head = :entry REMOVE #waiters[0], #token',
       `#permits = :permits AND ${item[FENCING_TOKEN] ? '#fence = :fenceBefore' : 'attribute_not_exists(#fence)'} AND #waiters[0].#id = :id AND #token = :token AND attribute_not_exists(#head)`,
-      { '#permits': PERMITS_IN_USE, '#fence': FENCING_TOKEN, '#head': head.id, '#waiters': WAITERS, '#id': WAITER_ID, '#token': waitTokenAttribute(head.id) },
+      { '#permits': PERMITS_IN_USE, '#fence': FENCING_TOKEN, '#head': head.id, '#waiters': WAITERS, '#id': WAITER_ID, '#token': waitTokenAttribute(head.id, head.run) },
       {
         ':permits': { N: String(permits) },
         ':permitsAfter': { N: String(permits + 1) },
@@ -100,8 +106,8 @@ export function* serveQueue(options: QueueServiceOptions, lockName: string): Flo
         ':token': { S: head.token },
         ':entry': {
           M: {
-            [HOLDER_ACQUIRED_AT]: { S: new Date().toISOString() },
-            [HOLDER_REDRIVE_COUNT]: { N: head.entry[HOLDER_REDRIVE_COUNT]?.N ?? '0' },
+            [HOLDER_ACQUIRED_AT]: { S: new Date(now).toISOString() },
+            [HOLDER_REDRIVE_COUNT]: { N: head.run },
             [HOLDER_LEASE_SECONDS]: { N: head.entry[HOLDER_LEASE_SECONDS]?.N ?? '0' },
             [HOLDER_FENCING_TOKEN]: { N: String(fence) },
           },
@@ -130,60 +136,31 @@ export function* serveQueue(options: QueueServiceOptions, lockName: string): Flo
   return result;
 }
 
-/**
- * Remove the queue entries an execution's runs before `run` wrote, with the token: the redrive
- * guard's, for an execution redriven before its body. Renewed in place by the new run, such an entry
- * would carry the old run's redrive count into the permit handed to it, which a late cleanup of the
- * old run would then free. The new run queues anew (at worst after its next `queueCheckInterval`, if
- * it had just renewed the entry). How many went.
- */
-export function* dropWaiter(options: QueueServiceOptions, lockName: string, executionArn: string, run: number): Flow<number> {
-  let removed = 0;
-  for (let round = 0; round < MAX_WAITERS; round++) {
-    const item: Record<string, AttributeValue> | undefined = (
-      yield* dynamodb('GetItem', { TableName: options.tableName, Key: { [LOCK_KEY]: { S: lockName } }, ConsistentRead: true })
-    ).Item;
-    const index = (item?.[WAITERS]?.L ?? []).findIndex((w) => w.M?.[WAITER_ID]?.S === executionArn && Number(w.M?.[HOLDER_REDRIVE_COUNT]?.N ?? '0') < run);
-    if (!item || index < 0) break;
-    const token = item[waitTokenAttribute(executionArn)]?.S;
-    const removedOne = yield* conditionalUpdate(
-      options,
-      lockName,
-      `REMOVE #waiters[${index}]${token === undefined ? '' : ', #token'}`,
-      `#waiters[${index}].#id = :id AND ${token === undefined ? 'attribute_not_exists(#token)' : '#token = :token'}`,
-      { '#waiters': WAITERS, '#id': WAITER_ID, '#token': waitTokenAttribute(executionArn) },
-      { ':id': { S: executionArn }, ...(token === undefined ? {} : { ':token': { S: token } }) },
-    );
-    if (removedOne) removed++;
-  }
-  return removed;
-}
-
 type Update = (expression: string, condition: string, names: Record<string, string>, values: Record<string, AttributeValue>) => Flow<boolean>;
 
 /** Make at most one change to the queue: 'changed', 'conflict' (the item changed meanwhile), or 'clean'. */
 function* tidy(
   item: Record<string, AttributeValue>,
-  waiters: Array<{ id: string; token?: string }>,
-  isGone: (id: string) => Flow<boolean>,
+  waiters: Array<{ id: string; run: string; token?: string }>,
+  isGone: (id: string, run: number) => Flow<boolean>,
   update: Update,
 ): Flow<'changed' | 'conflict' | 'clean'> {
   const seen = new Set<string>();
   for (let i = 0; i < waiters.length; i++) {
-    const { id, token } = waiters[i];
+    const { id, run, token } = waiters[i];
     const names = { '#waiters': WAITERS, '#id': WAITER_ID };
     const values = { ':id': { S: id } };
-    if (seen.has(id)) {
+    if (seen.has(`${run}:${id}`)) {
       // Its token belongs to its first entry: only this one goes.
       return outcome(yield* update(`REMOVE #waiters[${i}]`, `#waiters[${i}].#id = :id`, names, values));
     }
-    seen.add(id);
+    seen.add(`${run}:${id}`);
     const holds = item[id]?.M?.[HOLDER_ACQUIRED_AT] !== undefined;
-    if (holds || token === undefined || (yield* isGone(id))) {
+    if (holds || token === undefined || (yield* isGone(id, Number(run)))) {
       // The entry and its token go together, the token as read (a waiter that renewed it meanwhile stays).
       const tokenIs = token === undefined ? 'attribute_not_exists(#token)' : '#token = :token';
       return outcome(
-        yield* update(`REMOVE #waiters[${i}]${token === undefined ? '' : ', #token'}`, `#waiters[${i}].#id = :id AND ${tokenIs}`, { ...names, '#token': waitTokenAttribute(id) }, {
+        yield* update(`REMOVE #waiters[${i}]${token === undefined ? '' : ', #token'}`, `#waiters[${i}].#id = :id AND ${tokenIs}`, { ...names, '#token': waitTokenAttribute(id, run) }, {
           ...values,
           ...(token === undefined ? {} : { ':token': { S: token } }),
         }),

@@ -401,6 +401,8 @@ export function* releaseHolder(options: ClientProtocolOptions, lockName: string,
     }
     const head = peeked[NEXT_WAITER]?.M ?? {};
     const headId = head[WAITER_ID]?.S ?? '';
+    const headRun = head[HOLDER_REDRIVE_COUNT]?.N ?? '0';
+    const headOf = { id: headId, run: headRun };
     const handoffId = { [QUEUE_VALUES.handoffId]: { S: yield* uuid() } };
     const headValues = { [QUEUE_VALUES.headId]: { S: headId } };
     const now = yield* clock();
@@ -419,14 +421,14 @@ export function* releaseHolder(options: ClientProtocolOptions, lockName: string,
           [VALUES.entry]: {
             M: {
               [HOLDER_ACQUIRED_AT]: { S: new Date(now).toISOString() },
-              [HOLDER_REDRIVE_COUNT]: { N: head[HOLDER_REDRIVE_COUNT]?.N ?? '0' },
+              [HOLDER_REDRIVE_COUNT]: { N: headRun },
               [HOLDER_LEASE_SECONDS]: { N: head[HOLDER_LEASE_SECONDS]?.N ?? '0' },
               [HOLDER_HANDOFF_ID]: handoffId[QUEUE_VALUES.handoffId],
             },
           },
         },
         'UPDATED_OLD',
-        headId,
+        headOf,
       );
     } catch (e) {
       if (errorName(e) !== 'ValidationException') throw e;
@@ -434,7 +436,7 @@ export function* releaseHolder(options: ClientProtocolOptions, lockName: string,
     if (!handedOff) {
       // Served by someone else, or it holds a permit already (an entry from before): drop the head
       // if it can never be served, and look again.
-      yield* conditionalUpdate(table, lockName, holder, DROP_HEAD_UPDATE, DROP_HEAD_CONDITION, headValues, 'NONE', headId);
+      yield* conditionalUpdate(table, lockName, holder, DROP_HEAD_UPDATE, DROP_HEAD_CONDITION, headValues, 'NONE', headOf);
       peekFirst = true;
       continue;
     }
@@ -443,7 +445,7 @@ export function* releaseHolder(options: ClientProtocolOptions, lockName: string,
       // The hand-off drew the head's fencing token: the counter before it, plus one.
       const output = JSON.stringify({ fencingToken: Number(handedOff[FENCING_TOKEN]?.N) + 1 });
       // The head's token, which the hand-off removed with its entry.
-      yield* stepFunctions('SendTaskSuccess', { taskToken: handedOff[waitTokenAttribute(headId)]?.S, output });
+      yield* stepFunctions('SendTaskSuccess', { taskToken: handedOff[waitTokenAttribute(headId, headRun)]?.S, output });
       return true;
     } catch (e) {
       const name = errorName(e);
@@ -469,7 +471,7 @@ export function* releaseHolder(options: ClientProtocolOptions, lockName: string,
         },
       },
       'NONE',
-      headId,
+      headOf,
     );
   }
   return held;
@@ -506,7 +508,7 @@ function* conditionalUpdate(
   condition: string,
   values: Record<string, AttributeValue>,
   returnValues: 'NONE' | 'UPDATED_NEW' | 'UPDATED_OLD' = 'NONE',
-  head?: string,
+  head?: { readonly id: string; readonly run: string },
 ): Flow<Record<string, AttributeValue> | undefined> {
   const expressions = `${update} ${condition}`;
   try {
@@ -522,8 +524,10 @@ function* conditionalUpdate(
         ...(expressions.includes(NAMES.fence) ? { [NAMES.fence]: FENCING_TOKEN } : {}),
         ...(expressions.includes(QUEUE_NAMES.waiters) ? { [QUEUE_NAMES.waiters]: WAITERS } : {}),
         ...(expressions.includes(QUEUE_NAMES.next) ? { [QUEUE_NAMES.next]: NEXT_WAITER } : {}),
-        ...(head !== undefined && expressions.includes(QUEUE_NAMES.head) ? { [QUEUE_NAMES.head]: head } : {}),
-        ...(head !== undefined && expressions.includes(QUEUE_NAMES.headToken) ? { [QUEUE_NAMES.headToken]: waitTokenAttribute(head) } : {}),
+        ...(head !== undefined && expressions.includes(QUEUE_NAMES.head) ? { [QUEUE_NAMES.head]: head.id } : {}),
+        ...(head !== undefined && expressions.includes(QUEUE_NAMES.headToken)
+          ? { [QUEUE_NAMES.headToken]: waitTokenAttribute(head.id, head.run) }
+          : {}),
       },
       ExpressionAttributeValues: values,
       ReturnValues: returnValues,

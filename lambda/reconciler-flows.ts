@@ -1,11 +1,13 @@
 import { HistoryEvent } from '@aws-sdk/client-sfn';
 import { clock, document, errorName, Flow, stepFunctions } from '../client/effects';
-import { dropWaiter, serveQueue } from '../client/queue-service';
+import { serveQueue } from '../client/queue-service';
 import {
   ACQUIRE_CONDITION,
   ACQUIRE_UPDATE,
+  CLAIM_CONDITION,
   CONCURRENCY_LIMIT,
   FENCING_TOKEN,
+  GUARD_CLAIM_UPDATE,
   HOLDER_ACQUIRED_AT,
   HOLDER_LEASE_EXPIRES_AT,
   HOLDER_LEASE_SECONDS,
@@ -14,16 +16,14 @@ import {
   LOCK_KEY,
   NAMES,
   PERMITS_IN_USE,
-  RELEASE_CONDITION,
+  QUEUE_VALUES,
   RELEASE_EXPIRED_LEASE_CONDITION,
   RELEASE_SEEN_HOLDER_CONDITION,
-  RELEASE_TAKEN_BEFORE_CONDITION,
   RELEASE_UPDATE,
-  RENEW_UPDATE,
   VALUES,
   WAITERS,
 } from '../src/private/lock-schema';
-import { BEFORE_BODY_STATES, OUTSIDE_BODY_STATES } from '../src/private/state-names';
+import { OUTSIDE_BODY_STATES } from '../src/private/state-names';
 
 /*
  * What the reconciler does, as flows (client/effects.ts): the Lambda handler runs them against AWS,
@@ -46,7 +46,33 @@ export interface ReconcilerConfig {
   readonly concurrencyLimitPath?: string;
   /** The lease of a permit the redrive guard takes, seconds. */
   readonly leaseSeconds?: number;
+  /** The state machines whose redriven executions the sweep checks (see `guardRedriven`). @default - none */
+  readonly stateMachineArns?: string[];
+  /**
+   * The sweep leaves alone entries younger than this, milliseconds: DescribeExecution is eventually
+   * consistent, and an execution a moment old can read as not existing. @default GRACE_MS
+   */
+  readonly graceMs?: number;
+  /**
+   * How long after a redrive the guard keeps answering "cannot tell yet" (an error, so that Lambda
+   * invokes it again) before it stops the execution instead, milliseconds. @default GUARD_PATIENCE_MS
+   */
+  readonly guardPatienceMs?: number;
 }
+
+/**
+ * The sweep's grace period: DescribeExecution and GetExecutionHistory are eventually consistent ("may
+ * not reflect very recent updates"); AWS gives no bound, and reads lag by well under a second in
+ * practice. An entry, and an execution, older than this are read as they are.
+ */
+export const GRACE_MS = 60_000;
+
+/**
+ * How long the redrive guard retries a decision it cannot make on what it reads (Lambda invokes a
+ * failed asynchronous invocation again after about one and three minutes): past this, it stops the
+ * execution rather than let it run its body without a permit.
+ */
+export const GUARD_PATIENCE_MS = 150_000;
 
 /** The fields of a "Step Functions Execution Status Change" event the redrive guard reads. */
 export interface StatusChangeDetail {
@@ -63,13 +89,32 @@ export interface RedriveGuardResult {
   readonly resumedAt?: string;
   readonly action:
     | 'not ours'
+    | 'superseded'
     | 'no longer running'
     | 'outside the body'
-    | 'stale permit released'
     | 'permit taken again'
     | 'permit taken again, then given back'
     | 'still holds its permit'
-    | 'stopped';
+    | 'stopped'
+    | 'stopped, unverified';
+}
+
+/** What the redrive guard is invoked with: a status-change event of a redriven execution. */
+export interface RedriveEvent {
+  readonly detail: StatusChangeDetail;
+  /** When the event happened (ISO-8601): the guard's patience counts from it. */
+  readonly time?: string;
+}
+
+/**
+ * The redrive guard cannot decide on what it read (an eventually consistent description or history
+ * that does not show the redrive yet): the invocation fails, and Lambda invokes it again.
+ */
+export class RedriveUndecided extends Error {
+  constructor(message: string) {
+    super(message);
+    this.name = 'RedriveUndecided';
+  }
 }
 
 /** A permit the sweep released (or, in a dry run, would release). */
@@ -96,6 +141,8 @@ export interface ReconcilerResult {
   dryRun: boolean;
   /** Permits in use per lock, after the sweep. */
   permitsInUse: Record<string, number>;
+  /** What the guard did for redriven executions that still run (the redrive guard's event may have been lost). */
+  redriven: RedriveGuardResult[];
 }
 
 /** Statuses of an execution that will never give its permit back itself (a missing one counts too). */
@@ -106,11 +153,23 @@ export function isOurs(config: ReconcilerConfig, executionArn: string): boolean 
   return config.executionPrefixes.some((prefix) => executionArn.startsWith(prefix));
 }
 
+/** The two parts of a sweep (both, by default): the lock table's holders and queues, and the redriven executions. */
+export interface SweepParts {
+  readonly holders: boolean;
+  readonly redriven: boolean;
+}
+
 /**
  * One sweep of the lock table. `outOfTime` is asked before each lock and holder: the sweep stops early,
- * and says so, when it answers true.
+ * and says so, when it answers true. (The protocol checker runs its two parts as separate flows, which
+ * covers every interleaving of the whole.)
  */
-export function* sweep(config: ReconcilerConfig, dryRun: boolean, outOfTime: () => boolean = () => false): Flow<ReconcilerResult> {
+export function* sweep(
+  config: ReconcilerConfig,
+  dryRun: boolean,
+  outOfTime: () => boolean = () => false,
+  parts: SweepParts = { holders: true, redriven: true },
+): Flow<ReconcilerResult> {
   const result: ReconcilerResult = {
     locks: 0,
     holders: 0,
@@ -122,9 +181,11 @@ export function* sweep(config: ReconcilerConfig, dryRun: boolean, outOfTime: () 
     truncated: false,
     dryRun,
     permitsInUse: {},
+    redriven: [],
   };
   let startKey: Record<string, unknown> | undefined;
   scan: do {
+    if (!parts.holders) break;
     const page = yield* document('Scan', { TableName: config.tableName, ConsistentRead: true, ExclusiveStartKey: startKey });
     for (const item of (page.Items ?? []) as Array<Record<string, any>>) {
       if (outOfTime()) {
@@ -157,7 +218,7 @@ export function* sweep(config: ReconcilerConfig, dryRun: boolean, outOfTime: () 
       const waiters = item[WAITERS];
       if (!dryRun && Array.isArray(waiters) && waiters.length > 0 && !outOfTime()) {
         try {
-          const served = yield* serveQueue({ tableName: config.tableName, isGone: (arn) => isGone(config, arn) }, lockName);
+          const served = yield* serveQueue({ tableName: config.tableName, isGone: (arn, run) => isGone(config, arn, run) }, lockName);
           result.waitersRemoved += served.removed;
           result.waitersAdmitted += served.admitted;
         } catch (e) {
@@ -167,31 +228,71 @@ export function* sweep(config: ReconcilerConfig, dryRun: boolean, outOfTime: () 
     }
     startKey = page.LastEvaluatedKey;
   } while (startKey);
+  // The redrive guard's backstop, where the reconciler guards a lock.
+  if (parts.redriven && !dryRun && !result.truncated && (config.lockName !== undefined || config.lockNamePath !== undefined)) {
+    for (const stateMachineArn of config.stateMachineArns ?? []) {
+      try {
+        yield* guardRedriven(config, stateMachineArn, result, outOfTime);
+      } catch (e) {
+        result.errors.push({ lockName: '', holder: stateMachineArn, error: describeError(e) });
+      }
+    }
+  }
   return result;
+}
+
+/**
+ * The redrive guard acts on an event, which EventBridge delivers "best effort". Each sweep also guards
+ * every redriven execution of `stateMachineArn` that still runs: one in its body without a permit
+ * stamped with its run takes one, or is stopped. A run that resumed outside the body, or holds its
+ * permit, is left alone.
+ */
+function* guardRedriven(config: ReconcilerConfig, stateMachineArn: string, result: ReconcilerResult, outOfTime: () => boolean): Flow<void> {
+  let nextToken: string | undefined;
+  do {
+    const page = yield* stepFunctions('ListExecutions', { stateMachineArn, statusFilter: 'RUNNING', redriveFilter: 'REDRIVEN', nextToken });
+    for (const execution of (page.executions ?? []) as Array<{ executionArn: string; redriveCount?: number }>) {
+      if (outOfTime()) return;
+      try {
+        result.redriven.push(yield* guardRun(config, execution.executionArn, execution.redriveCount, undefined));
+      } catch (e) {
+        // Undecided now: the next sweep looks again.
+        if (!(e instanceof RedriveUndecided)) result.errors.push({ lockName: '', holder: execution.executionArn, error: describeError(e) });
+      }
+    }
+    nextToken = page.nextToken;
+  } while (nextToken);
 }
 
 function describeError(e: unknown): string {
   return e instanceof Error ? `${e.name}: ${e.message}` : String(e);
 }
 
-/** Whether a queued execution can never be woken: not ours to judge (false), or no longer running. */
-function* isGone(config: ReconcilerConfig, executionArn: string): Flow<boolean> {
+/**
+ * Whether the run of a queued execution can never be woken: it stopped, or a later run of it runs.
+ * Not ours to judge, or not found (a moment-old execution may not be visible yet): not gone.
+ */
+function* isGone(config: ReconcilerConfig, executionArn: string, run: number): Flow<boolean> {
   if (!isOurs(config, executionArn)) return false;
-  return RELEASABLE_STATUSES.includes(yield* executionStatus(executionArn));
+  const described = yield* describe(executionArn);
+  if (described.status === 'DOES_NOT_EXIST') return false;
+  return described.redriveCount > run || RELEASABLE_STATUSES.includes(described.status);
 }
 
-/** The execution's status, DOES_NOT_EXIST for one that does not exist. */
-function* executionStatus(executionArn: string): Flow<string> {
+/** What DescribeExecution says: status (DOES_NOT_EXIST for one it does not find), run, input. */
+function* describe(executionArn: string): Flow<{ status: string; redriveCount: number; input?: string }> {
   try {
-    return (yield* stepFunctions('DescribeExecution', { executionArn })).status ?? 'UNKNOWN';
+    const d = yield* stepFunctions('DescribeExecution', { executionArn });
+    return { status: d.status ?? 'UNKNOWN', redriveCount: d.redriveCount ?? 0, input: d.input };
   } catch (e) {
     if (errorName(e) !== 'ExecutionDoesNotExist') throw e;
-    return 'DOES_NOT_EXIST';
+    return { status: 'DOES_NOT_EXIST', redriveCount: 0 };
   }
 }
 
 interface HolderEntry {
   readonly [HOLDER_ACQUIRED_AT]: string;
+  readonly [HOLDER_REDRIVE_COUNT]?: number;
   readonly [HOLDER_LEASE_SECONDS]?: number;
   readonly [HOLDER_LEASE_EXPIRES_AT]?: number;
 }
@@ -200,7 +301,14 @@ function isHolderEntry(value: unknown): boolean {
   return typeof value === 'object' && value !== null && typeof (value as Record<string, unknown>)[HOLDER_ACQUIRED_AT] === 'string';
 }
 
-/** Decide about one holder; release it if it must go. Returns why it was released, or undefined. */
+/**
+ * Decide about one holder; release it if it must go. Returns why it was released, or undefined.
+ *
+ * What it reads may be stale, so it judges a run, and releases only an entry stamped by that run or an
+ * earlier one (and still the entry it read): an entry younger than the grace period is left alone
+ * (its execution may not be visible yet), and so is one stamped by a later run than the description
+ * knows (the description is older than the entry).
+ */
 function* reconcileHolder(
   config: ReconcilerConfig,
   lockName: string,
@@ -223,18 +331,32 @@ function* reconcileHolder(
     // Another state machine's execution: its own reconciler, with its own permissions, sweeps it.
     return undefined;
   }
-  const status = yield* executionStatus(holder);
-  if (!RELEASABLE_STATUSES.includes(status)) {
-    if (status !== 'RUNNING') return undefined; // PENDING_REDRIVE, or a status this code does not know: leave it
-  } else {
-    if (!dryRun && !(yield* release(config, lockName, holder, { acquiredAt: entry[HOLDER_ACQUIRED_AT] }))) return undefined;
-    return `execution ${status}`;
+  const acquiredAt = entry[HOLDER_ACQUIRED_AT];
+  // An entry this code cannot read the time of is never a reason to release anything.
+  if (!(now - Date.parse(acquiredAt) >= (config.graceMs ?? GRACE_MS))) return undefined;
+  const entryRun = entry[HOLDER_REDRIVE_COUNT] ?? 0;
+  const described = yield* describe(holder);
+  const { status, redriveCount } = described;
+  const releaseRun = function* (run: number, reason: string): Flow<string | undefined> {
+    if (!dryRun && !(yield* release(config, lockName, holder, { acquiredAt, run }))) return undefined;
+    return reason;
+  };
+  if (status === 'DOES_NOT_EXIST') {
+    // Older than the grace period, so its execution would be visible: it has gone (or never was).
+    return yield* releaseRun(entryRun, 'execution DOES_NOT_EXIST');
+  }
+  if (redriveCount < entryRun) return undefined; // a description from before the run that took the entry
+  if (RELEASABLE_STATUSES.includes(status)) return yield* releaseRun(redriveCount, `execution ${status}`);
+  if (status !== 'RUNNING') return undefined; // PENDING_REDRIVE, or a status this code does not know: leave it
+  if (entryRun < redriveCount) {
+    // Left by a run that has ended: the running one stamps every entry it takes into the body.
+    return yield* releaseRun(redriveCount - 1, `entry of run ${entryRun}; the execution runs run ${redriveCount}`);
   }
 
   const leaseSeconds = entry[HOLDER_LEASE_SECONDS];
   // 0 is no lease (an entry handed off from the queue always carries the field).
   if (leaseSeconds === undefined || !(leaseSeconds > 0)) return undefined;
-  const leaseEnd = Date.parse(entry[HOLDER_ACQUIRED_AT]) + leaseSeconds * 1000;
+  const leaseEnd = Date.parse(acquiredAt) + leaseSeconds * 1000;
   // An entry this code cannot read is never a reason to stop a running execution.
   if (!Number.isFinite(leaseEnd) || now <= leaseEnd) return undefined;
   if (dryRun) return `lease of ${leaseSeconds} s expired at ${new Date(leaseEnd).toISOString()}`;
@@ -242,79 +364,95 @@ function* reconcileHolder(
   yield* stepFunctions('StopExecution', {
     executionArn: holder,
     error: 'SemaphoreLeaseExpired',
-    cause: `Held a permit of lock '${lockName}' for more than its lease of ${leaseSeconds} s (since ${entry[HOLDER_ACQUIRED_AT]})`,
+    cause: `Held a permit of lock '${lockName}' for more than its lease of ${leaseSeconds} s (since ${acquiredAt})`,
   });
   result.stopped.push(holder);
-  if (!(yield* release(config, lockName, holder, { acquiredAt: entry[HOLDER_ACQUIRED_AT] }))) return undefined;
-  return `lease of ${leaseSeconds} s expired at ${new Date(leaseEnd).toISOString()}; execution stopped`;
+  return yield* releaseRun(redriveCount, `lease of ${leaseSeconds} s expired at ${new Date(leaseEnd).toISOString()}; execution stopped`);
 }
 
 /**
  * The cleanup's conditional release, further conditional on the entry the sweep read: its lease end
- * (a script may renew it) or its acquire time (a redriven execution takes a new entry under the same
- * name). False if the holder was gone or changed meanwhile: nothing to do.
+ * (a script may renew it), or its acquire time and a run no later than the one judged (a redriven
+ * execution takes a new entry under the same name, and every claim renews the time and the run).
+ * False if the holder was gone or changed meanwhile: nothing to do.
  */
 function* release(
   config: ReconcilerConfig,
   lockName: string,
   holder: string,
-  seen: { readonly leaseExpiresAt: number } | { readonly acquiredAt: string },
+  seen: { readonly leaseExpiresAt: number } | { readonly acquiredAt: string; readonly run: number },
 ): Flow<boolean> {
   const [condition, values] =
     'leaseExpiresAt' in seen
       ? [RELEASE_EXPIRED_LEASE_CONDITION, { [VALUES.expiresAt]: seen.leaseExpiresAt }]
-      : [RELEASE_SEEN_HOLDER_CONDITION, { [VALUES.acquiredAt]: seen.acquiredAt }];
+      : [RELEASE_SEEN_HOLDER_CONDITION, { [VALUES.acquiredAt]: seen.acquiredAt, [VALUES.redriveCount]: seen.run }];
   return yield* conditionalUpdate(config, lockName, holder, RELEASE_UPDATE, condition, { [VALUES.one]: 1, ...values });
 }
 
 /**
  * The redrive guard. `RedriveExecution` resumes an execution at the state where it stopped; stopped
  * inside the body, it resumes inside the body, and its permit was freed by the cleanup meanwhile. On
- * its RUNNING status-change event, if it still runs: take a permit for it again; if every permit is
- * taken, stop it (error `SemaphoreRedriveRejected`). Redriven before the body, it takes its own, and
- * an entry left from before the redrive is freed. Redriven after the body, it gives back its own.
+ * its RUNNING status-change event, if that run still runs inside the body: take a permit for it again
+ * (or claim the one it still holds, for its new run); if every permit is taken, stop it (error
+ * `SemaphoreRedriveRejected`). Redriven outside the body, the workflow takes or gives back its own.
+ *
+ * It decides only on what it can trust: a description or a history that does not show this run yet
+ * (both are eventually consistent) makes it fail (`RedriveUndecided`), so that Lambda invokes it again;
+ * past `guardPatienceMs` after the redrive it stops the execution instead (`SemaphoreRedriveUnverified`).
  */
-export function* guardRedrive(config: ReconcilerConfig, detail: StatusChangeDetail): Flow<RedriveGuardResult> {
-  const executionArn = detail.executionArn;
-  if (!isOurs(config, executionArn)) {
-    return { executionArn, action: 'not ours' };
+export function* guardRedrive(config: ReconcilerConfig, event: RedriveEvent): Flow<RedriveGuardResult> {
+  const { detail } = event;
+  if (!isOurs(config, detail.executionArn)) {
+    return { executionArn: detail.executionArn, action: 'not ours' };
   }
-  // The event may be late: act only on an execution that still runs.
-  const described = yield* stepFunctions('DescribeExecution', { executionArn });
-  if (described.status !== 'RUNNING') {
-    return { executionArn, action: 'no longer running' };
-  }
-  const resumed = yield* resumedState(executionArn);
-  const resumedAt = resumed?.state;
-  const input = JSON.parse(detail.input ?? described.input ?? '{}');
-  const lockName = String(fromConfigOrInput(config.lockName, config.lockNamePath, input));
-  const limit = Number(fromConfigOrInput(config.concurrencyLimit, config.concurrencyLimitPath, input));
-  if (resumed !== undefined && BEFORE_BODY_STATES.includes(resumed.state)) {
-    // It will take its own permit; an entry from before the redrive (an acquire that landed after its
-    // stop) would make that acquire fail on its own name, forever. Free it.
-    const freed = yield* conditionalUpdate(config, lockName, executionArn, RELEASE_UPDATE, RELEASE_TAKEN_BEFORE_CONDITION, {
-      [VALUES.one]: 1,
-      [VALUES.acquiredAt]: resumed.redrivenAt,
+  try {
+    return yield* guardRun(config, detail.executionArn, detail.redriveCount, detail.input ?? undefined);
+  } catch (e) {
+    if (!(e instanceof RedriveUndecided)) throw e;
+    const now = yield* clock();
+    const since = event.time === undefined ? NaN : Date.parse(event.time);
+    if (!(now - since >= (config.guardPatienceMs ?? GUARD_PATIENCE_MS))) throw e;
+    yield* stepFunctions('StopExecution', {
+      executionArn: detail.executionArn,
+      error: 'SemaphoreRedriveUnverified',
+      cause: `Redriven ${Math.round((now - since) / 1000)} s ago, and whether it runs its protected body without a permit still cannot be told: ${e.message}`,
     });
-    // A queue entry of the run before would be renewed in place by this run, and carry that run's
-    // count into the permit handed to it, where a late cleanup of that run could free it. It queues anew.
-    const run = described.redriveCount ?? detail.redriveCount ?? 1;
-    yield* dropWaiter({ tableName: config.tableName }, lockName, executionArn, run);
-    return { executionArn, resumedAt, action: freed ? 'stale permit released' : 'outside the body' };
+    return { executionArn: detail.executionArn, action: 'stopped, unverified' };
   }
-  if (resumedAt === undefined || OUTSIDE_BODY_STATES.includes(resumedAt)) {
+}
+
+/** Guard run `run` of an execution (its latest, if not given). Throws RedriveUndecided on reads it cannot trust. */
+function* guardRun(
+  config: ReconcilerConfig,
+  executionArn: string,
+  run: number | undefined,
+  eventInput: string | undefined,
+): Flow<RedriveGuardResult> {
+  const described = yield* describe(executionArn);
+  if (described.status === 'DOES_NOT_EXIST') throw new RedriveUndecided('DescribeExecution does not find the execution yet');
+  const redriveCount = run ?? described.redriveCount;
+  if (described.redriveCount > redriveCount) return { executionArn, action: 'superseded' }; // a later redrive's event guards it
+  if (described.redriveCount < redriveCount) throw new RedriveUndecided(`DescribeExecution still shows run ${described.redriveCount}, not ${redriveCount}`);
+  if (described.status !== 'RUNNING') return { executionArn, action: 'no longer running' };
+  const states = yield* redriveHistory(executionArn, redriveCount);
+  if (states.superseded) return { executionArn, action: 'superseded' };
+  const resumedAt = states.resumedAt;
+  if (!insideBody(resumedAt) || !insideBody(states.current)) {
+    // Resumed outside the body (the workflow takes or gives back its own permit), or left it since.
     return { executionArn, resumedAt, action: 'outside the body' };
   }
+  const input = JSON.parse(eventInput ?? described.input ?? '{}');
+  const lockName = String(fromConfigOrInput(config.lockName, config.lockNamePath, input));
+  const limit = Number(fromConfigOrInput(config.concurrencyLimit, config.concurrencyLimitPath, input));
   const leaseSeconds = config.leaseSeconds;
-  // The run the entry belongs to, so that a late cleanup of the run before the redrive leaves it.
-  const redriveCount = described.redriveCount ?? detail.redriveCount ?? 1;
-  // Take a permit again; if it still holds one (its cleanup never ran), renew the entry instead, so
-  // that a sweep that judged the old entry dead leaves it alone. A release between the two tries
-  // makes the acquire worth another go.
+  // Take a permit for this run; if it holds one (its cleanup never ran, or a sweep or the event came
+  // first), claim it for this run, so that nothing that judged the run before frees it. A release
+  // between the tries makes the acquire worth another go.
   for (let attempt = 0; attempt < 3; attempt++) {
     const now = new Date(yield* clock()).toISOString();
-    if (
-      yield* conditionalUpdate(config, lockName, executionArn, ACQUIRE_UPDATE, ACQUIRE_CONDITION, {
+    let taken: boolean;
+    try {
+      taken = yield* conditionalUpdate(config, lockName, executionArn, ACQUIRE_UPDATE, ACQUIRE_CONDITION, {
         [VALUES.zero]: 0,
         [VALUES.one]: 1,
         [VALUES.limit]: limit,
@@ -323,19 +461,30 @@ export function* guardRedrive(config: ReconcilerConfig, detail: StatusChangeDeta
           [HOLDER_REDRIVE_COUNT]: redriveCount,
           ...(leaseSeconds === undefined ? {} : { [HOLDER_LEASE_SECONDS]: leaseSeconds }),
         },
-      })
-    ) {
+      });
+    } catch (e) {
+      // Its own entry (see ACQUIRE_CONDITION): claim it for this run.
+      if (errorName(e) !== 'ValidationException') throw e;
+      const claim = {
+        [VALUES.zero]: 0,
+        [VALUES.one]: 1,
+        [QUEUE_VALUES.claimed]: true,
+        [VALUES.acquiredAt]: now,
+        [VALUES.redriveCount]: redriveCount,
+      };
+      if (yield* conditionalUpdate(config, lockName, executionArn, GUARD_CLAIM_UPDATE, CLAIM_CONDITION, claim)) {
+        return { executionArn, resumedAt, action: 'still holds its permit' };
+      }
+      continue;
+    }
+    if (taken) {
       // Finished meanwhile (the event was late, the body short): give it back rather than leak it.
-      const after = yield* stepFunctions('DescribeExecution', { executionArn });
-      if (after.status !== 'RUNNING') {
-        yield* release(config, lockName, executionArn, { acquiredAt: now });
+      const after = yield* describe(executionArn);
+      if (after.status !== 'RUNNING' && after.redriveCount === redriveCount) {
+        yield* release(config, lockName, executionArn, { acquiredAt: now, run: redriveCount });
         return { executionArn, resumedAt, action: 'permit taken again, then given back' };
       }
       return { executionArn, resumedAt, action: 'permit taken again' };
-    }
-    const renewal = { [VALUES.acquiredAt]: now, [VALUES.redriveCount]: redriveCount };
-    if (yield* conditionalUpdate(config, lockName, executionArn, RENEW_UPDATE, RELEASE_CONDITION, renewal)) {
-      return { executionArn, resumedAt, action: 'still holds its permit' };
     }
   }
   yield* stepFunctions('StopExecution', {
@@ -344,6 +493,39 @@ export function* guardRedrive(config: ReconcilerConfig, detail: StatusChangeDeta
     cause: `Redriven at '${resumedAt}', inside the protected body, while every permit of lock '${lockName}' was taken`,
   });
   return { executionArn, resumedAt, action: 'stopped' };
+}
+
+function insideBody(state: string | undefined): boolean {
+  return state !== undefined && !OUTSIDE_BODY_STATES.includes(state);
+}
+
+/**
+ * From the history (newest first): the state the execution is in now, and the one its redrive
+ * `run` resumed at (the last state entered before that ExecutionRedriven event). Throws
+ * RedriveUndecided when the history does not show that redrive yet.
+ */
+function* redriveHistory(executionArn: string, run: number): Flow<{ current?: string; resumedAt?: string; superseded?: boolean }> {
+  let current: string | undefined;
+  let redriven = false;
+  let nextToken: string | undefined;
+  do {
+    const page = yield* stepFunctions('GetExecutionHistory', { executionArn, reverseOrder: true, maxResults: 100, nextToken, includeExecutionData: false });
+    for (const event of (page.events ?? []) as HistoryEvent[]) {
+      const entered = event.stateEnteredEventDetails?.name;
+      if (event.type === 'ExecutionRedriven' && !redriven) {
+        const count = event.executionRedrivenEventDetails?.redriveCount;
+        if (count !== undefined && count < run) throw new RedriveUndecided(`the history shows redrive ${count} as the latest, not ${run}`);
+        if (count !== undefined && count > run) return { superseded: true };
+        redriven = true;
+      } else if (entered !== undefined) {
+        if (!redriven) current ??= entered;
+        else return { current: current ?? entered, resumedAt: entered };
+      }
+    }
+    nextToken = page.nextToken;
+  } while (nextToken);
+  if (!redriven) throw new RedriveUndecided(`the history does not show redrive ${run} yet`);
+  return { current };
 }
 
 /** One conditional write on a holder of a lock; false if its condition failed. */
@@ -374,24 +556,6 @@ function* conditionalUpdate(
     if (errorName(e) === 'ConditionalCheckFailedException') return false;
     throw e;
   }
-}
-
-/** The last state the execution entered before its latest redrive (where it resumed), and when that redrive was. */
-function* resumedState(executionArn: string): Flow<{ state: string; redrivenAt: string } | undefined> {
-  let redrivenAt: string | undefined;
-  let nextToken: string | undefined;
-  do {
-    const page = yield* stepFunctions('GetExecutionHistory', { executionArn, reverseOrder: true, maxResults: 100, nextToken, includeExecutionData: false });
-    for (const event of (page.events ?? []) as HistoryEvent[]) {
-      if (event.type === 'ExecutionRedriven' && redrivenAt === undefined) {
-        redrivenAt = new Date(event.timestamp ?? 0).toISOString();
-      } else if (redrivenAt !== undefined && event.stateEnteredEventDetails?.name) {
-        return { state: event.stateEnteredEventDetails.name, redrivenAt };
-      }
-    }
-    nextToken = page.nextToken;
-  } while (nextToken);
-  return undefined;
 }
 
 /** A fixed value, or read from the input at a path (`$.a.b`). */

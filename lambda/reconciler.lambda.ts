@@ -1,8 +1,8 @@
 import { DynamoDBClient } from '@aws-sdk/client-dynamodb';
 import { SFNClient } from '@aws-sdk/client-sfn';
 import { DynamoDBDocumentClient } from '@aws-sdk/lib-dynamodb';
-import { runFlow } from '../client/effects';
 import { guardRedrive, ReconcilerConfig, ReconcilerResult, RedriveGuardResult, StatusChangeDetail, sweep } from './reconciler-flows';
+import { runFlow } from '../client/effects';
 
 export type { ReconcilerResult, RedriveGuardResult, StatusChangeDetail, Reclaimed } from './reconciler-flows';
 
@@ -37,6 +37,7 @@ export interface ReconcilerEvent {
   readonly 'dryRun'?: boolean;
   readonly 'detail-type'?: string;
   readonly 'detail'?: StatusChangeDetail;
+  readonly 'time'?: string;
 }
 
 interface Context {
@@ -59,7 +60,7 @@ const clients = {
 export async function handler(event: ReconcilerEvent = {}, context?: Context): Promise<ReconcilerResult | RedriveGuardResult> {
   const config = configFromEnvironment();
   if (event['detail-type'] === 'Step Functions Execution Status Change' && event.detail) {
-    return runFlow(guardRedrive(config, event.detail), clients);
+    return runFlow(guardRedrive(config, { detail: event.detail, time: event.time }), clients);
   }
   const outOfTime = () => context !== undefined && context.getRemainingTimeInMillis() < TIME_MARGIN_MS;
   const dryRun = event.dryRun === true;
@@ -71,12 +72,11 @@ export async function handler(event: ReconcilerEvent = {}, context?: Context): P
 
 function configFromEnvironment(): ReconcilerConfig {
   const number = (name: string) => (process.env[name] === undefined ? undefined : Number(process.env[name]));
+  const stateMachineArns = (process.env.STATE_MACHINE_ARNS ?? '').split(',').filter((arn) => arn !== '');
   return {
     tableName: requiredEnv('TABLE_NAME'),
-    executionPrefixes: (process.env.STATE_MACHINE_ARNS ?? '')
-      .split(',')
-      .filter((arn) => arn !== '')
-      .map((arn) => `${arn.replace(':stateMachine:', ':execution:')}:`),
+    executionPrefixes: stateMachineArns.map((arn) => `${arn.replace(':stateMachine:', ':execution:')}:`),
+    stateMachineArns,
     clockSkewMs: Number(process.env.CLOCK_SKEW_SECONDS ?? '30') * 1000,
     lockName: process.env.LOCK_NAME,
     lockNamePath: process.env.LOCK_NAME_PATH,

@@ -66,14 +66,17 @@ export interface ScenarioOptions {
   /** Called about every 250 ms of real time. */
   readonly onProgress?: (progress: Progress) => void;
   /**
-   * After the last execution stops, fire every scheduled rule once (the subject's reconciler, if it
-   * has one), as its schedule would within one period, before the permits left are counted.
+   * A minute after the last execution stops, fire every scheduled rule once (the subject's reconciler,
+   * if it has one), as its schedule would within one period, before the permits left are counted.
    * @default true
    */
   readonly sweepAfterRun?: boolean;
   /** Called at the end of the run, before executions still running are stopped as stuck: to look at them. */
   readonly atHorizon?: (sim: Simulator, running: Execution[]) => Promise<void>;
 }
+
+/** How long after the last stop the scheduled rules fire (sweepAfterRun): the reconciler's grace period, and a second. */
+const SWEEP_AFTER_RUN_DELAY_SECONDS = 61;
 
 export interface Progress {
   readonly simulatedSeconds: number;
@@ -222,6 +225,9 @@ export async function runScenario(subject: Subject, options: ScenarioOptions): P
     clearInterval(progress);
     const reclaimedDuringRun = emittedMetricSum(sim, 'PermitsReclaimed');
     if (options.sweepAfterRun ?? true) {
+      // A schedule fires within one period of the last stop; at least the sweep's grace period passes
+      // first, or it would leave the entries of the last executions alone (lambda/reconciler-flows.ts).
+      await sim.sleep(SWEEP_AFTER_RUN_DELAY_SECONDS);
       await sim.fireScheduledRules();
       await sim.idle();
     }

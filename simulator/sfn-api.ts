@@ -12,7 +12,7 @@ export interface StepFunctionsBackend {
   describeExecution(executionArn: string): Record<string, unknown>;
   stopExecution(executionArn: string, error?: string, cause?: string): Record<string, unknown>;
   startExecution(stateMachineArn: string, input?: string, name?: string): Record<string, unknown>;
-  listExecutions(stateMachineArn: string, statusFilter?: string): Array<Record<string, unknown>>;
+  listExecutions(stateMachineArn: string, statusFilter?: string, redriveFilter?: string): Array<Record<string, unknown>>;
   sendTaskSuccess(taskToken: string, output: string): void;
   sendTaskFailure(taskToken: string, error?: string, cause?: string): void;
   sendTaskHeartbeat(taskToken: string): void;
@@ -83,7 +83,7 @@ export class StepFunctionsApi {
         return this.backend.startExecution(input.stateMachineArn, input.input, input.name);
       case 'ListExecutions': {
         // Pages of at most maxResults (default 100), continued with an index token.
-        const all = this.backend.listExecutions(input.stateMachineArn, input.statusFilter);
+        const all = this.backend.listExecutions(input.stateMachineArn, input.statusFilter, input.redriveFilter);
         const start = Number(input.nextToken ?? 0);
         const size = input.maxResults || 100;
         const page = all.slice(start, start + size);

@@ -189,6 +189,8 @@ export class Simulator {
   public lostEvents = 0;
   /** Lambda invocations, by logical ID. */
   public readonly lambdaInvocations = new Map<string, number>();
+  /** Asynchronous invocations (from rules) that failed every attempt: what a dead-letter queue would receive. */
+  public readonly asyncFailures: Array<{ functionLogicalId: string; event: unknown; error: string }> = [];
   /** What each function's code logged, by logical ID (its log group). */
   public readonly lambdaLogs = new Map<string, string[]>();
   public eventFaults: EventFaults;
@@ -464,19 +466,29 @@ export class Simulator {
   public getExecutionHistory(executionArn: string, reverseOrder: boolean): Array<Record<string, unknown>> {
     const e = this.executions.get(executionArn);
     if (!e) throw new ApiError('ExecutionDoesNotExist', `Execution Does Not Exist: '${executionArn}'`);
+    let redrives = 0;
     const events = e.history.map((h, i) => ({
       id: i + 1,
       timestamp: h.timestamp / 1000,
       type: h.type,
       ...(h.name !== undefined ? { stateEnteredEventDetails: { name: h.name } } : {}),
+      ...(h.type === 'ExecutionRedriven' ? { executionRedrivenEventDetails: { redriveCount: ++redrives } } : {}),
     }));
     return reverseOrder ? events.reverse() : events;
   }
 
-  public listExecutions(stateMachineArn: string, statusFilter?: string): Array<Record<string, unknown>> {
+  public listExecutions(stateMachineArn: string, statusFilter?: string, redriveFilter?: string): Array<Record<string, unknown>> {
     return [...this.executions.values()]
       .filter((e) => e.stateMachine.arn === stateMachineArn && (!statusFilter || e.status === statusFilter))
-      .map((e) => ({ executionArn: e.arn, stateMachineArn, name: e.name, status: e.status, startDate: e.startDate / 1000 }));
+      .filter((e) => !redriveFilter || (redriveFilter === 'REDRIVEN') === e.redriveCount > 0)
+      .map((e) => ({
+        executionArn: e.arn,
+        stateMachineArn,
+        name: e.name,
+        status: e.status,
+        startDate: e.startDate / 1000,
+        redriveCount: e.redriveCount,
+      }));
   }
 
   /** `SendTaskSuccess`: the task waiting on `taskToken` ends with `output` (JSON text). */
@@ -510,7 +522,7 @@ export class Simulator {
       describeExecution: (arn) => this.describeExecution(arn),
       stopExecution: (arn, error, cause) => this.stopExecution(arn, error, cause),
       startExecution: (arn, input, name) => this.startExecutionApi(arn, input, name),
-      listExecutions: (arn, status) => this.listExecutions(arn, status),
+      listExecutions: (arn, status, redrive) => this.listExecutions(arn, status, redrive),
       sendTaskSuccess: (token, output) => this.sendTaskSuccess(token, output),
       sendTaskFailure: (token, error, cause) => this.sendTaskFailure(token, error, cause),
       sendTaskHeartbeat: (token) => this.sendTaskHeartbeat(token),
@@ -594,8 +606,7 @@ export class Simulator {
     }
     const fn = [...this.resources.values()].find((r) => r.type === 'AWS::Lambda::Function' && r.attributes.Arn === target.Arn);
     if (fn) {
-      // An asynchronous invocation: its failure is the function's own business (and its logs').
-      await this.invokeLambda(fn, input).catch(() => undefined);
+      await this.invokeAsync(fn, input);
       return;
     }
     throw new Error(`the simulator cannot deliver to rule target ${target.Arn}`);
@@ -829,6 +840,34 @@ export class Simulator {
       // As Step Functions reports an unhandled function error: the function's error type, and its
       // error object as the cause.
       throw new TaskError(err.name || 'Error', JSON.stringify({ errorType: err.name, errorMessage: err.message, trace: [] }));
+    }
+  }
+
+  /**
+   * An asynchronous invocation (how EventBridge invokes a function): Lambda invokes a function that
+   * failed again, twice by default (its EventInvokeConfig's MaximumRetryAttempts), about one and then
+   * two minutes later; an event that fails every attempt goes to the function's dead-letter queue or
+   * on-failure destination (here: `asyncFailures`), or is dropped.
+   * https://docs.aws.amazon.com/lambda/latest/dg/invocation-async-error-handling.html
+   */
+  private async invokeAsync(fn: PhysicalResource, event: unknown): Promise<void> {
+    const config = Object.values(this.template.Resources).find((r) => {
+      if (r.Type !== 'AWS::Lambda::EventInvokeConfig') return false;
+      const name = resolve(r.Properties?.FunctionName, this.resources, this.stackName);
+      return name === fn.ref || name === fn.attributes.Arn;
+    });
+    const retries = Number(config?.Properties?.MaximumRetryAttempts ?? 2);
+    for (let attempt = 0; ; attempt++) {
+      try {
+        await this.invokeLambda(fn, event);
+        return;
+      } catch (e) {
+        if (attempt >= retries) {
+          this.asyncFailures.push({ functionLogicalId: fn.logicalId, event, error: (e as Error).name });
+          return;
+        }
+        await this.sleep(60 * (attempt + 1));
+      }
     }
   }
 

@@ -9,7 +9,7 @@ import { Construct } from 'constructs';
 import { CleanFromIncomplete } from './clean-from-incomplete';
 import { IdempotencyOptions } from './idempotency-options';
 import { IIdempotencyTable } from './idempotency-table';
-import { CONDITIONAL_CHECK_FAILED, SERVER_ERRORS, THROTTLING_ERRORS, transientRetry } from './private/dynamodb-errors';
+import { CONDITIONAL_CHECK_FAILED, SERVER_ERRORS, THROTTLING_ERRORS, transientRetry, VALIDATION_ERROR } from './private/dynamodb-errors';
 import { defaultStateMachineName, renderIdempotency } from './private/idempotency-config';
 import {
   ERROR_PATH as IDEMPOTENT_ERROR_PATH,
@@ -18,7 +18,7 @@ import {
   OUTPUT_PATH as IDEMPOTENT_OUTPUT_PATH,
 } from './private/idempotency-states';
 import { MAX_LOCK_NAME_LENGTH } from './private/lock-schema';
-import { acquireTask, LockTaskProps, releaseTask } from './private/lock-tasks';
+import { acquireTask, LockTaskProps } from './private/lock-tasks';
 import {
   ENQUEUE_REFUSED,
   ENQUEUE_UNCERTAIN,
@@ -619,7 +619,6 @@ export class ConcurrencyControlledWorkflow extends Construct {
         : tasks.DynamoAttributeValue.numberFromString(
           sfn.JsonPath.format('{}', sfn.JsonPath.stringAt(pathFromExecutionInput(spec.limit.inputPath))),
         );
-    const idempotentWriteRetry = transientRetry([...THROTTLING_ERRORS, ...SERVER_ERRORS]);
     // With idempotency, the state data is the key function's result: the input at `$.payload`, which
     // the body's output replaces, an error at `$.error`; the record is completed after the release.
     const idem = spec.idempotency;
@@ -680,17 +679,20 @@ export class ConcurrencyControlledWorkflow extends Construct {
       waitForPermit = polling;
     }
 
-    // A server error leaves it open whether the write landed. Retrying would then fail on our own
-    // holder entry and wait forever, so give back whatever we may hold and wait for a permit instead.
-    const undoAcquire = releaseTask(this, STATE.undoAcquire, lockTask)
-      .addRetry(idempotentWriteRetry)
+    // The acquire found this execution's own entry (see ACQUIRE_CONDITION): a permit it holds already,
+    // taken by a write of its stopped run that landed late, or by a write whose response was lost.
+    // It claims that permit for its current run; if it was freed meanwhile, it waits for one.
+    const claimOwn = fencingTokenTask(this, STATE.claimOwnPermit, { table: this.table, lockName, permitPath })
       .addCatch(waitForPermit, { errors: [CONDITIONAL_CHECK_FAILED], resultPath: sfn.JsonPath.DISCARD })
-      .next(waitForPermit);
+      .addCatch(releaseAfterFailure, { errors: [sfn.Errors.ALL], resultPath: errorPath })
+      .next(runBody);
 
+    // A server error leaves it open whether the write landed: try again. If it did land, the retry
+    // finds the execution's own entry, and the execution claims it.
     const acquire = acquireTask(this, STATE.acquire, { ...lockTask, limit, leaseSeconds: spec.leaseSeconds, permitPath })
-      .addRetry(transientRetry(THROTTLING_ERRORS))
+      .addRetry(transientRetry([...THROTTLING_ERRORS, ...SERVER_ERRORS]))
       .addCatch(waitForPermit, { errors: [CONDITIONAL_CHECK_FAILED], resultPath: sfn.JsonPath.DISCARD })
-      .addCatch(undoAcquire, { errors: SERVER_ERRORS, resultPath: sfn.JsonPath.DISCARD })
+      .addCatch(claimOwn, { errors: [VALIDATION_ERROR], resultPath: sfn.JsonPath.DISCARD })
       .next(runBody);
     const start = (head: sfn.IChainable) => (idem ? idem.start(head) : head);
     if (spec.limit.inputPath === undefined) {
@@ -768,16 +770,19 @@ export class ConcurrencyControlledWorkflow extends Construct {
     const waitInQueue = waitInQueueTask(this, waiter);
     const waitAgain = renewWaitTask(this, waiter);
     const nextWait = new sfn.Wait(this, STATE.nextWait, { time: sfn.WaitTime.duration(spec.pollInterval) }).next(waitInQueue);
-    const undoPoll = releaseTask(this, STATE.undoPoll, lockTask)
+    const checkProps = { table: this.table, lockName: lockTask.lockName, permitPath: ownPermitPath };
+    // Found the execution's own entry (handed to it meanwhile, or taken by a write of an earlier run):
+    // claim it; if it went meanwhile, queue anew after a pause.
+    const checkAgain = fencingTokenTask(this, STATE.checkHandedOffAgain, checkProps)
+      .addCatch(nextWait, { errors: [CONDITIONAL_CHECK_FAILED], resultPath: sfn.JsonPath.DISCARD });
+    onError(checkAgain).next(acquired);
+    // Server errors are retried: a write that landed makes the retry find the execution's own entry.
+    const poll = acquireTask(this, STATE.poll, { ...lockTask, limit, leaseSeconds: spec.leaseSeconds, permitPath: ownPermitPath, asWaiter: true })
       .addRetry(transientRetry([...THROTTLING_ERRORS, ...SERVER_ERRORS]))
       .addCatch(waitAgain, { errors: [CONDITIONAL_CHECK_FAILED], resultPath: sfn.JsonPath.DISCARD })
-      .next(waitAgain);
-    const poll = acquireTask(this, STATE.poll, { ...lockTask, limit, leaseSeconds: spec.leaseSeconds, permitPath: ownPermitPath, asWaiter: true })
-      .addRetry(transientRetry(THROTTLING_ERRORS))
-      .addCatch(waitAgain, { errors: [CONDITIONAL_CHECK_FAILED], resultPath: sfn.JsonPath.DISCARD })
-      .addCatch(undoPoll, { errors: SERVER_ERRORS, resultPath: sfn.JsonPath.DISCARD });
+      .addCatch(checkAgain, { errors: [VALIDATION_ERROR], resultPath: sfn.JsonPath.DISCARD });
     onError(poll).next(acquired);
-    const check = fencingTokenTask(this, STATE.checkHandedOff, { table: this.table, lockName: lockTask.lockName, permitPath: ownPermitPath })
+    const check = fencingTokenTask(this, STATE.checkHandedOff, checkProps)
       .addCatch(poll, { errors: [CONDITIONAL_CHECK_FAILED], resultPath: sfn.JsonPath.DISCARD });
     onError(check).next(acquired);
     // Timed out (no wake-up within the check interval): sleep again in place, a write whose condition
@@ -791,10 +796,6 @@ export class ConcurrencyControlledWorkflow extends Construct {
     // served and taken back), or a permit is free. Check for a handed-off permit, then queue anew after
     // a pause that keeps a full queue from becoming a busy loop (the enqueue takes a free permit's
     // refusal to the poll).
-    const checkProps = { table: this.table, lockName: lockTask.lockName, permitPath: ownPermitPath };
-    const checkAgain = fencingTokenTask(this, STATE.checkHandedOffAgain, checkProps)
-      .addCatch(nextWait, { errors: [CONDITIONAL_CHECK_FAILED], resultPath: sfn.JsonPath.DISCARD });
-    onError(checkAgain).next(acquired);
     waitAgain.addCatch(waitAgain, { errors: WAIT_TIMED_OUT, resultPath: sfn.JsonPath.DISCARD });
     waitAgain.addCatch(checkAgain, { errors: ENQUEUE_REFUSED, resultPath: sfn.JsonPath.DISCARD });
     waitAgain.addCatch(check, { errors: ENQUEUE_UNCERTAIN, resultPath: sfn.JsonPath.DISCARD });
@@ -833,14 +834,15 @@ export class ConcurrencyControlledWorkflow extends Construct {
     const waitForPermit = new sfn.Parallel(this, STATE.waitForPermit, { resultPath: sfn.JsonPath.DISCARD });
 
     const nextWait = new sfn.Wait(this, STATE.nextWait, { time: sfn.WaitTime.duration(spec.pollInterval) });
-    const undoPoll = releaseTask(this, STATE.undoPoll, lockTask)
+    // A poll refused on the execution's own entry (a permit its stopped run took, or a write whose
+    // response was lost) claims it, rather than poll beside it until the execution times out.
+    const claimOwn = fencingTokenTask(this, STATE.claimOwnPermitWhilePolling, { table: this.table, lockName: lockTask.lockName })
+      .addCatch(nextWait, { errors: [CONDITIONAL_CHECK_FAILED], resultPath: sfn.JsonPath.DISCARD });
+    // Server errors are retried: a write that landed makes the retry find the execution's own entry.
+    const poll = acquireTask(this, STATE.poll, { ...lockTask, limit, leaseSeconds: spec.leaseSeconds })
       .addRetry(transientRetry([...THROTTLING_ERRORS, ...SERVER_ERRORS]))
       .addCatch(nextWait, { errors: [CONDITIONAL_CHECK_FAILED], resultPath: sfn.JsonPath.DISCARD })
-      .next(nextWait);
-    const poll = acquireTask(this, STATE.poll, { ...lockTask, limit, leaseSeconds: spec.leaseSeconds })
-      .addRetry(transientRetry(THROTTLING_ERRORS))
-      .addCatch(nextWait, { errors: [CONDITIONAL_CHECK_FAILED], resultPath: sfn.JsonPath.DISCARD })
-      .addCatch(undoPoll, { errors: SERVER_ERRORS, resultPath: sfn.JsonPath.DISCARD });
+      .addCatch(claimOwn, { errors: [VALIDATION_ERROR], resultPath: sfn.JsonPath.DISCARD });
     nextWait.next(poll);
 
     // Full jitter on the first wait spreads executions that started together over the interval.
@@ -856,12 +858,12 @@ export class ConcurrencyControlledWorkflow extends Construct {
       return waitForPermit.branch(polling);
     }
 
-    poll.next(
-      new sfn.Fail(this, STATE.permitAcquired, {
-        error: PERMIT_ACQUIRED,
-        cause: 'Not an error: ends the Parallel early so that the body can start',
-      }),
-    );
+    const acquired = new sfn.Fail(this, STATE.permitAcquired, {
+      error: PERMIT_ACQUIRED,
+      cause: 'Not an error: ends the Parallel early so that the body can start',
+    });
+    poll.next(acquired);
+    claimOwn.next(acquired);
     const timer = new sfn.Wait(this, STATE.acquireTimer, { time: sfn.WaitTime.duration(spec.acquireTimeout) }).next(
       new sfn.Fail(this, STATE.acquireTimedOut, {
         error: ConcurrencyControlledWorkflow.ACQUIRE_TIMEOUT_ERROR,

@@ -4,6 +4,7 @@ import * as events from 'aws-cdk-lib/aws-events';
 import * as targets from 'aws-cdk-lib/aws-events-targets';
 import * as iam from 'aws-cdk-lib/aws-iam';
 import * as lambda from 'aws-cdk-lib/aws-lambda';
+import * as sqs from 'aws-cdk-lib/aws-sqs';
 import * as sfn from 'aws-cdk-lib/aws-stepfunctions';
 import { Construct } from 'constructs';
 import { executionArnPattern } from './private/arns';
@@ -83,6 +84,16 @@ export interface SemaphoreReconcilerProps {
    * @default 'CdkSfnSemaphore'
    */
   readonly metricsNamespace?: string;
+
+  /**
+   * Queue that receives what the reconciler could not process: redrive events EventBridge could not
+   * deliver to it, and invocations that failed every attempt (Lambda tries a failed asynchronous
+   * invocation three times). A message there is a redriven execution the guard could not check (the
+   * next sweep checks it again) or a sweep that failed; `deadLetterAlarm` goes off.
+   *
+   * @default - a new queue, encrypted with SQS-managed keys, TLS enforced, messages kept 14 days
+   */
+  readonly deadLetterQueue?: sqs.IQueue;
 }
 
 /**
@@ -120,6 +131,16 @@ export class SemaphoreReconciler extends Construct {
    */
   public readonly failureAlarm: cloudwatch.Alarm;
 
+  /** Where redrive events and invocations the reconciler could not process end up. */
+  public readonly deadLetterQueue: sqs.IQueue;
+
+  /**
+   * Alarm raised when anything reaches `deadLetterQueue`: most urgently, a redriven execution whose
+   * guard failed every attempt may run its body without a permit until the next sweep stops it or
+   * takes one for it.
+   */
+  public readonly deadLetterAlarm: cloudwatch.Alarm;
+
   private readonly namespace: string;
   private readonly tableName: string;
 
@@ -148,6 +169,17 @@ export class SemaphoreReconciler extends Construct {
       }),
     );
     this.reconcilerFunction = fn;
+    this.deadLetterQueue =
+      props.deadLetterQueue ??
+      new sqs.Queue(this, 'DeadLetterQueue', {
+        encryption: sqs.QueueEncryption.SQS_MANAGED,
+        enforceSSL: true,
+        retentionPeriod: Duration.days(14),
+      });
+    // EventBridge invokes the function asynchronously: Lambda, not the rule, retries a failed
+    // invocation (twice, after about one and two more minutes), then sends it here.
+    // https://docs.aws.amazon.com/lambda/latest/dg/invocation-async-error-handling.html
+    fn.configureAsyncInvoke({ retryAttempts: 2, onFailure: new SendOnlyQueueDestination(this.deadLetterQueue) });
     // GetItem and SendTaskSuccess serve the queues of the wait strategy QUEUE: free permits go to the
     // oldest waiter, which is woken (see client/queue-service.ts).
     props.table.table.grant(role, 'dynamodb:Scan', 'dynamodb:GetItem', 'dynamodb:UpdateItem');
@@ -190,6 +222,16 @@ export class SemaphoreReconciler extends Construct {
       treatMissingData: cloudwatch.TreatMissingData.NOT_BREACHING,
     });
 
+    this.deadLetterAlarm = new cloudwatch.Alarm(this, 'DeadLetterAlarm', {
+      alarmDescription:
+        'The semaphore reconciler could not process an event or an invocation: a redriven execution may run its protected body without a permit until the next sweep',
+      metric: this.deadLetterQueue.metricApproximateNumberOfMessagesVisible({ period: Duration.minutes(5), statistic: 'Maximum' }),
+      threshold: 1,
+      evaluationPeriods: 1,
+      comparisonOperator: cloudwatch.ComparisonOperator.GREATER_THAN_OR_EQUAL_TO_THRESHOLD,
+      treatMissingData: cloudwatch.TreatMissingData.NOT_BREACHING,
+    });
+
     this.failureAlarm = new cloudwatch.Alarm(this, 'FailureAlarm', {
       alarmDescription: 'The semaphore reconciler failed, or could not check or release a holder: leaked permits may stay held',
       metric: new cloudwatch.MathExpression({
@@ -225,6 +267,8 @@ export class SemaphoreReconciler extends Construct {
         resources: stateMachines.map((sm) => executionArnPattern(this, sm)),
       }),
     );
+    // Each sweep also guards redriven executions that still run (their RUNNING event may have been lost).
+    role.addToPrincipalPolicy(new iam.PolicyStatement({ actions: ['states:ListExecutions'], resources: stateMachines.map((sm) => sm.stateMachineArn) }));
     // A redrive emits a RUNNING status-change event whose redriveCount is at least 1.
     return new events.Rule(this, 'RedriveRule', {
       description: 'Takes a permit again for executions redriven inside the protected body, or stops them',
@@ -237,7 +281,7 @@ export class SemaphoreReconciler extends Construct {
           redriveCount: [{ numeric: ['>', 0] }],
         },
       },
-      targets: [new targets.LambdaFunction(fn, { retryAttempts: 8 })],
+      targets: [new targets.LambdaFunction(fn, { retryAttempts: 8, deadLetterQueue: this.deadLetterQueue })],
     });
   }
 
@@ -280,5 +324,19 @@ export class SemaphoreReconciler extends Construct {
       statistic: 'Sum',
       ...props,
     });
+  }
+}
+
+/**
+ * An on-failure destination that grants the function `sqs:SendMessage` only (and the queue's key, if
+ * any): `SqsDestination` also grants GetQueueAttributes and GetQueueUrl, which Lambda does not use.
+ */
+class SendOnlyQueueDestination implements lambda.IDestination {
+  constructor(private readonly queue: sqs.IQueue) {}
+
+  public bind(_scope: Construct, fn: lambda.IFunction): lambda.DestinationConfig {
+    fn.addToRolePolicy(new iam.PolicyStatement({ actions: ['sqs:SendMessage'], resources: [this.queue.queueArn] }));
+    this.queue.encryptionMasterKey?.grant(fn, 'kms:GenerateDataKey*', 'kms:Decrypt');
+    return { destination: this.queue.queueArn };
   }
 }

@@ -60,6 +60,9 @@ function suppressJustifiedFindings(workflow: ConcurrencyControlledWorkflow): voi
   NagSuppressions.addResourceSuppressions(workflow.cleanup.deadLetterQueue, [
     { id: 'AwsSolutions-SQS3', reason: 'This queue is itself the dead-letter queue of the cleanup rule target' },
   ]);
+  NagSuppressions.addResourceSuppressions(workflow.reconciler.deadLetterQueue, [
+    { id: 'AwsSolutions-SQS3', reason: "This queue is itself the dead-letter queue of the reconciler's redrive rule and failed invocations" },
+  ]);
 }
 
 test('the defaults leave only findings that cannot be fixed', () => {
@@ -70,6 +73,7 @@ test('the defaults leave only findings that cannot be fixed', () => {
     '/Stack/Workflow/Cleanup/StateMachine/Role/DefaultPolicy/Resource: AwsSolutions-IAM5[Resource::*]',
     expect.stringMatching(/^\/Stack\/Workflow\/Cleanup\/StateMachine\/Role\/DefaultPolicy\/Resource: AwsSolutions-IAM5\[Resource::arn:.*:execution:.*:\*\]$/),
     '/Stack/Workflow/Cleanup/StateMachine/Role/DefaultPolicy/Resource: AwsSolutions-IAM5[Resource::arn:<AWS::Partition>:states:<AWS::Region>:<AWS::AccountId>:stateMachine:*]',
+    '/Stack/Workflow/Reconciler/DeadLetterQueue/Resource: AwsSolutions-SQS3',
     expect.stringMatching(/^\/Stack\/Workflow\/Reconciler\/Role\/DefaultPolicy\/Resource: AwsSolutions-IAM5\[Resource::arn:.*:execution:.*:\*\]$/),
     '/Stack/Workflow/Reconciler/Role/DefaultPolicy/Resource: AwsSolutions-IAM5[Resource::arn:<AWS::Partition>:states:<AWS::Region>:<AWS::AccountId>:stateMachine:*]',
     '/Stack/Workflow/StateMachine/Role/DefaultPolicy/Resource: AwsSolutions-IAM5[Resource::*]',

@@ -9,7 +9,7 @@ import { stateMachineLogicalId, WorkTracker, workflowStack } from './helpers';
 import { defaultOwner, main, parseDuration } from '../client/cli';
 import { SemaphoreClient } from '../client/semaphore-client';
 import { Simulator } from '../simulator';
-import { DROP_HEAD_UPDATE, HAND_OFF_UPDATE, PEEK_UPDATE, RELEASE_UPDATE } from '../src/private/lock-schema';
+import { DROP_HEAD_UPDATE, HAND_OFF_UPDATE, PEEK_UPDATE, RELEASE_UPDATE, waitTokenAttribute } from '../src/private/lock-schema';
 
 /*
  * The CLI and the client against dynalite, on the very lock item a workflow executing in the simulator
@@ -537,8 +537,8 @@ describe('the client\'s release', () => {
           'lease-a': lease,
           'lease-b': lease,
           'waiters': { L: [waiter('c'), waiter('d')] },
-          [`waitToken:${arn('c')}`]: { S: 'token-c' },
-          [`waitToken:${arn('d')}`]: { S: 'token-d' },
+          [waitTokenAttribute(arn('c'), 0)]: { S: 'token-c' },
+          [waitTokenAttribute(arn('d'), 0)]: { S: 'token-d' },
         },
       }),
     );

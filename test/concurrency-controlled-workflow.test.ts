@@ -115,8 +115,9 @@ describe('definition', () => {
       Next: 'Run Protected Body',
       Parameters: {
         Key: { lockName: { S: 'db-migrations' } },
-        ConditionExpression: '(attribute_not_exists(#permits) OR #permits < :limit) AND attribute_not_exists(#holder)',
-        UpdateExpression: 'SET #permits = if_not_exists(#permits, :zero) + :one, #holder = :entry, #limit = :limit, #fence = if_not_exists(#fence, :zero) + :one',
+        // Its own entry lets the condition through and fails the update (a number plus a map): see ACQUIRE_CONDITION.
+        ConditionExpression: 'attribute_not_exists(#permits) OR #permits < :limit OR attribute_exists(#holder)',
+        UpdateExpression: 'SET #permits = if_not_exists(#permits, :zero) + :one, #holder = :entry, #limit = :limit, #fence = if_not_exists(#fence, :zero) + if_not_exists(#holder, :one)',
         ExpressionAttributeNames: { '#permits': 'permitsInUse', '#holder.$': '$$.Execution.Id', '#limit': 'concurrencyLimit', '#fence': 'fencingToken' },
         ExpressionAttributeValues: {
           ':limit': { N: '3' },
@@ -134,8 +135,18 @@ describe('definition', () => {
     });
     expect(acquire.Catch).toEqual([
       { ErrorEquals: ['DynamoDB.ConditionalCheckFailedException'], ResultPath: null, Next: 'Wait For Permit' },
-      { ErrorEquals: ['DynamoDB.InternalServerErrorException'], ResultPath: null, Next: 'Undo Uncertain Acquire' },
+      { ErrorEquals: ['DynamoDB.AmazonDynamoDBException'], ResultPath: null, Next: 'Claim Own Permit' },
     ]);
+    // An uncertain acquire is retried: if the first write landed, the retry finds the entry and claims it.
+    expect(acquire.Retry[0].ErrorEquals).toContain('DynamoDB.InternalServerErrorException');
+    expect(def.States['Claim Own Permit']).toMatchObject({
+      Next: 'Run Protected Body',
+      Parameters: {
+        ConditionExpression: 'attribute_exists(#holder) AND (attribute_not_exists(#holder.redriveCount) OR #holder.redriveCount <= :redriveCount)',
+        UpdateExpression: 'SET #fence = if_not_exists(#fence, :zero) + :one, #holder.claimed = :claimed, #holder.acquiredAt = :acquiredAt, #holder.redriveCount = :redriveCount REMOVE #token',
+      },
+      Catch: [{ ErrorEquals: ['DynamoDB.ConditionalCheckFailedException'], ResultPath: null, Next: 'Wait For Permit' }, expect.anything()],
+    });
     // The body's output and the release's holder in one object, without a state of their own.
     expect(def.States['Run Protected Body']).toMatchObject({
       Type: 'Parallel',
@@ -166,7 +177,7 @@ describe('definition', () => {
       Parameters: {
         // The hand-off draws the head's fencing token itself: tokens follow the order permits are granted in.
         UpdateExpression: 'SET #head = :entry, #fence = #fence + :one REMOVE #holder, #waiters[0], #headToken',
-        ExpressionAttributeNames: { '#headToken.$': "States.Format('waitToken:{}', $.handoff.next.id)" },
+        ExpressionAttributeNames: { '#headToken.$': "States.Format('waitToken:{}:{}', $.handoff.next.redriveCount, $.handoff.next.id)" },
         ReturnValues: 'UPDATED_OLD',
       },
       // The head's token is the one string among the old values the hand-off returns; its fencing
@@ -176,7 +187,10 @@ describe('definition', () => {
         'wake': { 'fencingToken.$': 'States.MathAdd(States.StringToJson($.Attributes.fencingToken.N), 1)' },
       },
     });
-    expect(def.States['Hand Off Permit'].Parameters.ExpressionAttributeValues[':entry'].M.handoffId).toEqual({ 'S.$': '$.handoff.next.handoffId' });
+    // The hand-off id names the releaser's run: a redriven releaser never takes back a permit its stopped run handed over.
+    expect(def.States['Hand Off Permit'].Parameters.ExpressionAttributeValues[':entry'].M.handoffId).toEqual({
+      'S.$': "States.Format('{}/{}', $.handoff.next.handoffId, $$.Execution.RedriveCount)",
+    });
     expect(def.States['Wake Next Waiter'].Parameters['Output.$']).toBe('States.JsonToString($.handoff.head.wake)');
     expect(def.States['Wake Next Waiter'].Parameters['TaskToken.$']).toBe('States.ArrayGetItem($.handoff.head.tokens, 0)');
     expect(def.States['Wake Next Waiter']).toMatchObject({
@@ -222,7 +236,7 @@ describe('definition', () => {
       Parameters: {
         UpdateExpression: 'SET #waiters = list_append(if_not_exists(#waiters, :emptyList), :me), #token = :token',
         ConditionExpression: expect.stringContaining('#permits >= :limit AND attribute_not_exists(#holder) AND attribute_not_exists(#token)'),
-        ExpressionAttributeNames: { '#token.$': "States.Format('waitToken:{}', $$.Execution.Id)" },
+        ExpressionAttributeNames: { '#token.$': "States.Format('waitToken:{}:{}', $$.Execution.RedriveCount, $$.Execution.Id)" },
         ExpressionAttributeValues: { ':token': { 'S.$': '$$.Task.Token' } },
       },
     });
@@ -244,7 +258,7 @@ describe('definition', () => {
     // it still has in the queue is then dropped, never handed a second permit.
     for (const name of ['Poll For Permit', 'Check Handed-Off Permit']) {
       expect(def.States[name].Parameters.UpdateExpression).toMatch(/ REMOVE #token$/);
-      expect(def.States[name].Parameters.ExpressionAttributeNames['#token.$']).toBe("States.Format('waitToken:{}', $$.Execution.Id)");
+      expect(def.States[name].Parameters.ExpressionAttributeNames['#token.$']).toBe("States.Format('waitToken:{}:{}', $$.Execution.RedriveCount, $$.Execution.Id)");
     }
     expect(def.States['Acquire Permit'].Parameters.UpdateExpression).not.toContain('REMOVE');
     const again = def.States['Wait In Queue Again'];
@@ -428,8 +442,10 @@ describe('reconciler, leases and metrics', () => {
       'dynamodb:UpdateItem',
       'logs:CreateLogStream',
       'logs:PutLogEvents',
+      'sqs:SendMessage', // invocations that failed every attempt go to the dead-letter queue
       'states:DescribeExecution',
       'states:GetExecutionHistory', // the redrive guard's
+      'states:ListExecutions', // each sweep guards redriven executions whose event was lost
       'states:SendTaskSuccess', // the queue's: waiters of the lock can belong to any workflow sharing it
       'states:StopExecution',
     ]);
@@ -452,6 +468,28 @@ describe('reconciler, leases and metrics', () => {
       Metrics: Match.arrayWith([Match.objectLike({ Expression: 'FILL(invocationErrors, 0) + FILL(holderErrors, 0)' })]),
     });
     expect(w.reconciler.failureAlarm).toBeDefined();
+  });
+
+  test('what the reconciler cannot process goes to an encrypted dead-letter queue, and an alarm goes off', () => {
+    const { template, workflow: w } = workflow();
+    const queue = logicalId(w.reconciler.deadLetterQueue.node.defaultChild as any);
+    template.hasResourceProperties('AWS::SQS::Queue', { SqsManagedSseEnabled: true, MessageRetentionPeriod: 14 * 24 * 3600 });
+    // Failed asynchronous invocations (sweeps and the redrive guard): two more attempts, then the queue.
+    template.hasResourceProperties('AWS::Lambda::EventInvokeConfig', {
+      MaximumRetryAttempts: 2,
+      DestinationConfig: { OnFailure: { Destination: { 'Fn::GetAtt': [queue, 'Arn'] } } },
+    });
+    // Redrive events EventBridge could not deliver.
+    template.hasResourceProperties('AWS::Events::Rule', {
+      EventPattern: Match.objectLike({ detail: Match.objectLike({ status: ['RUNNING'] }) }),
+      Targets: [Match.objectLike({ DeadLetterConfig: { Arn: { 'Fn::GetAtt': [queue, 'Arn'] } } })],
+    });
+    template.hasResourceProperties('AWS::CloudWatch::Alarm', {
+      AlarmDescription: Match.stringLikeRegexp('could not process'),
+      MetricName: 'ApproximateNumberOfMessagesVisible',
+      Threshold: 1,
+    });
+    expect(w.reconciler.deadLetterAlarm).toBeDefined();
   });
 
   test('with a customer managed key, every role that touches the table may use the key, on that key only', () => {

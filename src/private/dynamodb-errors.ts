@@ -20,12 +20,17 @@ export const THROTTLING_ERRORS = [
 ];
 
 /**
- * Server errors: the write may or may not have been applied. Idempotent writes (release, cleanup) are
- * retried; an acquire is not, because its retry would fail its own `attribute_not_exists(holder)` if the
- * first attempt landed. The workflow undoes an uncertain acquire instead (a conditional release), then
- * polls again.
+ * Server errors: the write may or may not have been applied. Every write is retried: a release or a
+ * cleanup is idempotent, and an acquire whose first attempt landed fails its retry on the execution's
+ * own entry with VALIDATION_ERROR (see ACQUIRE_CONDITION), after which the execution claims it.
  */
 export const SERVER_ERRORS = ['DynamoDB.InternalServerErrorException'];
+
+/**
+ * A request DynamoDB rejects as invalid (the optimized integration names every ValidationException
+ * after the SDK's base class). The acquire raises it on purpose when the holder holds a permit already.
+ */
+export const VALIDATION_ERROR = 'DynamoDB.AmazonDynamoDBException';
 
 /**
  * Retry policy for transient DynamoDB errors: full jitter, exponential up to a cap of 8 s, 10 retries.

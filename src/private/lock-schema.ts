@@ -79,10 +79,21 @@ export const FENCING_TOKEN = 'fencingToken';
 
 /**
  * Acquire: one conditional write both checks and takes a permit. `<` rather than `<>`, so that a lowered
- * limit never opens the gate; `attribute_not_exists(holder)` so that one holder never counts twice.
+ * limit never opens the gate.
+ *
+ * An execution that holds a permit already (its own acquire landed after it was stopped, and it was
+ * redriven; or a write whose response was lost) must not take a second one, nor wait beside its own:
+ * it must find out, and claim the one it has. A refused condition cannot say why it was refused, so
+ * the condition lets the holder's own entry through, and the update then fails on it: the fencing
+ * counter adds `if_not_exists(holder, 1)`, a number where the holder has no entry and its map where
+ * it has one, which DynamoDB rejects with a ValidationException ("An operand in the update expression
+ * has an incorrect data type"; Step Functions: `DynamoDB.AmazonDynamoDBException`). So the write
+ * takes a permit, is refused (ConditionalCheckFailed: the lock is full), or fails because the holder
+ * holds one (validation): three outcomes in one write, and an uncertain acquire can simply be retried.
+ * @see https://docs.aws.amazon.com/amazondynamodb/latest/APIReference/API_UpdateItem.html (ValidationException)
  */
-export const ACQUIRE_CONDITION = `(attribute_not_exists(${NAMES.permits}) OR ${NAMES.permits} < ${VALUES.limit}) AND attribute_not_exists(${NAMES.holder})`;
-export const ACQUIRE_UPDATE = `SET ${NAMES.permits} = if_not_exists(${NAMES.permits}, ${VALUES.zero}) + ${VALUES.one}, ${NAMES.holder} = ${VALUES.entry}, ${NAMES.limit} = ${VALUES.limit}, ${NAMES.fence} = if_not_exists(${NAMES.fence}, ${VALUES.zero}) + ${VALUES.one}`;
+export const ACQUIRE_CONDITION = `attribute_not_exists(${NAMES.permits}) OR ${NAMES.permits} < ${VALUES.limit} OR attribute_exists(${NAMES.holder})`;
+export const ACQUIRE_UPDATE = `SET ${NAMES.permits} = if_not_exists(${NAMES.permits}, ${VALUES.zero}) + ${VALUES.one}, ${NAMES.holder} = ${VALUES.entry}, ${NAMES.limit} = ${VALUES.limit}, ${NAMES.fence} = if_not_exists(${NAMES.fence}, ${VALUES.zero}) + if_not_exists(${NAMES.holder}, ${VALUES.one})`;
 
 /**
  * Acquire by a client (the CLI, scripts): as ACQUIRE_CONDITION, and also below the limit stored on the
@@ -106,31 +117,34 @@ export const RELEASE_UPDATE = `SET ${NAMES.permits} = ${NAMES.permits} - ${VALUE
  */
 export const RELEASE_EXPIRED_LEASE_CONDITION = `attribute_exists(${NAMES.holder}) AND ${NAMES.holder}.${HOLDER_LEASE_EXPIRES_AT} = ${VALUES.expiresAt}`;
 
+/** A holder entry stamped by the run `:redriveCount` or an earlier one (entries of leases carry no run). */
+const STAMPED_AT_MOST = `(attribute_not_exists(${NAMES.holder}.${HOLDER_REDRIVE_COUNT}) OR ${NAMES.holder}.${HOLDER_REDRIVE_COUNT} <= ${VALUES.redriveCount})`;
+
 /**
  * Release by the cleanup of a stopped run: as RELEASE_CONDITION, and only if the permit was taken by
  * that run or an earlier one. A status event delivered late (or twice) after the execution was
- * redriven must not free the permit its new run took.
+ * redriven must not free the permit its new run took (every way into the body stamps the run).
  */
-export const RELEASE_STOPPED_RUN_CONDITION = `attribute_exists(${NAMES.holder}) AND (attribute_not_exists(${NAMES.holder}.${HOLDER_REDRIVE_COUNT}) OR ${NAMES.holder}.${HOLDER_REDRIVE_COUNT} <= ${VALUES.redriveCount})`;
+export const RELEASE_STOPPED_RUN_CONDITION = `attribute_exists(${NAMES.holder}) AND ${STAMPED_AT_MOST}`;
 
 /**
  * Release by a sweep of a holder it judged dead: as RELEASE_CONDITION, and only if the entry is still
- * the one it read. A redriven execution keeps its ARN; once it holds a permit again (a new entry), a
- * sweep that read the old one must not free it.
+ * the one it read (a redriven execution keeps its ARN, and a claim renews the entry's acquire time)
+ * and stamped by the run it judged dead or an earlier one.
  */
-export const RELEASE_SEEN_HOLDER_CONDITION = `attribute_exists(${NAMES.holder}) AND ${NAMES.holder}.${HOLDER_ACQUIRED_AT} = ${VALUES.acquiredAt}`;
+export const RELEASE_SEEN_HOLDER_CONDITION = `attribute_exists(${NAMES.holder}) AND ${NAMES.holder}.${HOLDER_ACQUIRED_AT} = ${VALUES.acquiredAt} AND ${STAMPED_AT_MOST}`;
 
 /**
- * Release of an entry taken before a given time (ISO-8601 strings compare in time order): the redrive
- * guard frees what an execution redriven before the body left from its previous run.
+ * Claim a permit this execution holds, for its current run: the one handed to it while it did not
+ * wait (a lost wake-up), the one its acquire found (taken by a write of an earlier run that landed
+ * late, or by one whose response was lost), or the one the redrive guard takes again. The entry gets
+ * the run's stamp and a new acquire time, so that nothing that judged an earlier run (its late
+ * cleanup, a sweep that read the entry before, a releaser that handed it over) frees it any more; it
+ * is marked claimed (a releaser no longer takes it back); a fresh fencing token is drawn; and the
+ * waiter's token goes, so that an entry it may still have in the queue can only be dropped, never
+ * handed a second permit. Refused when the holder has no entry, or one stamped by a later run.
  */
-export const RELEASE_TAKEN_BEFORE_CONDITION = `attribute_exists(${NAMES.holder}) AND ${NAMES.holder}.${HOLDER_ACQUIRED_AT} < ${VALUES.acquiredAt}`;
-
-/**
- * Renewal of a holder entry it still has (the redrive guard): a new acquire time and run, so that a
- * sweep that read the entry before the redrive, or the late cleanup of the run before it, leaves it alone. Conditional on RELEASE_CONDITION.
- */
-export const RENEW_UPDATE = `SET ${NAMES.holder}.${HOLDER_ACQUIRED_AT} = ${VALUES.acquiredAt}, ${NAMES.holder}.${HOLDER_REDRIVE_COUNT} = ${VALUES.redriveCount}`;
+export const CLAIM_CONDITION = `attribute_exists(${NAMES.holder}) AND ${STAMPED_AT_MOST}`;
 
 /** Longest lock name we accept; far below DynamoDB's 2,048-byte partition key limit. */
 export const MAX_LOCK_NAME_LENGTH = 255;
@@ -150,15 +164,20 @@ export const WAITERS = 'waiters';
 export const WAITER_ID = 'id';
 /**
  * A waiter's task token lives beside the queue, in a top-level attribute of its own (type S) named
- * by this prefix and its execution ARN, present exactly while its entry is in the queue: a waiter
- * whose wait timed out renews its token there and keeps its place, where a token inside the list
- * could only be replaced by queueing again at the end. The writes that remove an entry remove it too.
+ * by this prefix, the run that waits and its execution ARN (`waitToken:<run>:<arn>`), present exactly
+ * while its entry is in the queue: a waiter whose wait timed out renews its token there and keeps its
+ * place, where a token inside the list could only be replaced by queueing again at the end. The writes
+ * that remove an entry remove it too. The run is part of the name, so that a run redriven while its
+ * stopped run's entry is still queued waits on an entry of its own, never renews the old one, and is
+ * never handed a permit stamped with the old run.
  */
 export const WAIT_TOKEN_PREFIX = 'waitToken:';
 /** The attribute with the task token of a waiter's current wait. */
-export function waitTokenAttribute(executionArn: string): string {
-  return `${WAIT_TOKEN_PREFIX}${executionArn}`;
+export function waitTokenAttribute(executionArn: string, run: number | string): string {
+  return `${WAIT_TOKEN_PREFIX}${run}:${executionArn}`;
 }
+/** The same name as a States.Format template: the run, then the ARN. */
+export const WAIT_TOKEN_FORMAT = `${WAIT_TOKEN_PREFIX}{}:{}`;
 /**
  * A copy of the queue's head that a releaser writes in the same update that reads it back (type M,
  * no `acquiredAt`, so never mistaken for a holder). Concurrent releasers overwrite it; each has its
@@ -267,20 +286,19 @@ export const CONFIRM_HAND_OFF_UPDATE = `SET ${NAMES.fence} = ${NAMES.fence}`;
 
 /**
  * Take back a permit handed to a waiter that could not be woken (its token is closed): the entry
- * moves back to the releaser, which then hands it on. Only the very entry it wrote, and only if the
- * waiter has not claimed it meanwhile (CHECK_HANDED_OFF_UPDATE).
+ * moves back to the releaser, which then hands it on. Only the very entry it wrote, in the same run
+ * (the hand-off id carries the releaser's run: redriven after a wake-up that was delivered, its call
+ * again hears that the token is closed, and must not take back the permit the woken waiter uses),
+ * and only if the waiter has not claimed it meanwhile (CLAIM_UPDATE).
  */
 export const TAKE_BACK_CONDITION = `${QUEUE_NAMES.head}.${HOLDER_HANDOFF_ID} = ${QUEUE_VALUES.handoffId} AND attribute_not_exists(${QUEUE_NAMES.head}.${HOLDER_CLAIMED}) AND attribute_not_exists(${NAMES.holder})`;
 export const TAKE_BACK_UPDATE = `SET ${NAMES.holder} = ${VALUES.entry} REMOVE ${QUEUE_NAMES.head}`;
 
-/**
- * A waiter whose wait timed out or was refused checks whether a permit was handed to it (its wake-up
- * was lost), claims it so that the releaser no longer takes it back, and draws a fresh fencing token.
- * Its wait token goes: an entry it may still have in the queue can then only be dropped, never
- * handed a second permit.
- */
-export const CHECK_HANDED_OFF_CONDITION = RELEASE_CONDITION;
-export const CHECK_HANDED_OFF_UPDATE = `SET ${NAMES.fence} = if_not_exists(${NAMES.fence}, ${VALUES.zero}) + ${VALUES.one}, ${NAMES.holder}.${HOLDER_CLAIMED} = ${QUEUE_VALUES.claimed} REMOVE ${QUEUE_NAMES.token}`;
+/** CLAIM_CONDITION's update: the run's stamp, a new acquire time, `claimed`, a fencing token; the wait token goes. */
+export const CLAIM_UPDATE = `SET ${NAMES.fence} = if_not_exists(${NAMES.fence}, ${VALUES.zero}) + ${VALUES.one}, ${NAMES.holder}.${HOLDER_CLAIMED} = ${QUEUE_VALUES.claimed}, ${NAMES.holder}.${HOLDER_ACQUIRED_AT} = ${VALUES.acquiredAt}, ${NAMES.holder}.${HOLDER_REDRIVE_COUNT} = ${VALUES.redriveCount} REMOVE ${QUEUE_NAMES.token}`;
+
+/** The redrive guard's claim: as CLAIM_UPDATE, for an execution with no wait token to remove. */
+export const GUARD_CLAIM_UPDATE = `SET ${NAMES.fence} = if_not_exists(${NAMES.fence}, ${VALUES.zero}) + ${VALUES.one}, ${NAMES.holder}.${HOLDER_CLAIMED} = ${QUEUE_VALUES.claimed}, ${NAMES.holder}.${HOLDER_ACQUIRED_AT} = ${VALUES.acquiredAt}, ${NAMES.holder}.${HOLDER_REDRIVE_COUNT} = ${VALUES.redriveCount}`;
 
 /**
  * Acquire by a waiter that polls (its wait timed out): as ACQUIRE_UPDATE, and its wait token goes, so

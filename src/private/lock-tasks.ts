@@ -13,11 +13,9 @@ import {
   LOCK_KEY,
   NAMES,
   PERMITS_IN_USE,
-  RELEASE_CONDITION,
   QUEUE_NAMES,
-  RELEASE_UPDATE,
   VALUES,
-  WAIT_TOKEN_PREFIX,
+  WAIT_TOKEN_FORMAT,
 } from './lock-schema';
 import { ISemaphoreTable } from '../semaphore-table';
 
@@ -48,7 +46,9 @@ export interface AcquireTaskProps extends LockTaskProps {
 
 /**
  * One conditional UpdateItem that takes a permit: it fails with ConditionalCheckFailed when the lock
- * is full or the holder already holds one. Its policy is `dynamodb:UpdateItem` on the table only.
+ * is full, and with a validation error (`DynamoDB.AmazonDynamoDBException`, see ACQUIRE_CONDITION)
+ * when the holder holds one already, which it then claims. Its policy is `dynamodb:UpdateItem` on the
+ * table only.
  */
 export function acquireTask(scope: Construct, id: string, props: AcquireTaskProps): tasks.DynamoUpdateItem {
   return new tasks.DynamoUpdateItem(scope, id, {
@@ -61,7 +61,7 @@ export function acquireTask(scope: Construct, id: string, props: AcquireTaskProp
       [NAMES.holder]: props.holder,
       [NAMES.limit]: CONCURRENCY_LIMIT,
       [NAMES.fence]: FENCING_TOKEN,
-      ...(props.asWaiter ? { [QUEUE_NAMES.token]: sfn.JsonPath.format(`${WAIT_TOKEN_PREFIX}{}`, props.holder) } : {}),
+      ...(props.asWaiter ? { [QUEUE_NAMES.token]: waitTokenName() } : {}),
     },
     expressionAttributeValues: {
       [VALUES.zero]: tasks.DynamoAttributeValue.fromNumber(0),
@@ -84,20 +84,9 @@ export function acquireTask(scope: Construct, id: string, props: AcquireTaskProp
   });
 }
 
-/**
- * One conditional UpdateItem that gives a permit back if, and only if, the holder still holds it; it
- * fails with ConditionalCheckFailed otherwise, so it never frees a permit twice.
- */
-export function releaseTask(scope: Construct, id: string, props: LockTaskProps): tasks.DynamoUpdateItem {
-  return new tasks.DynamoUpdateItem(scope, id, {
-    table: props.table.table,
-    key: { [LOCK_KEY]: props.lockName },
-    conditionExpression: RELEASE_CONDITION,
-    updateExpression: RELEASE_UPDATE,
-    expressionAttributeNames: { [NAMES.permits]: PERMITS_IN_USE, [NAMES.holder]: props.holder },
-    expressionAttributeValues: { [VALUES.one]: tasks.DynamoAttributeValue.fromNumber(1) },
-    resultPath: sfn.JsonPath.DISCARD,
-  });
+/** This run's wait-token attribute (waitTokenAttribute), as a JSONPath string. */
+export function waitTokenName(): string {
+  return sfn.JsonPath.format(WAIT_TOKEN_FORMAT, sfn.JsonPath.stringAt('$$.Execution.RedriveCount'), sfn.JsonPath.stringAt('$$.Execution.Id'));
 }
 
 /** `{ fencingToken }` from the response of a write that returned UPDATED_NEW. */

@@ -2,10 +2,10 @@ import { Duration, Stack, ArnFormat, Token } from 'aws-cdk-lib';
 import * as sfn from 'aws-cdk-lib/aws-stepfunctions';
 import * as tasks from 'aws-cdk-lib/aws-stepfunctions-tasks';
 import { Construct } from 'constructs';
-import { CONDITIONAL_CHECK_FAILED, SERVER_ERRORS, THROTTLING_ERRORS, transientRetry } from './dynamodb-errors';
+import { CONDITIONAL_CHECK_FAILED, SERVER_ERRORS, THROTTLING_ERRORS, transientRetry, VALIDATION_ERROR } from './dynamodb-errors';
 import {
-  CHECK_HANDED_OFF_CONDITION,
-  CHECK_HANDED_OFF_UPDATE,
+  CLAIM_CONDITION,
+  CLAIM_UPDATE,
   CONFIRM_HAND_OFF_CONDITION,
   CONCURRENCY_LIMIT,
   CONFIRM_HAND_OFF_UPDATE,
@@ -38,11 +38,11 @@ import {
   TAKE_BACK_CONDITION,
   TAKE_BACK_UPDATE,
   VALUES,
-  WAIT_TOKEN_PREFIX,
+  WAIT_TOKEN_FORMAT,
   WAITER_ID,
   WAITERS,
 } from './lock-schema';
-import { fencingTokenSelector } from './lock-tasks';
+import { fencingTokenSelector, waitTokenName } from './lock-tasks';
 import { STATE } from './state-names';
 import { ISemaphoreTable } from '../semaphore-table';
 
@@ -74,8 +74,6 @@ const SDK_SERVER_ERRORS = SERVER_ERRORS.map((e) => e.replace(/^DynamoDB\./, 'Dyn
  */
 export const TOKEN_GONE_ERRORS = ['Sfn.TaskTimedOutException', 'Sfn.TaskDoesNotExistException', 'Sfn.InvalidTokenException'];
 
-/** A request DynamoDB rejects as invalid (optimized integration name). */
-const VALIDATION_ERROR = 'DynamoDB.AmazonDynamoDBException';
 
 /** Where the release states keep their scratch data (the state data must be an object). */
 export const HANDOFF_PATH = '$.handoff';
@@ -204,7 +202,8 @@ export function handOffChain(scope: Construct, props: HandOffProps): sfn.State {
   stillHeld.next(peek);
 
   const headId = sfn.JsonPath.stringAt(`${HANDOFF_PATH}.next.id`);
-  const headToken = sfn.JsonPath.format(`${WAIT_TOKEN_PREFIX}{}`, sfn.JsonPath.stringAt(`${HANDOFF_PATH}.next.id`));
+  // The head's wait token is named by its run and ARN, as the entry read from the queue has them.
+  const headToken = sfn.JsonPath.format(WAIT_TOKEN_FORMAT, sfn.JsonPath.stringAt(`${HANDOFF_PATH}.next.redriveCount`), headId);
   // After the head was served by another releaser the queue most likely holds more: peek again at
   // once (an empty queue sends the peek on to Release Permit Without Hand-Off), one write fewer than
   // starting over with Release Permit, which would be refused.
@@ -221,7 +220,12 @@ export function handOffChain(scope: Construct, props: HandOffProps): sfn.State {
     .addCatch(peek, { errors: [CONDITIONAL_CHECK_FAILED], resultPath: sfn.JsonPath.DISCARD })
     .next(peek);
 
-  const handoffId = tasks.DynamoAttributeValue.fromString(sfn.JsonPath.stringAt(`${HANDOFF_PATH}.next.handoffId`));
+  // The hand-off's id, with the run that uses it: a run redriven after the hand-off neither confirms
+  // nor takes back a hand-off of the run before (its wake-up may have been delivered: the waiter uses
+  // the permit). Such a permit is freed by the waiter, its cleanup or the sweep.
+  const handoffId = tasks.DynamoAttributeValue.fromString(
+    sfn.JsonPath.format('{}/{}', sfn.JsonPath.stringAt(`${HANDOFF_PATH}.next.handoffId`), sfn.JsonPath.stringAt('$$.Execution.RedriveCount')),
+  );
   const handOff = new tasks.DynamoUpdateItem(scope, names.handOff, {
     table,
     key,
@@ -374,7 +378,7 @@ function waitTask(scope: Construct, id: string, props: WaiterProps, update: stri
       ExpressionAttributeNames: {
         [NAMES.permits]: PERMITS_IN_USE,
         [NAMES.holder]: sfn.JsonPath.stringAt('$$.Execution.Id'),
-        [QUEUE_NAMES.token]: sfn.JsonPath.format(`${WAIT_TOKEN_PREFIX}{}`, sfn.JsonPath.stringAt('$$.Execution.Id')),
+        [QUEUE_NAMES.token]: waitTokenName(),
         ...(enqueue ? { [QUEUE_NAMES.waiters]: WAITERS } : {}),
       },
       ExpressionAttributeValues: {
@@ -419,9 +423,11 @@ export const ENQUEUE_UNCERTAIN = SDK_SERVER_ERRORS;
 export const WAIT_TIMED_OUT = [sfn.Errors.TIMEOUT];
 
 /**
- * A conditional write on this execution's own holder entry that draws a fresh fencing token: "Check
- * Handed-Off Permit" after a wait timed out (was a permit handed over and the wake-up lost?), and
- * "Read Fencing Token" where a permit was taken in a Parallel whose result is discarded.
+ * A conditional write that claims this execution's own holder entry for its current run (CLAIM_CONDITION):
+ * "Check Handed-Off Permit" after a wait timed out or was refused (was a permit handed over and the
+ * wake-up lost?), "Claim Own Permit" after an acquire that found one (taken by an earlier run, or by a
+ * write whose response was lost), and "Read Fencing Token" where a permit was taken in a Parallel whose
+ * result is discarded. It draws a fresh fencing token.
  */
 export function fencingTokenTask(
   scope: Construct,
@@ -431,17 +437,19 @@ export function fencingTokenTask(
   return new tasks.DynamoUpdateItem(scope, id, {
     table: props.table.table,
     key: { [LOCK_KEY]: props.lockName },
-    conditionExpression: CHECK_HANDED_OFF_CONDITION,
-    updateExpression: CHECK_HANDED_OFF_UPDATE,
+    conditionExpression: CLAIM_CONDITION,
+    updateExpression: CLAIM_UPDATE,
     expressionAttributeNames: {
       [NAMES.holder]: sfn.JsonPath.stringAt('$$.Execution.Id'),
       [NAMES.fence]: FENCING_TOKEN,
-      [QUEUE_NAMES.token]: sfn.JsonPath.format(`${WAIT_TOKEN_PREFIX}{}`, sfn.JsonPath.stringAt('$$.Execution.Id')),
+      [QUEUE_NAMES.token]: waitTokenName(),
     },
     expressionAttributeValues: {
       [VALUES.zero]: tasks.DynamoAttributeValue.fromNumber(0),
       [VALUES.one]: tasks.DynamoAttributeValue.fromNumber(1),
       [QUEUE_VALUES.claimed]: tasks.DynamoAttributeValue.fromBoolean(true),
+      [VALUES.acquiredAt]: tasks.DynamoAttributeValue.fromString(sfn.JsonPath.stringAt('$$.State.EnteredTime')),
+      [VALUES.redriveCount]: tasks.DynamoAttributeValue.numberFromString(sfn.JsonPath.jsonToString(sfn.JsonPath.objectAt('$$.Execution.RedriveCount'))),
     },
     returnValues: props.permitPath ? tasks.DynamoReturnValues.UPDATED_NEW : undefined,
     resultSelector: props.permitPath ? fencingTokenSelector() : undefined,

@@ -1,8 +1,10 @@
 import { ConditionalCheckFailedException, DynamoDBClient, GetItemCommand } from '@aws-sdk/client-dynamodb';
-import { DescribeExecutionCommand, ExecutionDoesNotExist, GetExecutionHistoryCommand, SFNClient, StopExecutionCommand } from '@aws-sdk/client-sfn';
+import { DescribeExecutionCommand, ExecutionDoesNotExist, GetExecutionHistoryCommand, ListExecutionsCommand, SFNClient, StopExecutionCommand } from '@aws-sdk/client-sfn';
 import { DynamoDBDocumentClient, ScanCommand, UpdateCommand } from '@aws-sdk/lib-dynamodb';
 import { mockClient } from 'aws-sdk-client-mock';
+import { GRACE_MS, GUARD_PATIENCE_MS } from '../../lambda/reconciler-flows';
 import { handler, ReconcilerResult, RedriveGuardResult } from '../../lambda/reconciler.lambda';
+import { ACQUIRE_CONDITION, CLAIM_CONDITION, GUARD_CLAIM_UPDATE, RELEASE_SEEN_HOLDER_CONDITION } from '../../src/private/lock-schema';
 
 /*
  * The reconciler's handler with the AWS SDK mocked: the decisions it takes for each kind of holder.
@@ -16,7 +18,8 @@ const raw = mockClient(DynamoDBClient);
 const sfn = mockClient(SFNClient);
 const SM = 'arn:aws:states:us-east-1:123456789012:stateMachine:Guarded';
 const exec = (name: string, sm = 'Guarded') => `arn:aws:states:us-east-1:123456789012:execution:${sm}:${name}`;
-const entry = (acquiredAt = new Date().toISOString(), extra: Record<string, unknown> = {}) => ({ acquiredAt, ...extra });
+/** A holder entry, by default taken two minutes ago: past the sweep's grace period. */
+const entry = (acquiredAt = new Date(Date.now() - 2 * GRACE_MS).toISOString(), extra: Record<string, unknown> = {}) => ({ acquiredAt, ...extra });
 
 const sweep = (...args: Parameters<typeof handler>) => handler(...args) as Promise<ReconcilerResult>;
 const guard = (...args: Parameters<typeof handler>) => handler(...args) as Promise<RedriveGuardResult>;
@@ -26,6 +29,7 @@ beforeEach(() => {
   raw.reset();
   raw.on(GetItemCommand).resolves({});
   sfn.reset();
+  sfn.on(ListExecutionsCommand).resolves({ executions: [] });
   process.env.TABLE_NAME = 'locks';
   process.env.STATE_MACHINE_ARNS = SM;
   jest.spyOn(console, 'log').mockImplementation(() => undefined);
@@ -33,13 +37,17 @@ beforeEach(() => {
 
 afterEach(() => jest.restoreAllMocks());
 
-function statuses(byExecution: Record<string, string | Error>) {
+function statuses(byExecution: Record<string, string | Error>, redriveCount = 0) {
   for (const [arn, status] of Object.entries(byExecution)) {
     const stub = sfn.on(DescribeExecutionCommand, { executionArn: arn });
     if (status instanceof Error) stub.rejects(status);
-    else stub.resolves({ status: status as any });
+    else stub.resolves({ status: status as any, redriveCount });
   }
 }
+
+const conditionFailed = () => new ConditionalCheckFailedException({ message: 'The conditional request failed', $metadata: {} });
+/** What DynamoDB answers an acquire of a holder that has an entry (see ACQUIRE_CONDITION). */
+const ownEntry = () => Object.assign(new Error('An operand in the update expression has an incorrect data type'), { name: 'ValidationException' });
 
 function releasedHolders(): string[] {
   return ddb.commandCalls(UpdateCommand).map((c) => c.args[0].input.ExpressionAttributeNames!['#holder']);
@@ -63,12 +71,43 @@ test('releases holders whose execution is no longer running or does not exist, l
     TableName: 'locks',
     Key: { lockName: 'db' },
     UpdateExpression: 'SET #permits = #permits - :one REMOVE #holder',
-    // Only the very entry it judged dead: a redriven execution's new entry has another acquire time.
-    ConditionExpression: 'attribute_exists(#holder) AND #holder.acquiredAt = :acquiredAt',
-    ExpressionAttributeValues: { ':one': 1, ':acquiredAt': expect.any(String) },
+    // Only the very entry it judged dead, of the run it judged: a redriven execution's new entry has
+    // another acquire time and a later run.
+    ConditionExpression: RELEASE_SEEN_HOLDER_CONDITION,
+    ExpressionAttributeValues: { ':one': 1, ':acquiredAt': expect.any(String), ':redriveCount': 0 },
   });
   expect(result.reclaimed.map((r) => r.reason).sort()).toEqual(['execution ABORTED', 'execution DOES_NOT_EXIST']);
   expect(result).toMatchObject({ locks: 1, holders: 3, errors: [], truncated: false });
+});
+
+test('F5: leaves an entry younger than the grace period, even if its execution reads as not existing or ended', async () => {
+  const young = new Date(Date.now() - GRACE_MS / 2).toISOString();
+  ddb.on(ScanCommand).resolves({ Items: [{ lockName: 'db', permitsInUse: 2, [exec('new')]: entry(young), [exec('stale')]: entry(young) }] });
+  statuses({ [exec('new')]: new ExecutionDoesNotExist({ message: 'no such execution', $metadata: {} }), [exec('stale')]: 'FAILED' });
+  ddb.on(UpdateCommand).resolves({});
+
+  const result = await sweep({});
+
+  expect(ddb.commandCalls(UpdateCommand)).toHaveLength(0);
+  expect(sfn.commandCalls(DescribeExecutionCommand)).toHaveLength(0);
+  expect(result.reclaimed).toEqual([]);
+});
+
+test('F5: judges runs: a description older than the entry leaves it, an entry of an ended run goes with that run', async () => {
+  ddb.on(ScanCommand).resolves({
+    Items: [{ lockName: 'db', permitsInUse: 2, [exec('redriven')]: entry(undefined, { redriveCount: 1 }), [exec('left')]: entry(undefined, { redriveCount: 0 }) }],
+  });
+  // 'redriven' took its entry in run 1, and the description still shows run 0 FAILED (stale).
+  statuses({ [exec('redriven')]: 'FAILED' }, 0);
+  // 'left' took its entry in run 0 and now runs run 1, which has no entry stamped with it.
+  statuses({ [exec('left')]: 'RUNNING' }, 1);
+  ddb.on(UpdateCommand).resolves({});
+
+  const result = await sweep({});
+
+  expect(releasedHolders()).toEqual([exec('left')]);
+  expect(ddb.commandCalls(UpdateCommand)[0].args[0].input.ExpressionAttributeValues).toMatchObject({ ':redriveCount': 0 });
+  expect(result.reclaimed).toEqual([{ lockName: 'db', holder: exec('left'), reason: 'entry of run 0; the execution runs run 1' }]);
 });
 
 test('stops a running execution past its lease, and only then releases it', async () => {
@@ -142,9 +181,7 @@ test('a holder released meanwhile (condition fails) is not counted; a failure on
     Items: [{ lockName: 'db', permitsInUse: 3, [exec('raced')]: entry(), [exec('broken')]: entry(), [exec('fine')]: entry() }],
   });
   statuses({ [exec('raced')]: 'FAILED', [exec('broken')]: new Error('throttled to death'), [exec('fine')]: 'SUCCEEDED' });
-  ddb
-    .on(UpdateCommand, { ExpressionAttributeNames: { '#permits': 'permitsInUse', '#holder': exec('raced') } })
-    .rejects(new ConditionalCheckFailedException({ message: 'The conditional request failed', $metadata: {} }));
+  ddb.on(UpdateCommand, { ExpressionAttributeNames: { '#permits': 'permitsInUse', '#holder': exec('raced') } }).rejects(conditionFailed());
   ddb.on(UpdateCommand, { ExpressionAttributeNames: { '#permits': 'permitsInUse', '#holder': exec('fine') } }).resolves({});
 
   const result = await sweep({});
@@ -212,16 +249,18 @@ test('publishes permits in use per lock and reclaimed permits in the Embedded Me
 });
 
 describe('redrive guard', () => {
-  const redriven = (name: string, input = { tenant: 'acme' }) => ({
+  const redrivenAt = new Date(Date.now() - 10_000);
+  const redriven = (name: string, input = { tenant: 'acme' }, time = redrivenAt) => ({
     'detail-type': 'Step Functions Execution Status Change',
+    'time': time.toISOString(),
     'detail': { executionArn: exec(name), status: 'RUNNING', redriveCount: 1, input: JSON.stringify(input) },
   });
-  const redrivenAt = new Date('2026-11-22T10:00:00.000Z');
+  /** Execution `name` in run 1, redriven at `lastState` (newest first, as the guard reads it). */
   const history = (name: string, lastState: string, status = 'RUNNING') => {
-    statuses({ [exec(name)]: status });
+    statuses({ [exec(name)]: status }, 1);
     return sfn.on(GetExecutionHistoryCommand, { executionArn: exec(name) }).resolves({
       events: [
-        { id: 9, timestamp: redrivenAt, type: 'ExecutionRedriven' },
+        { id: 9, timestamp: redrivenAt, type: 'ExecutionRedriven', executionRedrivenEventDetails: { redriveCount: 1 } },
         { id: 8, timestamp: new Date(), type: 'ExecutionAborted' },
         { id: 7, timestamp: new Date(), type: 'TaskStateEntered', stateEnteredEventDetails: { name: lastState } },
         { id: 6, timestamp: new Date(), type: 'ParallelStateEntered', stateEnteredEventDetails: { name: 'Run Protected Body' } },
@@ -235,7 +274,7 @@ describe('redrive guard', () => {
     delete process.env.LOCK_NAME_PATH;
   });
 
-  test('takes a permit again for an execution redriven inside the body', async () => {
+  test('takes a permit again for an execution redriven inside the body, stamped with its run', async () => {
     history('r1', 'Do Work');
     ddb.on(UpdateCommand).resolves({});
 
@@ -244,24 +283,22 @@ describe('redrive guard', () => {
     expect(result).toEqual({ executionArn: exec('r1'), resumedAt: 'Do Work', action: 'permit taken again' });
     expect(ddb.commandCalls(UpdateCommand)[0].args[0].input).toMatchObject({
       Key: { lockName: 'db' },
-      ConditionExpression: '(attribute_not_exists(#permits) OR #permits < :limit) AND attribute_not_exists(#holder)',
+      ConditionExpression: ACQUIRE_CONDITION,
       ExpressionAttributeNames: { '#holder': exec('r1') },
-      ExpressionAttributeValues: { ':limit': 2 },
+      ExpressionAttributeValues: { ':limit': 2, ':entry': { redriveCount: 1, acquiredAt: expect.any(String) } },
     });
     expect(sfn.commandCalls(StopExecutionCommand)).toHaveLength(0);
   });
 
   test('stops it when every permit is taken', async () => {
     history('r2', 'Do Work');
-    ddb.on(UpdateCommand).rejects(new ConditionalCheckFailedException({ message: 'The conditional request failed', $metadata: {} }));
+    ddb.on(UpdateCommand).rejects(conditionFailed());
 
     const result = await guard(redriven('r2'));
 
     expect(result.action).toBe('stopped');
-    // Full, and it holds no permit: acquire and renewal both failed, three times over.
-    expect(ddb.commandCalls(UpdateCommand).map((c) => c.args[0].input.ConditionExpression)).toEqual(
-      Array(3).fill(['(attribute_not_exists(#permits) OR #permits < :limit) AND attribute_not_exists(#holder)', 'attribute_exists(#holder)']).flat(),
-    );
+    // Full: three tries, each refused by the condition (it holds no entry, or it would have been a ValidationException).
+    expect(ddb.commandCalls(UpdateCommand).map((c) => c.args[0].input.ConditionExpression)).toEqual(Array(3).fill(ACQUIRE_CONDITION));
     expect(sfn.commandCalls(StopExecutionCommand)[0].args[0].input).toMatchObject({
       executionArn: exec('r2'),
       error: 'SemaphoreRedriveRejected',
@@ -269,47 +306,30 @@ describe('redrive guard', () => {
     });
   });
 
-  test('renews the entry when it still holds its permit, so that a sweep that judged the old one dead leaves it', async () => {
+  test('claims the entry for its run when it still holds its permit, so that nothing that judged the old run frees it', async () => {
     history('r3', 'Do Work');
-    ddb
-      .on(UpdateCommand, { ConditionExpression: '(attribute_not_exists(#permits) OR #permits < :limit) AND attribute_not_exists(#holder)' })
-      .rejects(new ConditionalCheckFailedException({ message: 'The conditional request failed', $metadata: {} }))
-      .on(UpdateCommand, { ConditionExpression: 'attribute_exists(#holder)' })
-      .resolves({});
+    ddb.on(UpdateCommand, { ConditionExpression: ACQUIRE_CONDITION }).rejects(ownEntry());
+    ddb.on(UpdateCommand, { ConditionExpression: CLAIM_CONDITION }).resolves({});
 
     expect((await guard(redriven('r3'))).action).toBe('still holds its permit');
-    const renewal = ddb.commandCalls(UpdateCommand)[1].args[0].input;
-    expect(renewal).toMatchObject({
+    const claim = ddb.commandCalls(UpdateCommand)[1].args[0].input;
+    expect(claim).toMatchObject({
       // A new acquire time and run: a sweep that read the old entry, or a late cleanup of the run
-      // before the redrive, leaves it alone.
-      UpdateExpression: 'SET #holder.acquiredAt = :acquiredAt, #holder.redriveCount = :redriveCount',
+      // before the redrive, leaves it alone; claimed, so a releaser that handed it over never takes it back.
+      UpdateExpression: GUARD_CLAIM_UPDATE,
       ExpressionAttributeNames: { '#holder': exec('r3') },
-      ExpressionAttributeValues: { ':acquiredAt': expect.stringMatching(/^\d{4}-\d\d-\d\dT/), ':redriveCount': 1 },
+      ExpressionAttributeValues: { ':acquiredAt': expect.stringMatching(/^\d{4}-\d\d-\d\dT/), ':redriveCount': 1, ':claimed': true },
     });
     expect(sfn.commandCalls(StopExecutionCommand)).toHaveLength(0);
   });
 
-  test('leaves an execution redriven after the body to the workflow', async () => {
-    history('r4', 'Release Permit');
-    expect((await guard(redriven('r4'))).action).toBe('outside the body');
+  test('leaves an execution redriven outside the body to the workflow (before it, its acquire claims a late entry itself)', async () => {
+    for (const [name, state] of [['r4', 'Release Permit'], ['r6', 'Poll For Permit']]) {
+      history(name, state);
+      expect((await guard(redriven(name))).action).toBe('outside the body');
+    }
     expect(ddb.commandCalls(UpdateCommand)).toHaveLength(0);
     expect(sfn.commandCalls(StopExecutionCommand)).toHaveLength(0);
-  });
-
-  test('redriven before the body, frees only an entry taken before the redrive (a late acquire of its last run)', async () => {
-    history('r6', 'Poll For Permit');
-    ddb.on(UpdateCommand).resolves({});
-
-    expect((await guard(redriven('r6'))).action).toBe('stale permit released');
-    expect(ddb.commandCalls(UpdateCommand)[0].args[0].input).toMatchObject({
-      UpdateExpression: 'SET #permits = #permits - :one REMOVE #holder',
-      ConditionExpression: 'attribute_exists(#holder) AND #holder.acquiredAt < :acquiredAt',
-      ExpressionAttributeValues: { ':one': 1, ':acquiredAt': redrivenAt.toISOString() },
-    });
-    // It also looks for a queue entry of the run before, to drop it (none here).
-    expect(raw.commandCalls(GetItemCommand).map((c) => c.args[0].input)).toEqual([
-      { TableName: 'locks', Key: { lockName: { S: 'db' } }, ConsistentRead: true },
-    ]);
   });
 
   test('does nothing for an execution that stopped again before the event arrived', async () => {
@@ -321,15 +341,54 @@ describe('redrive guard', () => {
 
   test('gives back a permit it took for an execution that finished meanwhile', async () => {
     history('r8', 'Do Work');
-    sfn.on(DescribeExecutionCommand, { executionArn: exec('r8') }).resolvesOnce({ status: 'RUNNING' }).resolves({ status: 'SUCCEEDED' });
+    sfn
+      .on(DescribeExecutionCommand, { executionArn: exec('r8') })
+      .resolvesOnce({ status: 'RUNNING', redriveCount: 1 })
+      .resolves({ status: 'SUCCEEDED', redriveCount: 1 });
     ddb.on(UpdateCommand).resolves({});
 
     expect((await guard(redriven('r8'))).action).toBe('permit taken again, then given back');
     const [take, giveBack] = ddb.commandCalls(UpdateCommand).map((c) => c.args[0].input);
     expect(giveBack).toMatchObject({
-      ConditionExpression: 'attribute_exists(#holder) AND #holder.acquiredAt = :acquiredAt',
-      ExpressionAttributeValues: { ':acquiredAt': (take.ExpressionAttributeValues as any)[':entry'].acquiredAt },
+      ConditionExpression: RELEASE_SEEN_HOLDER_CONDITION,
+      ExpressionAttributeValues: { ':acquiredAt': (take.ExpressionAttributeValues as any)[':entry'].acquiredAt, ':redriveCount': 1 },
     });
+  });
+
+  test('F4: fails (so that Lambda invokes it again) on a description or a history that does not show the redrive yet', async () => {
+    // A stale description: still run 0.
+    statuses({ [exec('s1')]: 'FAILED' }, 0);
+    await expect(guard(redriven('s1'))).rejects.toMatchObject({ name: 'RedriveUndecided' });
+    // The description shows run 1, the history not yet.
+    statuses({ [exec('s2')]: 'RUNNING' }, 1);
+    sfn.on(GetExecutionHistoryCommand, { executionArn: exec('s2') }).resolves({
+      events: [{ id: 5, timestamp: new Date(), type: 'TaskStateEntered', stateEnteredEventDetails: { name: 'Do Work' } }],
+    });
+    await expect(guard(redriven('s2'))).rejects.toMatchObject({ name: 'RedriveUndecided' });
+    expect(ddb.commandCalls(UpdateCommand)).toHaveLength(0);
+    expect(sfn.commandCalls(StopExecutionCommand)).toHaveLength(0);
+  });
+
+  test('F4: past its patience, stops an execution it still cannot judge', async () => {
+    statuses({ [exec('s3')]: 'RUNNING' }, 0);
+    const longAgo = new Date(Date.now() - GUARD_PATIENCE_MS - 1_000);
+
+    expect((await guard(redriven('s3', undefined, longAgo))).action).toBe('stopped, unverified');
+    expect(sfn.commandCalls(StopExecutionCommand)[0].args[0].input).toMatchObject({ executionArn: exec('s3'), error: 'SemaphoreRedriveUnverified' });
+  });
+
+  test('F4: each sweep guards the redriven executions that still run, in case their event was lost', async () => {
+    process.env.STATE_MACHINE_ARNS = SM;
+    ddb.on(ScanCommand).resolves({ Items: [] });
+    sfn.on(ListExecutionsCommand).resolves({ executions: [{ executionArn: exec('b1'), redriveCount: 1 } as any] });
+    history('b1', 'Do Work');
+    ddb.on(UpdateCommand).resolves({});
+
+    const result = await sweep({});
+
+    expect(sfn.commandCalls(ListExecutionsCommand)[0].args[0].input).toMatchObject({ stateMachineArn: SM, statusFilter: 'RUNNING', redriveFilter: 'REDRIVEN' });
+    expect(result.redriven).toEqual([{ executionArn: exec('b1'), resumedAt: 'Do Work', action: 'permit taken again' }]);
+    expect(ddb.commandCalls(UpdateCommand)[0].args[0].input.ConditionExpression).toBe(ACQUIRE_CONDITION);
   });
 
   test('reads a runtime lock name from the execution input', async () => {
