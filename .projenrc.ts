@@ -42,7 +42,7 @@ const project = new awscdk.AwsCdkConstructLibrary({
   // looks for a tsconfig.json next to each file).
   eslintOptions: {
     dirs: ['src'],
-    devdirs: ['test', 'integ', 'simulator', 'demo', 'bench', 'lambda', 'client', 'projenrc'],
+    devdirs: ['test', 'integ', 'simulator', 'demo', 'bench', 'lambda', 'client', 'checker', 'projenrc'],
     tsconfigPath: './tsconfig.dev.json',
     projectService: false,
   },
@@ -55,6 +55,7 @@ const project = new awscdk.AwsCdkConstructLibrary({
     '@aws-sdk/client-dynamodb@^3',
     '@aws-sdk/client-sfn@^3',
     '@aws-sdk/lib-dynamodb@^3',
+    '@aws-sdk/util-dynamodb@^3', // the protocol checker marshals the document client's calls itself
     'aws-sdk-client-mock@^4',
     '@types/jmespath@^0.15.2',
     'aws-local-stepfunctions@^3',
@@ -83,7 +84,7 @@ project.deps.addDependency(`@aws-cdk/integ-tests-alpha@${CDK_VERSION}-alpha.0`, 
 project.deps.removeDependency('eslint-import-resolver-typescript');
 project.deps.addDependency('eslint-import-resolver-typescript@~3.8.0', DependencyType.BUILD);
 
-['/integ/', '/.ci/', '/simulator/', '/demo/', '/bench/', '/bench-results/', '/rosetta/', '/client/'].forEach((p) => project.addPackageIgnore(p));
+['/integ/', '/.ci/', '/simulator/', '/demo/', '/bench/', '/bench-results/', '/rosetta/', '/client/', '/checker/'].forEach((p) => project.addPackageIgnore(p));
 
 // The reconciler's handler lives in lambda/ (outside src/, so jsii never compiles it); esbuild bundles
 // it, with the lock schema it imports from src/private, and leaves the AWS SDK to the Lambda runtime.
@@ -157,6 +158,12 @@ demo.exec('ts-node --transpile-only --project tsconfig.dev.json demo/run.ts', { 
 const bench = project.addTask('bench', { description: 'Measure our workflow beside the AWS sample in the local simulator (see --help)' });
 bench.spawn(project.tasks.tryFind('bundle')!);
 bench.exec('ts-node --transpile-only --project tsconfig.dev.json bench/run.ts', { receiveArgs: true });
+// The protocol checker: every interleaving of bounded configurations (the test command runs them too).
+const checkProtocol = project.addTask('check-protocol', {
+  description: 'Search every interleaving of the lock protocol on bounded configurations (see --help)',
+});
+checkProtocol.spawn(project.tasks.tryFind('bundle')!);
+checkProtocol.exec('ts-node --transpile-only --project tsconfig.dev.json checker/run.ts', { receiveArgs: true });
 
 // Only the JavaScript package can be built on our machines and in CI (no Python, Java, .NET or Go
 // toolchains); the release workflow packages the other languages.

@@ -155,7 +155,10 @@ export class AslMachine {
   public waitOver(root: Thread, path: number[], host: AslHost): Thread | BranchEnd {
     return this.at(root, path, host, (thread) => {
       const state = this.state(thread.state);
-      return this.guard(thread, host, () => this.transition(state, this.select(state.OutputPath, this.select(state.InputPath, thread.input, thread, host), thread, host), host));
+      return this.guard(thread, host, () => {
+        const input = this.select(state.InputPath, thread.input, thread, host);
+        return this.transition(state, this.select(state.OutputPath, input, thread, host), host);
+      });
     });
   }
 
@@ -225,7 +228,8 @@ export class AslMachine {
           return thread;
         case 'Pass': {
           const effective = this.select(state.InputPath, input, thread, host);
-          const result = state.Parameters !== undefined ? this.payload(state.Parameters, effective, thread, host) : state.Result !== undefined ? state.Result : effective;
+          let result = state.Result !== undefined ? state.Result : effective;
+          if (state.Parameters !== undefined) result = this.payload(state.Parameters, effective, thread, host);
           return this.transition(state, this.select(state.OutputPath, this.applyResultPath(state.ResultPath, input, result), thread, host), host);
         }
         case 'Choice': {

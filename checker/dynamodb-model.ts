@@ -23,12 +23,16 @@ export type AttributeValue =
 
 export type Item = Record<string, AttributeValue>;
 
-/** An error as the DynamoDB API names it (`ConditionalCheckFailedException`, `ValidationException`). */
-export class DynamoDbError extends Error {
-  constructor(name: string, message: string) {
-    super(message);
-    this.name = name;
-  }
+/**
+ * An error as the DynamoDB API names it (`ConditionalCheckFailedException`, `ValidationException`).
+ * Not an Error: the checker raises millions of them, and an Error's stack trace costs more than the
+ * rest of a step.
+ */
+export class DynamoDbError {
+  constructor(
+    public readonly name: string,
+    public readonly message: string,
+  ) {}
 }
 
 function validation(message: string): DynamoDbError {
@@ -44,7 +48,19 @@ type Token =
   | { t: 'int'; v: number }
   | { t: 'op'; v: string };
 
+const tokenCache = new Map<string, Token[]>();
+
+/** The tokens of an expression (cached: a model step evaluates the same few expressions again and again). */
 function tokenize(text: string): Token[] {
+  let tokens = tokenCache.get(text);
+  if (!tokens) {
+    tokens = scan(text);
+    tokenCache.set(text, tokens);
+  }
+  return tokens;
+}
+
+function scan(text: string): Token[] {
   const tokens: Token[] = [];
   let i = 0;
   while (i < text.length) {
@@ -619,8 +635,7 @@ function project(item: Item, paths: Path[]): Item {
       const leaf = i === path.length - 1;
       if (typeof segment === 'number') {
         const list = (target as { L?: AttributeValue[] }).L ?? ((target as { L?: AttributeValue[] }).L = []);
-        if (leaf) list.push(clone(v));
-        else {
+        if (leaf) {list.push(clone(v));} else {
           const next = {} as AttributeValue;
           list.push(next);
           target = next;
@@ -667,12 +682,17 @@ export function clone<T>(value: T): T {
   return out as T;
 }
 
-/** JSON with object keys in sorted order: equal values give equal text. */
-export function stableStringify(value: unknown): string {
+/**
+ * JSON with object keys in sorted order: equal values give equal text. With `rename`, every string
+ * (keys included, before they are sorted) is renamed first.
+ */
+export function stableStringify(value: unknown, rename?: (s: string) => string): string {
+  if (typeof value === 'string') return JSON.stringify(rename ? rename(value) : value);
   if (value === null || typeof value !== 'object') return JSON.stringify(value) ?? 'undefined';
-  if (Array.isArray(value)) return `[${value.map(stableStringify).join(',')}]`;
-  const keys = Object.keys(value as Record<string, unknown>)
+  if (Array.isArray(value)) return `[${value.map((v) => stableStringify(v, rename)).join(',')}]`;
+  const entries = Object.keys(value as Record<string, unknown>)
     .filter((k) => (value as Record<string, unknown>)[k] !== undefined)
-    .sort();
-  return `{${keys.map((k) => `${JSON.stringify(k)}:${stableStringify((value as Record<string, unknown>)[k])}`).join(',')}}`;
+    .map((k) => [rename ? rename(k) : k, (value as Record<string, unknown>)[k]] as const)
+    .sort((a, b) => (a[0] < b[0] ? -1 : a[0] > b[0] ? 1 : 0));
+  return `{${entries.map(([k, v]) => `${JSON.stringify(k)}:${stableStringify(v, rename)}`).join(',')}}`;
 }

@@ -1,6 +1,6 @@
 import { marshall, unmarshall } from '@aws-sdk/util-dynamodb';
 import { AslHost, BranchEnd, isEnd, Leaf, Thread } from './asl';
-import { AttributeValue, clone, DynamoDbError, Item, ModelDynamoDb, stableStringify } from './dynamodb-model';
+import { AttributeValue, clone, DynamoDbError, Item, ModelDynamoDb, stableStringify, UpdateItemInput } from './dynamodb-model';
 import { BODY_TASK, MachineInfo, System } from './system';
 import { Effect, Flow } from '../client/effects';
 import { acquireAttempt, ClientProtocolOptions, releaseHolder } from '../client/semaphore-client';
@@ -43,7 +43,10 @@ export interface Budget {
   lostEvents: number;
   duplicateEvents: number;
   staleReads: number;
+  /** Sweeps of the lock table (holders and queues). */
   sweeps: number;
+  /** Sweeps of the redriven executions that still run (the redrive guard's backstop). */
+  backstops: number;
   ticks: number;
   bodyFailures: number;
 }
@@ -59,6 +62,7 @@ export const NO_FAULTS: Budget = {
   duplicateEvents: 0,
   staleReads: 0,
   sweeps: 0,
+  backstops: 0,
   ticks: 0,
   bodyFailures: 0,
 };
@@ -115,7 +119,7 @@ type Answer = { ok: unknown } | { err: { name: string; message: string } };
 
 interface Actor {
   readonly id: string;
-  readonly kind: 'sweep' | 'guard' | 'client';
+  readonly kind: 'sweep' | 'backstop' | 'guard' | 'client';
   readonly args: any;
   answers: Answer[];
 }
@@ -130,6 +134,8 @@ export interface World {
   clock: number;
   /** What the invariants remember: the last fencing token seen at body entry, wake-ups per hand-off. */
   ghost: { lastFence?: number; fenceViolation?: string; wakes: Record<string, number>; guardGaveUp: number };
+  /** A fair run's world: its sweeps are whole (holders and redriven executions). */
+  fair?: boolean;
 }
 
 /** One step of the model: what happened, and the world after it. */
@@ -148,6 +154,18 @@ export interface ModelOptions {
   /** Client leases (scripts), each acquiring once and releasing, or crashing. */
   readonly clients?: number;
   readonly budget: Budget;
+  /** Told of every UpdateItem the model evaluates (for the conformance test against dynalite). */
+  readonly onUpdateItem?: (call: RecordedUpdate) => void;
+}
+
+/** An UpdateItem as the model evaluated it: the item before, the request, the outcome, the item after. */
+export interface RecordedUpdate {
+  readonly before?: Item;
+  readonly input: UpdateItemInput;
+  /** The error's name, or undefined when the write was applied. */
+  readonly error?: string;
+  readonly attributes?: Item;
+  readonly after?: Item;
 }
 
 const BASE_TIME = Date.parse('2026-01-01T00:00:00.000Z');
@@ -161,6 +179,9 @@ const HOLDING = { service: 'model', action: 'hold' } as unknown as Effect;
 
 export class Model {
   private readonly s: System;
+
+  /** Every world's key but its budget, by world (a world is keyed as a successor, then for its fair run). */
+  private readonly partsCache = new WeakMap<World, string>();
 
   constructor(private readonly options: ModelOptions) {
     this.s = options.system;
@@ -198,7 +219,7 @@ export class Model {
       world.execs.push(exec);
     }
     for (let i = 0; i < (this.options.clients ?? 0); i++) {
-      world.actors.push({ id: `client-${i + 1}`, kind: 'client', args: { leaseId: `lease-${i + 1}` }, answers: [] });
+      this.spawn(world, { id: `client-${i + 1}`, kind: 'client', args: { leaseId: `lease-${i + 1}` }, answers: [] });
     }
     this.afterStep(world, undefined);
     return world;
@@ -218,12 +239,6 @@ export class Model {
         steps.push(this.mutate(world, `${exec.name}: redriven`, (w) => this.redrive(w, this.exec(w, exec.arn))));
       }
     }
-    world.events.forEach((event, i) => {
-      const what = `${event.kind === 'status' ? `${event.status} event` : 'RUNNING event (redriven)'} of ${shortName(event.arn)} run ${event.run}`;
-      steps.push(this.mutate(world, `deliver ${what}`, (w) => this.deliver(w, i, false)));
-      if (b.duplicateEvents > 0) steps.push(this.mutate(world, `deliver ${what}, and again later`, (w) => (w.budget.duplicateEvents--, this.deliver(w, i, true))));
-      if (b.lostEvents > 0) steps.push(this.mutate(world, `lose ${what}`, (w) => (w.budget.lostEvents--, w.events.splice(i, 1))));
-    });
     world.late.forEach((late, i) => {
       steps.push(
         this.mutate(world, `the call of ${shortName(late.owner)} '${late.state}' lands late`, (w) => {
@@ -242,13 +257,48 @@ export class Model {
     });
     for (const actor of world.actors) steps.push(...this.actorSteps(world, actor));
     if (b.sweeps > 0 && !world.actors.some((a) => a.kind === 'sweep')) {
-      steps.push(this.mutate(world, 'the reconciler sweeps', (w) => (w.budget.sweeps--, w.actors.push({ id: `sweep-${w.budget.sweeps}`, kind: 'sweep', args: {}, answers: [] }))));
+      steps.push(
+        this.mutate(world, 'the reconciler sweeps', (w) => (w.budget.sweeps--, this.spawn(w, { id: `sweep-${w.budget.sweeps}`, kind: 'sweep', args: { whole: w.fair === true }, answers: [] }))),
+      );
+    }
+    if (b.backstops > 0 && !world.actors.some((a) => a.kind === 'backstop')) {
+      steps.push(
+        this.mutate(world, 'the reconciler guards redriven executions', (w) => (w.budget.backstops--, this.spawn(w, { id: `backstop-${w.budget.backstops}`, kind: 'backstop', args: {}, answers: [] }))),
+      );
     }
     // Clients renew their leases while they hold them: time passes only when none does.
     if (b.ticks > 0 && !world.actors.some((a) => a.kind === 'client' && this.holding(world, a))) {
       steps.push(this.mutate(world, 'time passes', (w) => this.tick(w)));
     }
-    return steps;
+    return steps.flatMap((step) => this.deliverEvents(step));
+  }
+
+  /**
+   * Events a step emitted are delivered at once, lost, or delivered twice. Delivering at once loses
+   * nothing: a delivery only starts a cleanup execution or a guard at its first step, and those steps
+   * can still come at any later moment, so a late event is a cleanup or a guard whose steps come late.
+   */
+  private deliverEvents(step: Step): Step[] {
+    if (step.world.events.length === 0) return [step];
+    const event = step.world.events[0];
+    const what = `${event.kind === 'status' ? `${event.status} event` : 'RUNNING event (redriven)'} of ${shortName(event.arn)} run ${event.run}`;
+    const variants: Step[] = [];
+    const variant = (label: string, op: (w: World) => void) => {
+      const w = clone(step.world);
+      op(w);
+      this.afterStep(w, label);
+      variants.push({ label: `${step.label}; ${label}`, world: w, time: step.time });
+    };
+    variant(`${what} delivered`, (w) => this.deliver(w, 0, false));
+    if (step.world.budget.duplicateEvents > 0) {
+      variant(`${what} delivered twice`, (w) => {
+        w.budget.duplicateEvents--;
+        this.deliver(w, 0, true);
+        this.deliver(w, w.events.findIndex((e) => e.arn === event.arn && e.kind === event.kind && e.run === event.run), false);
+      });
+    }
+    if (step.world.budget.lostEvents > 0) variant(`${what} lost`, (w) => (w.budget.lostEvents--, w.events.splice(0, 1)));
+    return variants.flatMap((v) => this.deliverEvents(v));
   }
 
   /** A step of one thread of an execution. */
@@ -429,6 +479,8 @@ export class Model {
     e.status = next.end === 'ok' ? 'SUCCEEDED' : 'FAILED';
     if (next.end === 'fail') e.error = next.error;
     this.statusChanged(w, e);
+    // A cleanup that succeeded has nothing more to do, and nobody asks about it: forget it.
+    if (e.machine === 'cleanup' && e.status === 'SUCCEEDED') w.execs = w.execs.filter((x) => x !== e);
   }
 
   private statusChanged(w: World, e: Exec): void {
@@ -450,7 +502,8 @@ export class Model {
         const e = this.exec(w, arn);
         const token = this.info(e).machine.state(leaf.thread.state).Resource.endsWith('.waitForTaskToken') ? `tok:${e.name}:${e.run}:stopped` : undefined;
         const kind = this.info(e).machine.state(leaf.thread.state).Resource.includes(':sfn:sendTaskSuccess') ? 'sendTaskSuccess' : 'dynamodb';
-        variants.push({ owner: arn, state: leaf.thread.state, kind, input: this.info(e).machine.taskInput(leaf.thread, this.host(w, e), token) as any });
+        const input = this.info(e).machine.taskInput(leaf.thread, this.host(w, e), token) as any;
+        variants.push({ owner: arn, state: leaf.thread.state, kind, input });
       }
     }
     return variants.map((late) =>
@@ -525,21 +578,16 @@ export class Model {
       w.execs.push(cleanup);
       this.startThreads(w, cleanup);
     } else {
-      w.actors.push({ id: `guard-${target.name}-${event.run}-${event.attempt}-${event.delivered}`, kind: 'guard', args: { event: this.statusEvent(target, event), attempt: event.attempt }, answers: [] });
+      this.spawn(w, { id: `guard-${target.name}-${event.run}-${event.attempt}-${event.delivered}`, kind: 'guard', args: { event: this.statusEvent(target, event), attempt: event.attempt }, answers: [] });
     }
   }
 
-  /** A "Step Functions Execution Status Change" event, as EventBridge delivers it. */
+  /** A "Step Functions Execution Status Change" event, as EventBridge delivers it (the fields our code reads). */
   private statusEvent(e: Exec, event: PendingEvent): unknown {
     return {
-      'version': '0',
-      'detail-type': 'Step Functions Execution Status Change',
-      'source': 'aws.states',
-      'time': event.time,
-      'detail': {
+      time: event.time,
+      detail: {
         executionArn: e.arn,
-        stateMachineArn: this.info(e).arn,
-        name: e.name,
         status: event.status,
         redriveCount: event.run,
         input: JSON.stringify(e.input),
@@ -554,9 +602,12 @@ export class Model {
     const config = this.s.reconciler;
     switch (actor.kind) {
       case 'sweep':
-        return sweep(config, false);
+        // The fair run's sweeps are whole; the search's are the holders' part, beside backstops.
+        return sweep(config, false, undefined, actor.args.whole ? undefined : { holders: true, redriven: false });
+      case 'backstop':
+        return sweep(config, false, undefined, { holders: false, redriven: true });
       case 'guard':
-        return guardRedrive(config, actor.args.event.detail);
+        return guardRedrive(config, actor.args.event);
       case 'client': {
         const options: ClientProtocolOptions = { tableName: this.s.tableName, clockSkewMs: config.clockSkewMs };
         const lockName = this.s.lockName;
@@ -578,7 +629,7 @@ export class Model {
       let step = flow.next();
       for (const answer of actor.answers) {
         if (step.done) break;
-        step = 'ok' in answer ? flow.next(answer.ok) : flow.throw(Object.assign(new Error(answer.err.message), { name: answer.err.name }));
+        step = 'err' in answer ? flow.throw(Object.assign(new Error(answer.err.message), { name: answer.err.name })) : flow.next(answer.ok);
       }
       return step.done ? { done: true } : { effect: step.value, done: false };
     } catch (e) {
@@ -593,6 +644,30 @@ export class Model {
   private actorSteps(world: World, actor: Actor): Step[] {
     const { effect } = this.replay(actor);
     if (!effect) throw new Error(`actor ${actor.id} has ended but is still listed`);
+    if (effect.service === 'clock') {
+      // The time, read as the step that follows is taken (time may have passed since the last one).
+      const w = clone(world);
+      const a = w.actors.find((x) => x.id === actor.id)!;
+      a.answers.push({ ok: BASE_TIME + w.clock * TICK_MS });
+      this.advance(w, a);
+      if (w.actors.includes(a)) return this.actorSteps(w, a);
+      this.afterStep(w, undefined);
+      return [{ label: `${actor.id}: ends`, world: w }];
+    }
+    if (effect.service === 'sfn' && ['DescribeExecution', 'GetExecutionHistory', 'ListExecutions'].includes(effect.action)) {
+      // Step Functions' reads are eventually consistent: a read answered with the actor's next step,
+      // with any view since the last tick (within the stale-read budget), covers the read made at any
+      // earlier moment since then. So it takes no step of its own.
+      return this.sfnCall(world, actor, effect.action, effect.input).flatMap((read) => {
+        const after = read.world.actors.find((x) => x.id === actor.id);
+        if (!after) return [read];
+        return this.actorSteps(read.world, after).map((next) => ({
+          label: `${read.label}, then ${next.label.startsWith(`${actor.id}: `) ? next.label.slice(actor.id.length + 2) : next.label}`,
+          world: next.world,
+          time: read.time || next.time,
+        }));
+      });
+    }
     const steps: Step[] = [];
     const answer = (label: string, op: (w: World) => Answer) =>
       steps.push(
@@ -621,6 +696,12 @@ export class Model {
     }
   }
 
+  /** Start an actor: its local effects are answered at once. */
+  private spawn(w: World, actor: Actor): void {
+    w.actors.push(actor);
+    this.advance(w, actor);
+  }
+
   /** Answer an actor's local effects (the time, ids) at once; drop it when its flow has ended. */
   private advance(w: World, actor: Actor): void {
     for (;;) {
@@ -641,8 +722,8 @@ export class Model {
         }
         return;
       }
-      if (effect!.service === 'clock') actor.answers.push({ ok: BASE_TIME + w.clock * TICK_MS });
-      else if (effect!.service === 'uuid') actor.answers.push({ ok: `uuid:${actor.id}:${actor.answers.length}` });
+      // The time is read when the flow's next call is made, not now (see actorSteps).
+      if (effect!.service === 'uuid') actor.answers.push({ ok: `uuid:${actor.id}:${actor.answers.length}` });
       else return;
     }
   }
@@ -714,7 +795,10 @@ export class Model {
                 const view = e.views[e.views.length - 1];
                 return view.status !== 'DOES_NOT_EXIST' && (!input.statusFilter || view.status === input.statusFilter) && (input.redriveFilter !== 'REDRIVEN' || view.redriveCount > 0);
               })
-              .map((e) => ({ executionArn: e.arn, status: e.views[e.views.length - 1].status, redriveCount: e.views[e.views.length - 1].redriveCount })),
+              .map((e) => {
+                const latest = e.views[e.views.length - 1];
+                return { executionArn: e.arn, status: latest.status, redriveCount: latest.redriveCount };
+              }),
           },
         }));
         return steps;
@@ -771,7 +855,7 @@ export class Model {
       const r = e.redrives[i];
       events.push({ type: 'TaskStateEntered', timestamp: new Date(r.at), stateEnteredEventDetails: { name: r.resumedAt } });
       events.push({ type: 'ExecutionAborted', timestamp: new Date(r.at) });
-      events.push({ type: 'ExecutionRedriven', timestamp: new Date(r.at) });
+      events.push({ type: 'ExecutionRedriven', timestamp: new Date(r.at), executionRedrivenEventDetails: { redriveCount: i + 1 } });
     }
     if (e.root && view.redriveCount === e.run) {
       for (const leaf of this.info(e).machine.leaves(e.root)) events.push({ type: 'TaskStateEntered', timestamp: new Date(leaf.thread.enteredAt), stateEnteredEventDetails: { name: leaf.thread.state } });
@@ -790,7 +874,23 @@ export class Model {
   // ---- plumbing ----
 
   private db(w: World): ModelDynamoDb {
-    return new ModelDynamoDb(w.tables, { [this.s.tableName]: this.s.keySchema });
+    const db = new ModelDynamoDb(w.tables, { [this.s.tableName]: this.s.keySchema });
+    const record = this.options.onUpdateItem;
+    if (!record) return db;
+    const updateItem = db.updateItem.bind(db);
+    db.updateItem = (input) => {
+      const item = () => db.getItem({ TableName: input.TableName, Key: input.Key }).Item;
+      const before = item();
+      try {
+        const out = updateItem(input);
+        record({ before, input: clone(input), attributes: out.Attributes, after: item() });
+        return out;
+      } catch (e) {
+        if (e instanceof DynamoDbError) record({ before, input: clone(input), error: e.name, after: item() });
+        throw e;
+      }
+    };
+    return db;
   }
 
   public lockItem(w: World): Item | undefined {
@@ -803,7 +903,11 @@ export class Model {
     const w = clone(world);
     op(w);
     this.afterStep(w, label);
-    const time = w.budget.timeouts < world.budget.timeouts || w.budget.sweeps < world.budget.sweeps || w.budget.ticks < world.budget.ticks;
+    const time =
+      w.budget.timeouts < world.budget.timeouts ||
+      w.budget.sweeps < world.budget.sweeps ||
+      w.budget.backstops < world.budget.backstops ||
+      w.budget.ticks < world.budget.ticks;
     return { label, world: w, time };
   }
 
@@ -868,10 +972,28 @@ export class Model {
     return result;
   }
 
+  /** Whether a step was a fault: it used some of the budget of faults. */
+  public isFault(before: World, after: World): boolean {
+    const a = before.budget;
+    const b = after.budget;
+    return (
+      b.stops < a.stops ||
+      b.inFlight < a.inFlight ||
+      b.redrives < a.redrives ||
+      b.serverErrors < a.serverErrors ||
+      b.lostWakeUps < a.lostWakeUps ||
+      b.lostEvents < a.lostEvents ||
+      b.duplicateEvents < a.duplicateEvents ||
+      b.staleReads < a.staleReads ||
+      b.bodyFailures < a.bodyFailures
+    );
+  }
+
   /** The world with no faults left to happen, and time free to pass (for the fair run). */
   public fairCopy(w: World): World {
     const copy = clone(w);
-    copy.budget = { ...NO_FAULTS, timeouts: 1_000, sweeps: 1_000, ticks: 1_000 };
+    copy.budget = { ...FAIR_BUDGET };
+    copy.fair = true;
     return copy;
   }
 
@@ -897,7 +1019,50 @@ export class Model {
    * duplicate state, never a missed one).
    */
   public key(w: World): string {
-    return JSON.stringify(w, (k, v) => (k === 'tables' ? stableStringify(v) : v));
+    return `${this.keyParts(w)}|${JSON.stringify(w.budget)}|${w.fair === true}`;
+  }
+
+  /** The key of `fairCopy(w)`, without making the copy. */
+  public fairKey(w: World): string {
+    return `${this.keyParts(w)}|${FAIR_BUDGET_TEXT}|true`;
+  }
+
+  /** Everything of a world's key but its budget (cached: a world is keyed as a successor, then for its fair run). */
+  private keyParts(w: World): string {
+    let parts = this.partsCache.get(w);
+    if (parts !== undefined) return parts;
+    const texts = w.execs.map((e) => JSON.stringify(e));
+    const rename = this.symmetry(w, texts);
+    const r = rename ?? ((t: string) => t);
+    const sorted = (list: string[]) => list.sort().join(',');
+    parts = [
+      stableStringify(w.tables, rename),
+      sorted(texts.map(r)),
+      sorted(w.actors.map((a) => r(JSON.stringify(a)))),
+      sorted(w.late.map((l) => r(JSON.stringify(l)))),
+      sorted(w.events.map((e) => r(JSON.stringify(e)))),
+      w.clock,
+      stableStringify(w.ghost, rename),
+    ].join('|');
+    this.partsCache.set(w, parts);
+    return parts;
+  }
+
+  /**
+   * The workflow's executions start alike (same input, same time), so a world and the world with
+   * their names swapped behave alike: the key is that of one representative, the world with the
+   * executions renamed in the order of their states (symmetry reduction). The executions' names occur
+   * in ARNs, tokens, ids and the names of their cleanups and guards. Undefined: no renaming needed.
+   */
+  private symmetry(w: World, texts: string[]): ((s: string) => string) | undefined {
+    const workflow = w.execs.map((e, i) => ({ e, text: texts[i] })).filter(({ e }) => e.machine === 'workflow');
+    if (workflow.length < 2) return undefined;
+    const masked = workflow.map(({ e, text }) => ({ name: e.name, sig: text.replace(NAME_PATTERN, (_m, prefix: string) => `${prefix}?`) }));
+    const names = masked.map((m) => m.name).sort();
+    masked.sort((a, b) => (a.sig < b.sig ? -1 : a.sig > b.sig ? 1 : 0));
+    const map = new Map(masked.map((m, i) => [m.name, names[i]]));
+    if ([...map].every(([from, to]) => from === to)) return undefined;
+    return (t: string) => t.replace(NAME_PATTERN, (_m, prefix: string, name: string) => `${prefix}${map.get(name) ?? name}`);
   }
 
   /** Where every execution is, and what is pending: for traces. */
@@ -922,6 +1087,13 @@ export class Model {
     return parts.sort().join(' ');
   }
 }
+
+/** The fair run's budget: no faults, and time that passes as often as needed. */
+const FAIR_BUDGET: Budget = { ...NO_FAULTS, timeouts: 1_000, sweeps: 1_000, ticks: 1_000 };
+const FAIR_BUDGET_TEXT = JSON.stringify(FAIR_BUDGET);
+
+/** Where a workflow execution's one-letter name occurs: its ARN, its tokens and ids, its cleanups and guards, its name. */
+const NAME_PATTERN = /(:execution:wf:|\btok:|\buuid:|\bcleanup-|\bguard-|"name":")([A-Z])(?=[:"-])/g;
 
 function iso(clock: number): string {
   return new Date(BASE_TIME + clock * TICK_MS).toISOString();

@@ -62,6 +62,8 @@ export function search(model: Model, options: SearchOptions = {}): SearchResult 
   const initial = model.initial();
   const visited = new Map<string, Visit>();
   const live = new Set<string>();
+  /** Liveness still to resolve: a state's fair run continues as the fair run of `next` (see below). */
+  const chain = new Map<string, { next: string; state: string }>();
   let fairRuns = 0;
   const rootHash = hash(model.key(initial));
   visited.set(rootHash, { label: 'start', depth: 0 });
@@ -90,12 +92,24 @@ export function search(model: Model, options: SearchOptions = {}): SearchResult 
 
   while (queue.length > 0) {
     for (const { world, hash: h } of queue) {
+      const successors = model.successors(world);
       if (options.liveness !== false) {
-        const stuck = fairRun(model, world, live);
-        fairRuns++;
-        if (stuck) return finish({ violation: stuck.violation, trace: replay(model, trace(h)), fairRun: stuck.run });
+        // The fair run's first step is the first step that is neither a fault nor time passing. That
+        // step leads to a state the search reaches too, so this state's fair run is that state's: a
+        // chain, resolved when the search is done. Only where time must pass does a fair run start here.
+        const fk = hash(model.fairKey(world));
+        const first = successors.find((s) => !s.time && !model.isFault(world, s.world));
+        if (live.has(fk)) {
+          // known
+        } else if (first !== undefined) {
+          chain.set(fk, { next: hash(model.fairKey(first.world)), state: h });
+        } else {
+          const stuck = fairRun(model, world, live);
+          fairRuns++;
+          if (stuck) return finish({ violation: stuck.violation, trace: replay(model, trace(h)), fairRun: stuck.run });
+        }
       }
-      for (const step of model.successors(world)) {
+      for (const step of successors) {
         transitions++;
         const key = model.key(step.world);
         const sh = hash(key);
@@ -112,7 +126,37 @@ export function search(model: Model, options: SearchOptions = {}): SearchResult 
     next = [];
     if (queue.length) depth++;
   }
+  // Liveness: every chain of first fair steps must end at a state whose fair run ended well.
+  for (const [start] of chain) {
+    const path: string[] = [];
+    const onPath = new Set<string>();
+    let k = start;
+    while (!live.has(k)) {
+      const link = chain.get(k);
+      if (!link || onPath.has(k)) {
+        // A state whose fair run was not made (a cycle of steps in which time never passes): make it.
+        const at = chain.get(k) ?? chain.get(path[path.length - 1])!;
+        const world = replayWorld(model, trace(at.state));
+        const stuck = fairRun(model, world, live);
+        fairRuns++;
+        if (stuck) return finish({ violation: stuck.violation, trace: replay(model, trace(at.state)), fairRun: stuck.run });
+        if (!live.has(k)) live.add(k);
+        break;
+      }
+      path.push(k);
+      onPath.add(k);
+      k = link.next;
+    }
+    for (const p of path) live.add(p);
+  }
   return finish();
+}
+
+/** The world a trace leads to. */
+function replayWorld(model: Model, labels: string[]): World {
+  let world = model.initial();
+  for (const label of labels) world = model.successors(world).find((s) => s.label === label)!.world;
+  return world;
 }
 
 /** The steps of a trace again, from the start, with the lock after each. */
@@ -138,24 +182,36 @@ const TIME_STEPS = [' waits', ' times out', 'the reconciler sweeps', 'time passe
  * Undefined if all is well; else what went wrong, and the run.
  */
 function fairRun(model: Model, start: World, live: Set<string>): { violation: string; run: TraceStep[] } | undefined {
+  const stuck = fairRunLabels(model, start, live);
+  if (!stuck) return undefined;
+  // Again, for the trace: the lock after each step.
+  let world = model.fairCopy(start);
+  const run = stuck.labels.map((label) => {
+    world = model.successors(world).find((s) => s.label === label)!.world;
+    return { label, lock: model.describeLock(world) };
+  });
+  return { violation: stuck.violation, run: run.slice(-40) };
+}
+
+function fairRunLabels(model: Model, start: World, live: Set<string>): { violation: string; labels: string[] } | undefined {
   let world = model.fairCopy(start);
   const seen: string[] = [];
-  const run: TraceStep[] = [];
   let turn = 0;
   let finalSweep = false;
   // Round robin: the step of whoever (an execution, an event, a reconciler run) waited longest.
   const served = new Map<string, number>();
   const who = (label: string) => label.split(':')[0];
+  const labels: string[] = [];
   const take = (step: Step) => {
-    run.push({ label: step.label, lock: model.describeLock(step.world) });
+    labels.push(step.label);
     world = step.world;
     return model.violations(world);
   };
   for (let i = 0; ; i++) {
     if (i === 2_000) {
-      return { violation: `the fair run did not end within 2,000 steps: an execution never finishes\n${model.describeWorld(world)}`, run: run.slice(-12) };
+      return { violation: `the fair run did not end within 2,000 steps: an execution never finishes\n${model.describeWorld(world)}`, labels };
     }
-    const h = hash(model.key(world));
+    const h = hash(model.fairKey(world));
     if (live.has(h)) break;
     seen.push(h);
     // The fair copy has no faults left: every step is either progress or the passing of time.
@@ -167,13 +223,13 @@ function fairRun(model: Model, start: World, live: Set<string>): { violation: st
     if (!step && model.quiescent(world)) {
       if (finalSweep) {
         const left = model.leftovers(world);
-        if (left) return { violation: left, run };
+        if (left) return { violation: left, labels };
         break;
       }
       // Everything has ended: time passes, and the reconciler's last sweep runs.
       finalSweep = true;
       const broken = take(steps.find((s) => s.label === 'time passes')!);
-      if (broken.length) return { violation: `in the fair run: ${broken[0]}`, run };
+      if (broken.length) return { violation: `in the fair run: ${broken[0]}`, labels };
       step = model.successors(world).find((s) => s.label === 'the reconciler sweeps')!;
     }
     for (let k = 0; !step && k < TIME_STEPS.length; k++) {
@@ -181,9 +237,9 @@ function fairRun(model: Model, start: World, live: Set<string>): { violation: st
       step = steps.find((s) => s.label.includes(kind));
       if (step) turn = (turn + k + 1) % TIME_STEPS.length;
     }
-    if (!step) return { violation: 'the fair run is stuck: nothing can happen, yet not everything has ended', run };
+    if (!step) return { violation: `the fair run is stuck: nothing can happen, yet not everything has ended\n${model.describeWorld(world)}`, labels };
     const broken = take(step);
-    if (broken.length) return { violation: `in the fair run: ${broken[0]}`, run };
+    if (broken.length) return { violation: `in the fair run: ${broken[0]}`, labels };
   }
   for (const h of seen) live.add(h);
   return undefined;

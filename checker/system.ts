@@ -50,6 +50,7 @@ export function buildSystem(props: Partial<ConcurrencyControlledWorkflowProps>):
   const workflow = new ConcurrencyControlledWorkflow(stack, 'Workflow', {
     body,
     lockName: 'lock',
+    stateMachineName: 'wf',
     permitPath: PERMIT_PATH,
     reconcilerScheduleEnabled: false,
     ...props,
@@ -60,12 +61,12 @@ export function buildSystem(props: Partial<ConcurrencyControlledWorkflowProps>):
 
   const machine = (sm: { node: { defaultChild?: unknown } }): MachineInfo => {
     const id = logicalId(sm);
-    const props = template.Resources[id].Properties!;
-    let definition = resolve(props.DefinitionString ?? props.Definition, resources, stack.stackName);
+    const properties = template.Resources[id].Properties!;
+    let definition = resolve(properties.DefinitionString ?? properties.Definition, resources, stack.stackName);
     if (typeof definition === 'string') definition = JSON.parse(definition);
-    if (props.DefinitionSubstitutions) {
+    if (properties.DefinitionSubstitutions) {
       let text = JSON.stringify(definition);
-      const subs = resolve(props.DefinitionSubstitutions, resources, stack.stackName) as Record<string, string>;
+      const subs = resolve(properties.DefinitionSubstitutions, resources, stack.stackName) as Record<string, string>;
       for (const [k, v] of Object.entries(subs)) text = text.split('${' + k + '}').join(v);
       definition = JSON.parse(text);
     }
@@ -76,7 +77,8 @@ export function buildSystem(props: Partial<ConcurrencyControlledWorkflowProps>):
   const tableId = logicalId(workflow.table.table);
   const tableProps = template.Resources[tableId].Properties!;
   const reconcilerId = logicalId(workflow.reconciler.reconcilerFunction);
-  const env = resolve(template.Resources[reconcilerId].Properties!.Environment?.Variables ?? {}, resources, stack.stackName) as Record<string, string>;
+  const variables = template.Resources[reconcilerId].Properties!.Environment?.Variables ?? {};
+  const env = resolve(variables, resources, stack.stackName) as Record<string, string>;
   const number = (v: string | undefined) => (v === undefined ? undefined : Number(v));
   const wf = machine(workflow.stateMachine);
   if (!wf.machine.isInside(STATE.runBody, BODY_TASK)) throw new Error(`the body task '${BODY_TASK}' is not inside '${STATE.runBody}'`);
@@ -95,6 +97,7 @@ export function buildSystem(props: Partial<ConcurrencyControlledWorkflowProps>):
         .split(',')
         .filter((a) => a !== '')
         .map((arn) => `${arn.replace(':stateMachine:', ':execution:')}:`),
+      stateMachineArns: (env.STATE_MACHINE_ARNS ?? '').split(',').filter((a) => a !== ''),
       clockSkewMs: Number(env.CLOCK_SKEW_SECONDS ?? '30') * 1000,
       lockName: env.LOCK_NAME,
       lockNamePath: env.LOCK_NAME_PATH,

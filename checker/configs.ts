@@ -1,0 +1,151 @@
+import { Duration } from 'aws-cdk-lib';
+import { Budget, NO_FAULTS } from './model';
+import { ConcurrencyControlledWorkflowProps, WaitStrategy } from '../src';
+
+/*
+ * The bounded configurations the checker searches exhaustively. Each is small enough to finish in
+ * seconds to a minute on one core, and together they cover every kind of non-determinism the model
+ * has. The test command runs all of them (test/protocol-checker.test.ts); `npm run check-protocol`
+ * runs them with a report, or one of them, or larger bounds.
+ */
+
+export interface CheckerConfig {
+  readonly name: string;
+  /** What it is for: the faults and the races it searches. */
+  readonly description: string;
+  readonly workflow: Partial<ConcurrencyControlledWorkflowProps>;
+  readonly executions: number;
+  readonly clients?: number;
+  readonly budget: Budget;
+  /**
+   * Which of the two test files runs it (test/protocol-checker*.test.ts), so that Jest's two workers
+   * share the search about evenly.
+   */
+  readonly shard: 1 | 2;
+}
+
+const QUEUE = { waitStrategy: WaitStrategy.QUEUE, queueCheckInterval: Duration.minutes(5) };
+const POLLING = { waitStrategy: WaitStrategy.POLLING };
+
+export const CONFIGS: CheckerConfig[] = [
+  {
+    name: 'queue-stops',
+    shard: 1,
+    description: 'queue, limit 1: an execution stopped anywhere with its write or wake-up on the way (landing later), then redriven',
+    workflow: { ...QUEUE, concurrencyLimit: 1 },
+    executions: 2,
+    budget: { ...NO_FAULTS, stops: 1, inFlight: 1, redrives: 1 },
+  },
+  {
+    name: 'queue-events',
+    shard: 2,
+    description: 'queue, limit 1: a stop and a redrive, with the status event of the stopped run delivered twice (late, after the redrive)',
+    workflow: { ...QUEUE, concurrencyLimit: 1 },
+    executions: 2,
+    budget: { ...NO_FAULTS, stops: 1, redrives: 1, duplicateEvents: 1 },
+  },
+  {
+    name: 'queue-timeouts',
+    shard: 1,
+    description: 'queue, limit 1: waits that time out, a lost wake-up, a stop',
+    workflow: { ...QUEUE, concurrencyLimit: 1 },
+    executions: 2,
+    budget: { ...NO_FAULTS, timeouts: 2, lostWakeUps: 1, stops: 1 },
+  },
+  {
+    name: 'queue-server-errors',
+    shard: 1,
+    description: 'queue, limit 1: writes whose response is lost (landed) or that fail before landing, a failing body, a timeout',
+    workflow: { ...QUEUE, concurrencyLimit: 1 },
+    executions: 2,
+    budget: { ...NO_FAULTS, serverErrors: 2, bodyFailures: 1, timeouts: 1 },
+  },
+  {
+    name: 'sweep',
+    shard: 1,
+    description: 'queue, limit 1: a sweep racing a stop and a redrive (its entry read before a claim)',
+    workflow: { ...QUEUE, concurrencyLimit: 1 },
+    executions: 2,
+    budget: { ...NO_FAULTS, stops: 1, redrives: 1, sweeps: 1 },
+  },
+  {
+    name: 'sweep-stale',
+    shard: 2,
+    description: 'queue, limit 1 with a lease: lost events, stale DescribeExecution, sweeps, time passing',
+    workflow: { ...QUEUE, concurrencyLimit: 1, leaseDuration: Duration.seconds(60) },
+    executions: 2,
+    budget: { ...NO_FAULTS, stops: 1, lostEvents: 1, staleReads: 1, sweeps: 1, ticks: 1 },
+  },
+  {
+    name: 'redrive-guard',
+    shard: 2,
+    description: 'queue, limit 1: stopped and redriven, the guard reading stale descriptions and histories (retried by Lambda)',
+    workflow: { ...QUEUE, concurrencyLimit: 1 },
+    executions: 2,
+    budget: { ...NO_FAULTS, stops: 1, redrives: 1, staleReads: 2 },
+  },
+  {
+    name: 'redrive-backstop',
+    shard: 2,
+    description: "queue, limit 1: stopped and redriven, the guard's event lost, the sweep guarding redriven executions instead",
+    workflow: { ...QUEUE, concurrencyLimit: 1 },
+    executions: 2,
+    budget: { ...NO_FAULTS, stops: 1, redrives: 1, lostEvents: 1, backstops: 1 },
+  },
+  {
+    name: 'polling',
+    shard: 1,
+    description: 'polling, limit 1: stops with late writes, redrive, a sweep',
+    workflow: { ...POLLING, concurrencyLimit: 1 },
+    executions: 2,
+    budget: { ...NO_FAULTS, stops: 1, inFlight: 1, redrives: 1, sweeps: 1 },
+  },
+  {
+    name: 'polling-server-errors',
+    shard: 1,
+    description: 'polling, limit 1: server errors (landed or not), a stop with a late write',
+    workflow: { ...POLLING, concurrencyLimit: 1 },
+    executions: 2,
+    budget: { ...NO_FAULTS, serverErrors: 2, stops: 1, inFlight: 1 },
+  },
+  {
+    name: 'acquire-timeout',
+    shard: 2,
+    description: 'queue with an acquire timeout (a Parallel whose branch is abandoned), limit 1: stops with late writes, timeouts',
+    workflow: { ...QUEUE, concurrencyLimit: 1, acquireTimeout: Duration.minutes(10) },
+    executions: 2,
+    budget: { ...NO_FAULTS, stops: 1, inFlight: 1, timeouts: 1 },
+  },
+  {
+    name: 'clients',
+    shard: 2,
+    description: 'queue, limit 1: an execution and a client lease (the CLI), either stopped or crashing, the lease reclaimed by a sweep once expired',
+    workflow: { ...QUEUE, concurrencyLimit: 1 },
+    executions: 1,
+    clients: 1,
+    budget: { ...NO_FAULTS, stops: 1, sweeps: 1, ticks: 1 },
+  },
+  {
+    name: 'two-clients',
+    shard: 1,
+    description: 'limit 1: two client leases racing, one crashing while it holds, its lease reclaimed by a sweep once expired',
+    workflow: { ...QUEUE, concurrencyLimit: 1 },
+    executions: 0,
+    clients: 2,
+    budget: { ...NO_FAULTS, stops: 1, sweeps: 1, ticks: 1 },
+  },
+  {
+    name: 'limit-2',
+    shard: 2,
+    description: 'queue, limit 2, three executions: a stop, a timeout, a lost wake-up',
+    workflow: { ...QUEUE, concurrencyLimit: 2 },
+    executions: 3,
+    budget: { ...NO_FAULTS, stops: 1, timeouts: 1, lostWakeUps: 1 },
+  },
+];
+
+export function configNamed(name: string): CheckerConfig {
+  const config = CONFIGS.find((c) => c.name === name);
+  if (!config) throw new Error(`no checker configuration '${name}'; there are: ${CONFIGS.map((c) => c.name).join(', ')}`);
+  return config;
+}

@@ -1,0 +1,111 @@
+import { describeCheckerShard } from './checker-shard';
+import { AslMachine } from '../checker/asl';
+import { CONFIGS, configNamed } from '../checker/configs';
+import { checkConfig, report } from '../checker/run';
+import { System } from '../checker/system';
+import { ACQUIRE_CONDITION, CLAIM_CONDITION, CLAIM_UPDATE, RELEASE_CONDITION } from '../src/private/lock-schema';
+
+/*
+ * The protocol checker (checker/) searches every interleaving of bounded configurations of the
+ * synthesized state machines, the reconciler's flows and the client, with the faults of each: here,
+ * all of them must hold every invariant. Then the checker is shown planted versions of the races it
+ * is for, and must find each, with a trace: a checker that cannot fail proves nothing.
+ */
+
+// Each configuration searches thousands to a hundred thousand states: seconds to a minute or two on one core.
+jest.setTimeout(15 * 60 * 1000);
+
+// This file runs shard 1 and the planted races; test/protocol-checker-2.test.ts runs shard 2, on the other worker.
+describeCheckerShard(1);
+
+test('the two shards run every configuration', () => {
+  expect(CONFIGS.filter((c) => c.shard !== 1 && c.shard !== 2)).toEqual([]);
+  expect(CONFIGS.filter((c) => c.shard === 1).length).toBeGreaterThan(3);
+  expect(CONFIGS.filter((c) => c.shard === 2).length).toBeGreaterThan(3);
+});
+
+/** The system with every Task state of the workflow changed by `change` (a copy of the definition). */
+function mutateWorkflow(change: (state: any) => void): (system: System) => System {
+  return (system) => {
+    const definition = JSON.parse(JSON.stringify(system.workflow.machine.definition));
+    const visit = (scope: any) => {
+      for (const state of Object.values<any>(scope.States)) {
+        if (state.Type === 'Task') change(state);
+        for (const branch of state.Branches ?? []) visit(branch);
+      }
+    };
+    visit(definition);
+    return { ...system, workflow: { ...system.workflow, machine: new AslMachine(definition) } };
+  };
+}
+
+describe('the checker finds the races of issue 14 when they are planted back', () => {
+  test('F1/F2: a claim that does not stamp its run lets a late cleanup of the stopped run free a permit in use', () => {
+    const result = checkConfig(configNamed('queue-stops'), {
+      mutate: mutateWorkflow((state) => {
+        const p = state.Parameters;
+        if (p?.UpdateExpression !== CLAIM_UPDATE) return;
+        p.ConditionExpression = RELEASE_CONDITION;
+        p.UpdateExpression = 'SET #fence = if_not_exists(#fence, :zero) + :one, #holder.claimed = :claimed REMOVE #token';
+        delete p.ExpressionAttributeValues[':acquiredAt'];
+        delete p.ExpressionAttributeValues[':redriveCount.$'];
+        delete p.ExpressionAttributeValues[':acquiredAt.$'];
+        delete p.ExpressionAttributeValues[':redriveCount'];
+      }),
+    });
+    console.log(report(configNamed('queue-stops'), result));
+    expect(result.counterexample?.violation).toMatch(/OwnEntry: [AB] is in the body \(run 1\) without an entry stamped with its run/);
+    expect(result.counterexample!.trace.length).toBeGreaterThan(2);
+  });
+
+  test('F3: a releaser redriven after its wake-up takes back the permit the woken waiter uses, without the run in the hand-off id', () => {
+    const result = checkConfig(configNamed('queue-stops'), {
+      mutate: mutateWorkflow((state) => {
+        const values = state.Parameters?.ExpressionAttributeValues;
+        const id = values?.[':handoffId']?.['S.$'];
+        if (typeof id === 'string') values[':handoffId']['S.$'] = id.replace('$$.Execution.RedriveCount', "'0'");
+        const entry = values?.[':entry']?.M?.handoffId?.['S.$'];
+        if (typeof entry === 'string') values[':entry'].M.handoffId['S.$'] = entry.replace('$$.Execution.RedriveCount', "'0'");
+      }),
+    });
+    console.log(report(configNamed('queue-stops'), result));
+    expect(result.counterexample?.violation).toMatch(/OwnEntry|inside at once/);
+    expect(result.counterexample!.trace.some((s) => /redriven/.test(s.label))).toBe(true);
+  });
+
+  test('F5: a sweep without a grace period frees a live permit on a stale "does not exist"', () => {
+    const config = configNamed('sweep-stale');
+    const result = checkConfig(config, { mutate: (system) => ({ ...system, reconciler: { ...system.reconciler, graceMs: 0 } }) });
+    console.log(report(config, result));
+    expect(result.counterexample?.violation).toMatch(/OwnEntry|inside at once/);
+    expect(result.counterexample!.trace.some((s) => /DOES_NOT_EXIST run 0 \(stale\)/.test(s.label))).toBe(true);
+  });
+
+  test('F6: an acquire that cannot tell its own entry from a full lock polls forever beside it', () => {
+    // Its own entry of its current run: an acquire that landed but whose response was lost (the
+    // sweep frees an entry of an earlier run by itself).
+    const config = configNamed('polling-server-errors');
+    const result = checkConfig(config, {
+      mutate: mutateWorkflow((state) => {
+        if (state.Parameters?.ConditionExpression === ACQUIRE_CONDITION) {
+          state.Parameters.ConditionExpression = '(attribute_not_exists(#permits) OR #permits < :limit) AND attribute_not_exists(#holder)';
+        }
+      }),
+    });
+    console.log(report(config, result));
+    expect(result.counterexample?.violation).toMatch(/never finishes/);
+    expect(result.counterexample!.fairRun!.some((s) => /Poll For Permit/.test(s.label))).toBe(true);
+  });
+
+  test('the claim is what the model runs: the planted change above touched the real definition', () => {
+    // Guards the mutations against going stale: the expressions they look for are in the definition.
+    const system = configNamed('queue-stops');
+    const seen: string[] = [];
+    checkConfig(system, {
+      maxStates: 1,
+      liveness: false,
+      mutate: mutateWorkflow((state) => seen.push(state.Parameters?.UpdateExpression, state.Parameters?.ConditionExpression)),
+    });
+    expect(seen).toEqual(expect.arrayContaining([CLAIM_UPDATE, CLAIM_CONDITION, ACQUIRE_CONDITION]));
+  });
+});

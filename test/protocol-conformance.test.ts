@@ -1,0 +1,202 @@
+import { CreateTableCommand } from '@aws-sdk/client-dynamodb';
+import { configNamed } from '../checker/configs';
+import { Item, ModelDynamoDb, stableStringify, UpdateItemInput } from '../checker/dynamodb-model';
+import { RecordedUpdate } from '../checker/model';
+import { checkConfig } from '../checker/run';
+import { LocalDynamoDb } from '../simulator';
+import {
+  ACQUIRE_CONDITION,
+  ACQUIRE_UPDATE,
+  CLAIM_CONDITION,
+  CLAIM_UPDATE,
+  CONCURRENCY_LIMIT,
+  FENCING_TOKEN,
+  LOCK_KEY,
+  NAMES,
+  PERMITS_IN_USE,
+  QUEUE_NAMES,
+  QUEUE_VALUES,
+  VALUES,
+} from '../src/private/lock-schema';
+
+/*
+ * The protocol checker evaluates DynamoDB expressions with its own model (checker/dynamodb-model.ts).
+ * Here the model's steps are replayed against dynalite, an independent implementation with DynamoDB's
+ * semantics: the same item before, the same request (the real expressions from lock-schema.ts, with
+ * the values the synthesized state machines and the flows computed), and the same outcome is expected:
+ * applied or refused (and with which error), the attributes returned, and the item after.
+ */
+
+const TABLE = 'conformance';
+let db: LocalDynamoDb;
+
+beforeAll(async () => {
+  db = await LocalDynamoDb.start();
+});
+afterAll(async () => {
+  await db.stop();
+});
+
+async function ensureTable(name: string): Promise<void> {
+  try {
+    await db.client.send(
+      new CreateTableCommand({
+        TableName: name,
+        KeySchema: [{ AttributeName: LOCK_KEY, KeyType: 'HASH' }],
+        AttributeDefinitions: [{ AttributeName: LOCK_KEY, AttributeType: 'S' }],
+        BillingMode: 'PAY_PER_REQUEST',
+      }),
+    );
+  } catch (e) {
+    if ((e as Error).name !== 'ResourceInUseException') throw e;
+  }
+}
+
+/** The outcome of a request on dynalite, from the item `before`. */
+async function onDynalite(before: Item | undefined, input: UpdateItemInput): Promise<Omit<RecordedUpdate, 'input' | 'before'>> {
+  await ensureTable(input.TableName);
+  if (before) await db.call('PutItem', { TableName: input.TableName, Item: before });
+  else await db.call('DeleteItem', { TableName: input.TableName, Key: input.Key });
+  let error: string | undefined;
+  let attributes: Item | undefined;
+  try {
+    attributes = (await db.call('UpdateItem', input)).Attributes as Item | undefined;
+  } catch (e) {
+    error = (e as Error).name;
+  }
+  const after = (await db.call('GetItem', { TableName: input.TableName, Key: input.Key, ConsistentRead: true })).Item as Item | undefined;
+  return { error, attributes: error ? undefined : attributes, after };
+}
+
+/** The outcome of a request on the model, from the item `before`. */
+function onModel(before: Item | undefined, input: UpdateItemInput): Omit<RecordedUpdate, 'input' | 'before'> {
+  const key = stableStringify([input.Key[LOCK_KEY]]);
+  const tables = { [input.TableName]: before ? { [key]: JSON.parse(JSON.stringify(before)) } : {} };
+  const model = new ModelDynamoDb(tables, { [input.TableName]: [LOCK_KEY] });
+  let error: string | undefined;
+  let attributes: Item | undefined;
+  try {
+    attributes = model.updateItem(input).Attributes;
+  } catch (e) {
+    error = (e as Error).name;
+  }
+  return { error, attributes, after: model.getItem({ TableName: input.TableName, Key: input.Key }).Item };
+}
+
+function same(outcome: Omit<RecordedUpdate, 'input' | 'before'>) {
+  return {
+    error: outcome.error,
+    attributes: outcome.attributes && stableStringify(outcome.attributes),
+    after: outcome.after && stableStringify(outcome.after),
+  };
+}
+
+const key = { [LOCK_KEY]: { S: 'lock' } };
+const holder = 'arn:aws:states:us-east-1:123456789012:execution:wf:a';
+const entry = (run: number) => ({ M: { acquiredAt: { S: '2026-01-01T00:00:00.000Z' }, redriveCount: { N: String(run) } } });
+const acquire = (limit: number): UpdateItemInput => ({
+  TableName: TABLE,
+  Key: key,
+  ConditionExpression: ACQUIRE_CONDITION,
+  UpdateExpression: ACQUIRE_UPDATE,
+  ExpressionAttributeNames: {
+    [NAMES.permits]: PERMITS_IN_USE,
+    [NAMES.holder]: holder,
+    [NAMES.limit]: CONCURRENCY_LIMIT,
+    [NAMES.fence]: FENCING_TOKEN,
+  },
+  ExpressionAttributeValues: { [VALUES.zero]: { N: '0' }, [VALUES.one]: { N: '1' }, [VALUES.limit]: { N: String(limit) }, [VALUES.entry]: entry(1) },
+  ReturnValues: 'UPDATED_NEW',
+});
+const claim = (run: number): UpdateItemInput => ({
+  TableName: TABLE,
+  Key: key,
+  ConditionExpression: CLAIM_CONDITION,
+  UpdateExpression: CLAIM_UPDATE,
+  ExpressionAttributeNames: { [NAMES.holder]: holder, [NAMES.fence]: FENCING_TOKEN, [QUEUE_NAMES.token]: `waitToken:${run}:${holder}` },
+  ExpressionAttributeValues: {
+    [VALUES.zero]: { N: '0' },
+    [VALUES.one]: { N: '1' },
+    [QUEUE_VALUES.claimed]: { BOOL: true },
+    [VALUES.acquiredAt]: { S: '2026-01-01T00:15:00.000Z' },
+    [VALUES.redriveCount]: { N: String(run) },
+  },
+  ReturnValues: 'UPDATED_NEW',
+});
+
+describe('edge cases the protocol relies on, on the model and on dynalite alike', () => {
+  const lock = (extra: Item = {}): Item => ({ ...key, [PERMITS_IN_USE]: { N: '1' }, [CONCURRENCY_LIMIT]: { N: '1' }, [FENCING_TOKEN]: { N: '4' }, ...extra });
+  test.each<[string, Item | undefined, UpdateItemInput, string | undefined]>([
+    ['the first acquire creates the lock item', undefined, acquire(1), undefined],
+    ['an acquire on a full lock is refused', lock({ other: entry(0) }), acquire(1), 'ConditionalCheckFailedException'],
+    ['an acquire that finds its own entry fails on it (ValidationException), whether the lock is full or not', lock({ [holder]: entry(0) }), acquire(1), 'ValidationException'],
+    ['... also below the limit', lock({ [holder]: entry(0) }), acquire(5), 'ValidationException'],
+    ['a claim stamps the run on an entry of an earlier run', lock({ [holder]: entry(0), [`waitToken:1:${holder}`]: { S: 'token' } }), claim(1), undefined],
+    ['a claim is refused on an entry of a later run', lock({ [holder]: entry(2) }), claim(1), 'ConditionalCheckFailedException'],
+    ['a claim is refused without an entry', lock(), claim(1), 'ConditionalCheckFailedException'],
+    [
+      'two paths that overlap are a ValidationException',
+      lock({ [holder]: entry(0) }),
+      {
+        TableName: TABLE,
+        Key: key,
+        UpdateExpression: 'SET #a = :v REMOVE #b',
+        ExpressionAttributeNames: { '#a': holder, '#b': holder },
+        ExpressionAttributeValues: { ':v': { N: '1' } },
+      },
+      'ValidationException',
+    ],
+    [
+      'a list element removed, another appended, UPDATED_OLD',
+      lock({ waiters: { L: [{ M: { id: { S: 'x' } } }, { M: { id: { S: 'y' } } }] } }),
+      {
+        TableName: TABLE,
+        Key: key,
+        ConditionExpression: '#w[0].id = :x AND size(#w) > :one',
+        UpdateExpression: 'SET #n = #w[0], #p = list_append(#p2, :l) REMOVE #w[0]',
+        ExpressionAttributeNames: { '#w': 'waiters', '#n': 'next', '#p': 'other', '#p2': 'waiters' },
+        ExpressionAttributeValues: { ':x': { S: 'x' }, ':one': { N: '1' }, ':l': { L: [{ S: 'z' }] } },
+        ReturnValues: 'UPDATED_OLD',
+      },
+      undefined,
+    ],
+    [
+      'an unused expression attribute value is a ValidationException',
+      lock(),
+      { TableName: TABLE, Key: key, UpdateExpression: 'SET #p = :one', ExpressionAttributeNames: { '#p': PERMITS_IN_USE }, ExpressionAttributeValues: { ':one': { N: '1' }, ':two': { N: '2' } } },
+      'ValidationException',
+    ],
+  ])('%s', async (_name, before, input, expected) => {
+    const model = onModel(before, input);
+    expect(model.error).toBe(expected);
+    expect(same(await onDynalite(before, input))).toEqual(same(model));
+  });
+});
+
+test('sampled steps of the checker\'s searches give the same outcome on dynalite', async () => {
+  const recorded = new Map<string, RecordedUpdate>();
+  for (const name of ['queue-stops', 'queue-server-errors', 'sweep-stale', 'redrive-guard', 'polling', 'clients']) {
+    checkConfig(configNamed(name), {
+      maxStates: 1_500,
+      liveness: false,
+      onUpdateItem: (call) => recorded.set(stableStringify([call.before, call.input]), call),
+    });
+  }
+  const calls = [...recorded.values()];
+  // Every few distinct steps, so that every configuration and outcome is in the sample.
+  const step = Math.max(1, Math.floor(calls.length / 400));
+  const sample = calls.filter((_c, i) => i % step === 0);
+  const outcomes = { applied: 0, refused: 0, invalid: 0 };
+  for (const call of sample) {
+    const dynalite = await onDynalite(call.before, call.input);
+    expect({ request: call.input, before: call.before, ...same(dynalite) }).toEqual({ request: call.input, before: call.before, ...same(call) });
+    if (call.error === undefined) outcomes.applied++;
+    else if (call.error === 'ConditionalCheckFailedException') outcomes.refused++;
+    else outcomes.invalid++;
+  }
+  // The sample has every kind of outcome: writes applied, conditions refused, requests rejected as invalid.
+  expect(sample.length).toBeGreaterThan(150);
+  expect(outcomes.applied).toBeGreaterThan(20);
+  expect(outcomes.refused).toBeGreaterThan(20);
+  expect(outcomes.invalid).toBeGreaterThan(0);
+});
