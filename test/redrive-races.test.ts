@@ -1,9 +1,9 @@
 import { Duration } from 'aws-cdk-lib';
 import { ApiError, Simulator, TaskContext, TaskError } from '../simulator';
 import { WaitStrategy } from '../src';
+import { lockState, stateMachineLogicalId, WorkTracker, workflowStack } from './helpers';
 import { HOLDER_REDRIVE_COUNT } from '../src/private/lock-schema';
 import { STATE } from '../src/private/state-names';
-import { lockState, stateMachineLogicalId, WorkTracker, workflowStack } from './helpers';
 
 /*
  * The races of issue 14, each at limit 1 with two executions, in the simulator: a holder entry that
