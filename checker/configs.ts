@@ -70,7 +70,7 @@ export const CONFIGS: CheckerConfig[] = [
   },
   {
     name: 'sweep-stale',
-    shard: 2,
+    shard: 1,
     description: 'queue, limit 1 with a lease: lost events, stale DescribeExecution, sweeps, time passing',
     workflow: { ...QUEUE, concurrencyLimit: 1, leaseDuration: Duration.seconds(60) },
     executions: 2,

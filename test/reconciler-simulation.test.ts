@@ -84,12 +84,13 @@ test('aborts during acquire (the late-acquire race) never leak after a reconcile
           [VALUES.zero]: { N: '0' },
           [VALUES.one]: { N: '1' },
           [VALUES.limit]: { N: '40' },
-          [VALUES.entry]: { M: { acquiredAt: { S: new Date().toISOString() }, redriveCount: { N: '0' } } },
+          [VALUES.entry]: { M: { acquiredAt: { S: new Date(sim.now()).toISOString() }, redriveCount: { N: '0' } } },
         },
       }),
     );
     const [leaked] = await lockState(sim);
     expect(leaked.permitsInUse).toBe(before.permitsInUse + 1);
+    await sim.sleep(GRACE_MS / 1000); // the sweep leaves an entry younger than its grace period
 
     await sweep(sim);
 
@@ -131,7 +132,7 @@ test('the queue: the sweep drops a waiter stopped while queued and hands the per
           [VALUES.zero]: { N: '0' },
           [VALUES.one]: { N: '1' },
           [VALUES.limit]: { N: '1' },
-          [VALUES.entry]: { M: { acquiredAt: { S: new Date().toISOString() }, redriveCount: { N: '0' } } },
+          [VALUES.entry]: { M: { acquiredAt: { S: new Date(sim.now()).toISOString() }, redriveCount: { N: '0' } } },
         },
       }),
     );
@@ -146,6 +147,7 @@ test('the queue: the sweep drops a waiter stopped while queued and hands the per
     await sim.sleep(5);
     const queued = async () => ((await sim.scan('WorkflowLockTable'))[0][WAITERS].L ?? []).map((w) => w.M!.id.S);
     expect(await queued()).toEqual([a.arn, b.arn, c.arn]); // its cleanup found nothing held; its entry stays
+    await sim.sleep(GRACE_MS / 1000); // the sweep leaves an entry younger than its grace period
 
     const result = await sweep(sim);
 
@@ -311,7 +313,7 @@ describe('redrive guard', () => {
     }
   });
 
-  test('redriven at its acquire, an execution whose last acquire landed after its stop gets its stale permit freed', async () => {
+  test('redriven at its acquire, an execution whose last acquire landed after its stop claims that entry for its new run', async () => {
     const { stack, workflow, workFunctionId } = workflowStack({ concurrencyLimit: 1, reconcilerScheduleEnabled: false });
     const work = new WorkTracker((input) => input.seconds);
     let slow = true;
@@ -339,8 +341,9 @@ describe('redrive guard', () => {
       const again = await sim.redriveExecution(execution.arn);
       await sim.idle();
 
-      // Without the guard its acquire would fail on its own entry, and it would wait forever.
+      // Its acquire finds its own entry (not a full lock) and claims it: it neither waits beside it nor takes a second.
       expect(again.status).toBe('SUCCEEDED');
+      expect(again.stateTransitions.get('Claim Own Permit')).toBe(1);
       expect(work.byExecution.get(execution.arn)).toBe(1);
       expect(await lockState(sim)).toEqual([{ lockName: 'TestStack/Workflow', permitsInUse: 0, holders: [] }]);
     } finally {
