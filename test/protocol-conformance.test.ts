@@ -28,16 +28,18 @@ import {
  */
 
 const TABLE = 'conformance';
-let db: LocalDynamoDb;
+// Started on first use, after the searches: a search blocks the event loop for seconds, and a server
+// started before it reset the first connection made after it (ECONNRESET) on a loaded machine.
+let started: Promise<LocalDynamoDb> | undefined;
+const tables = new Set<string>();
 
-beforeAll(async () => {
-  db = await LocalDynamoDb.start();
-});
 afterAll(async () => {
-  await db.stop();
+  await (await started)?.stop();
 });
 
-async function ensureTable(name: string): Promise<void> {
+async function ensureTable(name: string, attempt = 1): Promise<void> {
+  if (tables.has(name)) return;
+  const db = await (started ??= LocalDynamoDb.start());
   try {
     await db.client.send(
       new CreateTableCommand({
@@ -48,13 +50,17 @@ async function ensureTable(name: string): Promise<void> {
       }),
     );
   } catch (e) {
+    // A connection reset is the local socket's, not DynamoDB's answer: try once more.
+    if (attempt === 1 && /ECONNRESET/.test(String((e as Error).message))) return ensureTable(name, 2);
     if ((e as Error).name !== 'ResourceInUseException') throw e;
   }
+  tables.add(name);
 }
 
 /** The outcome of a request on dynalite, from the item `before`. */
 async function onDynalite(before: Item | undefined, input: UpdateItemInput): Promise<Omit<RecordedUpdate, 'input' | 'before'>> {
   await ensureTable(input.TableName);
+  const db = await started!;
   if (before) await db.call('PutItem', { TableName: input.TableName, Item: before });
   else await db.call('DeleteItem', { TableName: input.TableName, Key: input.Key });
   let error: string | undefined;
