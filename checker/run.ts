@@ -1,3 +1,6 @@
+import * as childProcess from 'child_process';
+import * as os from 'os';
+import * as path from 'path';
 import { CheckerConfig, CONFIGS, configNamed } from './configs';
 import { Budget, Model, RecordedUpdate } from './model';
 import { search, SearchOptions, SearchResult } from './search';
@@ -12,6 +15,7 @@ import { buildSystem, System } from './system';
  *   npm run check-protocol -- queue-stops polling    some of them
  *   npm run check-protocol -- queue-stops --budget '{"stops":2}' --executions 3   larger bounds
  *   npm run check-protocol -- --list
+ *   npm run check-protocol -- --jobs 1                one process (by default, two: one per shard)
  */
 
 export interface CheckOptions extends SearchOptions {
@@ -47,9 +51,9 @@ export function report(config: CheckerConfig, result: SearchResult): string {
   return lines.join('\n');
 }
 
-function main(argv: string[]): number {
+function main(argv: string[]): number | Promise<number> {
   if (argv.includes('--help')) {
-    console.log('usage: npm run check-protocol -- [config ...] [--list] [--budget JSON] [--executions N] [--max-states N] [--no-liveness]');
+    console.log('usage: npm run check-protocol -- [config ...] [--list] [--budget JSON] [--executions N] [--max-states N] [--no-liveness] [--jobs N]');
     return 0;
   }
   if (argv.includes('--list')) {
@@ -69,23 +73,83 @@ function main(argv: string[]): number {
     budget: { ...c.budget, ...budget },
     executions: executions ?? c.executions,
   }));
+  const started = Date.now();
+  const jobs = Math.min(Number(value('--jobs') ?? DEFAULT_JOBS), configs.length);
+  if (jobs > 1 && !argv.includes('--worker')) return runInParallel(configs, jobs, argv, started);
   let failed = 0;
   let states = 0;
-  const started = Date.now();
   for (const config of configs) {
     const result = checkConfig(config, {
       maxStates: value('--max-states') ? Number(value('--max-states')) : undefined,
       liveness: !argv.includes('--no-liveness'),
-      progress: (n, d) => process.stderr.write(`  ${config.name}: ${n.toLocaleString('en-US')} states, depth ${d}\r`),
+      progress: argv.includes('--worker') ? undefined : (n, d) => process.stderr.write(`  ${config.name}: ${n.toLocaleString('en-US')} states, depth ${d}\r`),
     });
     states += result.states;
     console.log(report(config, result));
     if (result.counterexample || result.incomplete) failed++;
   }
-  console.log(`\n${configs.length} configurations, ${states.toLocaleString('en-US')} states in ${((Date.now() - started) / 1000).toFixed(1)} s: ${failed ? `${failed} failed` : 'no violation'}`);
+  if (argv.includes('--worker')) {
+    console.log(`${WORKER_TOTALS} ${states} ${failed}`);
+  } else {
+    console.log(summary(configs.length, states, started, failed));
+  }
+  return failed ? 1 : 0;
+}
+
+/** One search per core: the configurations split by their shard (checker/configs.ts), each half in a process of its own. */
+const DEFAULT_JOBS = Math.min(2, os.cpus().length);
+const WORKER_TOTALS = '#totals';
+
+function summary(configurations: number, states: number, started: number, failed: number): string {
+  const seconds = ((Date.now() - started) / 1000).toFixed(1);
+  return `\n${configurations} configurations, ${states.toLocaleString('en-US')} states in ${seconds} s: ${failed ? `${failed} failed` : 'no violation'}`;
+}
+
+/** Run the configurations in `jobs` child processes (this file, with --worker), and report as one run would. */
+async function runInParallel(configs: CheckerConfig[], jobs: number, argv: string[], started: number): Promise<number> {
+  const groups: CheckerConfig[][] = Array.from({ length: jobs }, () => []);
+  // Shard 1 and 2 are balanced for two; more jobs deal the configurations out in turn.
+  configs.forEach((c, i) => groups[jobs === 2 ? c.shard - 1 : i % jobs].push(c));
+  const flags = argv.filter((a, i) => !configs.some((c) => c.name === a) && a !== '--jobs' && argv[i - 1] !== '--jobs');
+  const outputs = await Promise.all(
+    groups
+      .filter((g) => g.length > 0)
+      .map(
+        (group) =>
+          new Promise<string>((resolve, reject) => {
+            const child = childProcess.spawn(
+              process.execPath,
+              ['-r', 'ts-node/register/transpile-only', __filename, ...group.map((c) => c.name), ...flags, '--worker'],
+              { env: { ...process.env, TS_NODE_PROJECT: path.join(__dirname, '..', 'tsconfig.dev.json') }, stdio: ['ignore', 'pipe', 'inherit'] },
+            );
+            let out = '';
+            child.stdout.on('data', (d: Buffer) => (out += d.toString()));
+            child.on('error', reject);
+            child.on('close', () => resolve(out));
+          }),
+      ),
+  );
+  let states = 0;
+  let failed = 0;
+  let reported = 0;
+  for (const out of outputs) {
+    const lines = out.trimEnd().split('\n');
+    const totals = lines.find((l) => l.startsWith(WORKER_TOTALS));
+    if (totals === undefined) {
+      // A worker that died (out of memory, a crash) failed every configuration it had.
+      failed++;
+    } else {
+      const [, n, f] = totals.split(' ');
+      states += Number(n);
+      failed += Number(f);
+      reported++;
+    }
+    console.log(lines.filter((l) => !l.startsWith(WORKER_TOTALS)).join('\n'));
+  }
+  console.log(summary(configs.length, states, started, failed) + (reported < outputs.length ? ' (a worker died)' : ''));
   return failed ? 1 : 0;
 }
 
 if (require.main === module) {
-  process.exitCode = main(process.argv.slice(2));
+  void Promise.resolve(main(process.argv.slice(2))).then((code) => (process.exitCode = code));
 }

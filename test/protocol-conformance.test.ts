@@ -31,14 +31,14 @@ const TABLE = 'conformance';
 // Started on first use, after the searches: a search blocks the event loop for seconds, and a server
 // started before it reset the first connection made after it (ECONNRESET) on a loaded machine.
 let started: Promise<LocalDynamoDb> | undefined;
-const tables = new Set<string>();
+const created = new Set<string>();
 
 afterAll(async () => {
   await (await started)?.stop();
 });
 
 async function ensureTable(name: string, attempt = 1): Promise<void> {
-  if (tables.has(name)) return;
+  if (created.has(name)) return;
   const db = await (started ??= LocalDynamoDb.start());
   try {
     await db.client.send(
@@ -54,7 +54,7 @@ async function ensureTable(name: string, attempt = 1): Promise<void> {
     if (attempt === 1 && /ECONNRESET/.test(String((e as Error).message))) return ensureTable(name, 2);
     if ((e as Error).name !== 'ResourceInUseException') throw e;
   }
-  tables.add(name);
+  created.add(name);
 }
 
 /** The outcome of a request on dynalite, from the item `before`. */
