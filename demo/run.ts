@@ -85,6 +85,7 @@ export function demoSubject(limit: number, props: Partial<ConcurrencyControlledW
     leaveStates: BODY_LEAVE,
     acquireStates: ACQUIRE_STATES,
     bodyStates: ['Run Work'],
+    bodyFunctions: ['WorkFunction'],
   };
 }
 
@@ -96,6 +97,8 @@ export function summaryTable(result: ScenarioResult, limit: number): string {
     ['permits left held', `${result.permitsLeftHeld} (after the reconciler's run, which reclaimed ${result.reclaimedByReconciler})`],
     ['transitions per execution', `${result.transitionsPerExecution.toFixed(1)} (${result.overheadTransitionsPerExecution.toFixed(1)} beside the body)`],
     ['DynamoDB calls per execution', result.dynamoCallsPerExecution.toFixed(1)],
+    ['capacity per execution', `${result.writeUnitsPerExecution.toFixed(1)} WCU, ${result.readUnitsPerExecution.toFixed(1)} RCU (lock item up to ${(result.largestLockItemBytes / 1024).toFixed(1)} KB)`],
+    ['cost per 1,000 executions', `$${result.dollarsPer1000.toFixed(3)} (transitions, capacity and Lambda beside the body)`],
     ['cleanup executions', `${result.cleanupExecutions} (${result.cleanupDynamoCalls} DynamoDB calls)`],
     ['drain time', `${result.drainSeconds.toFixed(0)} s, ${result.drainRatio.toFixed(2)}x the ideal ${result.idealSeconds} s`],
   ];

@@ -55,6 +55,9 @@ interface Waiter {
 
 /** Tokens issued and the tasks waiting on them. */
 export class CallbackTokens {
+  /** Length of the tokens issued (at least what their content needs): AWS's are opaque, up to 2,048 characters. */
+  public tokenLength = 0;
+
   private readonly waiters = new Map<string, Waiter>();
   private issued = 0;
 
@@ -65,8 +68,9 @@ export class CallbackTokens {
   /** A new token for one attempt of a task. */
   public issue(executionArn: string, stateName: string): string {
     const serial = ++this.issued;
-    // Opaque, like AWS's; long enough to look like one in logs.
-    return `AQ${Buffer.from(JSON.stringify({ e: executionArn, s: stateName, n: serial })).toString('base64')}`;
+    // Opaque, like AWS's, and as long as they are in practice: the queue stores them, and DynamoDB bills by size.
+    const token = `AQ${Buffer.from(JSON.stringify({ e: executionArn, s: stateName, n: serial })).toString('base64')}`;
+    return token.length >= this.tokenLength ? token : `${token}.${'x'.repeat(this.tokenLength - token.length - 1)}`;
   }
 
   /**

@@ -7,6 +7,21 @@ import { chance, Random } from './random';
 // dynalite has no type declarations.
 // eslint-disable-next-line @typescript-eslint/no-require-imports
 const dynalite = require('dynalite') as (options: Record<string, unknown>) => http.Server;
+// eslint-disable-next-line @typescript-eslint/no-require-imports
+const dynaliteDb = require('dynalite/db') as { itemSize(item: Record<string, unknown>): number };
+
+/**
+ * An item's size as DynamoDB counts it: the lengths of its attribute names plus the sizes of their
+ * values (https://docs.aws.amazon.com/amazondynamodb/latest/developerguide/CapacityUnitCalculations.html).
+ */
+export function itemSizeBytes(item: Record<string, unknown>): number {
+  return dynaliteDb.itemSize(item);
+}
+
+/** Write units of a write on an item of `bytes` (the larger of its sizes before and after): 1 per KB, at least 1. */
+export function writeUnits(bytes: number): number {
+  return Math.max(1, Math.ceil(bytes / 1024));
+}
 
 /** Actions of the optimized integration; the AWS SDK integration takes any that dynalite has. */
 const OPTIMIZED_ACTIONS = ['getItem', 'putItem', 'updateItem', 'deleteItem'];
@@ -34,6 +49,31 @@ export interface DynamoFaults {
    * @default 0
    */
   readonly maxLatencySeconds?: number;
+}
+
+/**
+ * DynamoDB's capacity rules, as it bills and throttles on-demand tables: a write costs 1 write unit
+ * per KB of the larger of the item's sizes before and after it (a refused condition is billed too, by
+ * the item's size), a strongly consistent read 1 read unit per 4 KB (half that eventually consistent),
+ * a transactional write twice; and one partition serves at most 1,000 write units and 3,000 read
+ * units a second, throttling beyond (ProvisionedThroughputExceeded, not applied). One item is one
+ * partition here (a hot key cannot be split).
+ * https://docs.aws.amazon.com/amazondynamodb/latest/developerguide/read-write-operations.html
+ * https://docs.aws.amazon.com/amazondynamodb/latest/developerguide/bp-partition-key-design.html
+ */
+export interface CapacityOptions {
+  /** Throttle a partition key beyond the per-partition rates. @default false */
+  readonly partitionLimits?: boolean;
+  /** @default 1000 */
+  readonly writeUnitsPerSecond?: number;
+  /** @default 3000 */
+  readonly readUnitsPerSecond?: number;
+}
+
+/** Capacity units one call consumed. */
+export interface ConsumedUnits {
+  readonly write: number;
+  readonly read: number;
 }
 
 /** A running dynalite server, with an SDK client and a fast raw client for it. */
@@ -144,8 +184,15 @@ export class DynamoTaskRunner {
 
   /** Calls made, faulted ones included. */
   public calls = 0;
-  /** Calls rejected by injected throttling. */
+  /** Calls rejected by injected throttling, or by a partition over its capacity. */
   public throttled = 0;
+  /** Of those, the calls a partition over its capacity rejected. */
+  public capacityThrottled = 0;
+  /** Write and read units consumed, as DynamoDB bills them. */
+  public writeUnits = 0;
+  public readUnits = 0;
+  /** Per partition key: the simulated second and the units consumed in it, and the units of the key's last write. */
+  private readonly partitions = new Map<string, { second: number; write: number; read: number; lastWrite: number }>();
 
   constructor(
     private readonly db: LocalDynamoDb,
@@ -153,9 +200,16 @@ export class DynamoTaskRunner {
     /** Sleeps simulated seconds. */
     private readonly sleep: (seconds: number) => Promise<void>,
     public faults: DynamoFaults = {},
+    private readonly capacity: CapacityOptions = {},
+    /** The simulated clock, epoch milliseconds. */
+    private readonly now: () => number = Date.now,
   ) {}
 
-  public async run(resource: string, parameters: Record<string, any>): Promise<unknown> {
+  /**
+   * Run one task's call. `onConsumed` hears the capacity units it consumed (none when it was throttled
+   * or failed before DynamoDB decided).
+   */
+  public async run(resource: string, parameters: Record<string, any>, onConsumed?: (units: ConsumedUnits) => void): Promise<unknown> {
     const m = /^arn:aws:states:::(aws-sdk:)?dynamodb:([A-Za-z]+)$/.exec(resource);
     if (!m || (!m[1] && !OPTIMIZED_ACTIONS.includes(m[2]))) {
       throw new Error(`unsupported DynamoDB resource ${resource}`);
@@ -171,19 +225,81 @@ export class DynamoTaskRunner {
     if (this.faults.maxLatencySeconds) {
       await this.sleep(this.random() * this.faults.maxLatencySeconds);
     }
+    const partition = this.partitionOf(parameters);
+    if (partition !== undefined && this.overCapacity(partition, action)) {
+      this.throttled++;
+      this.capacityThrottled++;
+      throw errorName(sdkIntegration, 'ProvisionedThroughputExceededException', 'The level of configured provisioned throughput for one partition was exceeded (capacity model)');
+    }
+    const measured = parameters.ReturnConsumedCapacity === undefined ? { ...parameters, ReturnConsumedCapacity: 'TOTAL' } : parameters;
     let response: Record<string, unknown>;
     try {
-      response = await this.db.call(action, parameters);
+      response = await this.db.call(action, measured);
     } catch (e) {
       const err = e as Error;
+      if (err.name === 'ConditionalCheckFailedException' && WRITE_ACTIONS.includes(action)) {
+        // Billed as a write of the item as it is (a PutItem, which names no key here: as the item it puts).
+        const item =
+          parameters.Key === undefined
+            ? parameters.Item
+            : (await this.db.call('GetItem', { TableName: parameters.TableName, Key: parameters.Key, ConsistentRead: true })).Item;
+        this.consume(partition, { write: writeUnits(item ? itemSizeBytes(item as Record<string, unknown>) : 0), read: 0 }, onConsumed);
+      }
       throw errorName(sdkIntegration, err.name, err.message);
     }
+    const consumed = response.ConsumedCapacity as { CapacityUnits?: number } | undefined;
+    if (measured !== parameters) delete response.ConsumedCapacity;
+    const units = consumed?.CapacityUnits ?? 0;
+    const factor = action.startsWith('Transact') ? 2 : 1;
+    this.consume(partition, READ_ACTIONS.includes(action) ? { write: 0, read: units * factor } : { write: units * factor, read: 0 }, onConsumed);
     if (chance(this.random, this.faults.serverErrorAfterWriteRate ?? 0)) {
       throw errorName(sdkIntegration, 'InternalServerError', 'Internal server error after the write was applied (injected)');
     }
     return response;
   }
+
+  /** The partition a single-item call goes to (table and key); undefined for a scan, a transaction, or a PutItem (whose key schema the runner does not know). */
+  private partitionOf(parameters: Record<string, any>): string | undefined {
+    return parameters.Key === undefined ? undefined : `${parameters.TableName}|${JSON.stringify(parameters.Key)}`;
+  }
+
+  /** Whether the call would take its partition over its rate this simulated second (a write estimated as the key's last). */
+  private overCapacity(partition: string, action: string): boolean {
+    if (this.capacity.partitionLimits !== true) return false;
+    const p = this.partitionNow(partition);
+    if (WRITE_ACTIONS.includes(action)) return p.write + p.lastWrite > (this.capacity.writeUnitsPerSecond ?? 1000);
+    return p.read + 1 > (this.capacity.readUnitsPerSecond ?? 3000);
+  }
+
+  private partitionNow(partition: string): { second: number; write: number; read: number; lastWrite: number } {
+    const second = Math.floor(this.now() / 1000);
+    let p = this.partitions.get(partition);
+    if (p === undefined) {
+      p = { second, write: 0, read: 0, lastWrite: 1 };
+      this.partitions.set(partition, p);
+    } else if (p.second !== second) {
+      p.second = second;
+      p.write = 0;
+      p.read = 0;
+    }
+    return p;
+  }
+
+  private consume(partition: string | undefined, units: ConsumedUnits, onConsumed?: (units: ConsumedUnits) => void): void {
+    this.writeUnits += units.write;
+    this.readUnits += units.read;
+    if (partition !== undefined) {
+      const p = this.partitionNow(partition);
+      p.write += units.write;
+      p.read += units.read;
+      if (units.write > 0) p.lastWrite = units.write;
+    }
+    onConsumed?.(units);
+  }
 }
+
+const WRITE_ACTIONS = ['UpdateItem', 'PutItem', 'DeleteItem'];
+const READ_ACTIONS = ['GetItem', 'Query', 'Scan', 'BatchGetItem'];
 
 /**
  * The name Step Functions gives a DynamoDB error. Optimized integrations report the Java SDK v1

@@ -1,5 +1,5 @@
 import { Stack } from 'aws-cdk-lib';
-import { DynamoFaults } from './dynamodb';
+import { CapacityOptions, DynamoFaults } from './dynamodb';
 import { seededRandom } from './random';
 import { InsideTracker, LockLayout, LockMonitor, lockStates } from './semaphore';
 import { Execution, Simulator } from './simulator';
@@ -27,7 +27,25 @@ export interface Subject {
   readonly acquireStates: string[];
   /** States of the user's body, whose transitions are not the semaphore's overhead. */
   readonly bodyStates: string[];
+  /** Logical ID prefixes of the body's Lambda functions, whose invocations are not the semaphore's cost. @default [] */
+  readonly bodyFunctions?: string[];
 }
+
+/**
+ * Prices, US East (N. Virginia), on-demand: what the bench's dollars are made of.
+ * https://aws.amazon.com/step-functions/pricing/ https://aws.amazon.com/dynamodb/pricing/on-demand/
+ * https://aws.amazon.com/lambda/pricing/
+ */
+export const PRICES = {
+  /** Standard workflows, per state transition. */
+  transition: 25 / 1e6,
+  /** Per write request unit. */
+  writeUnit: 0.625 / 1e6,
+  /** Per read request unit. */
+  readUnit: 0.125 / 1e6,
+  /** A Lambda invocation of the semaphore's functions: the request, and 100 ms at 256 MB (an assumption: the simulator does not time them). */
+  lambdaInvocation: 0.2 / 1e6 + 0.1 * 0.25 * 0.0000166667,
+} as const;
 
 export interface ScenarioOptions {
   readonly executions: number;
@@ -55,6 +73,10 @@ export interface ScenarioOptions {
   /** Status-change events are delayed by up to this many simulated seconds. @default 0 */
   readonly maxEventDelaySeconds?: number;
   readonly dynamoFaults?: DynamoFaults;
+  /** DynamoDB's capacity rules (units are always counted). @default - counted, partition limits off */
+  readonly capacity?: CapacityOptions;
+  /** Length of task tokens. @default 700 */
+  readonly taskTokenLength?: number;
   /** Probability that a wake-up (SendTaskSuccess from a task) is lost. @default 0 */
   readonly lostWakeUpRate?: number;
   /** @default 1 */
@@ -103,6 +125,20 @@ export interface ScenarioResult {
   readonly transitionsPerExecution: number;
   readonly overheadTransitionsPerExecution: number;
   readonly dynamoCallsPerExecution: number;
+  /** Write and read units per execution, as DynamoDB bills them: the workflow's and its cleanups' calls (not the reconciler's). */
+  readonly writeUnitsPerExecution: number;
+  readonly readUnitsPerExecution: number;
+  /** The largest lock item sampled, bytes: every write to it is billed by its size. */
+  readonly largestLockItemBytes: number;
+  /** DynamoDB calls a partition over its capacity throttled (retried by the states' Retry, or failing them). */
+  readonly capacityThrottled: number;
+  /** Invocations of the semaphore's own Lambda functions (the reconciler, the body's excluded). */
+  readonly semaphoreLambdaInvocations: number;
+  /**
+   * Dollars per 1,000 executions for the semaphore, at PRICES: transitions beside the body and of the
+   * cleanups, write and read units, and the semaphore's Lambda invocations.
+   */
+  readonly dollarsPer1000: number;
   readonly cleanupExecutions: number;
   readonly cleanupTransitions: number;
   readonly cleanupDynamoCalls: number;
@@ -128,6 +164,8 @@ export interface ScenarioResult {
    * that one is counted above only.)
    */
   readonly reclaimedAfterRun: number;
+  /** Admissions into the body per simulated second, from the first to the last. */
+  readonly acquisitionsPerSecond: number;
   readonly drainSeconds: number;
   readonly idealSeconds: number;
   readonly drainRatio: number;
@@ -147,6 +185,8 @@ export async function runScenario(subject: Subject, options: ScenarioOptions): P
     seed,
     timeScale: options.timeScale ?? 0.02,
     dynamoFaults: options.dynamoFaults,
+    capacity: options.capacity,
+    taskTokenLength: options.taskTokenLength,
     lostWakeUpRate: options.lostWakeUpRate,
     eventFaults: {
       lossRate: options.lostEventRate,
@@ -238,6 +278,12 @@ export async function runScenario(subject: Subject, options: ScenarioOptions): P
     const cleanups = [...sim.executions.values()].filter((e) => e.stateMachine !== sm);
     const mean = (f: (e: Execution) => number) => protectedRuns.reduce((n, e) => n + f(e), 0) / protectedRuns.length;
     const drainSeconds = (lastStop - simStart) / 1000;
+    const overhead = mean((e) => [...e.stateTransitions].filter(([name]) => !subject.bodyStates.includes(name)).reduce((n, [, c]) => n + c, 0));
+    /** A figure of the workflow's executions and their cleanups, per workflow execution. */
+    const perExecution = (f: (e: Execution) => number) => [...protectedRuns, ...cleanups].reduce((n, e) => n + f(e), 0) / protectedRuns.length;
+    const semaphoreInvocations = [...sim.lambdaInvocations]
+      .filter(([id]) => !(subject.bodyFunctions ?? []).some((prefix) => id.startsWith(prefix)))
+      .reduce((n, [, count]) => n + count, 0);
     return {
       subject: subject.name,
       executions: executions.length,
@@ -251,10 +297,19 @@ export async function runScenario(subject: Subject, options: ScenarioOptions): P
       permitsLeftHeld: locks.reduce((n, l) => n + l.permitsInUse, 0),
       invariantViolations: [...new Set(monitor.violations)],
       transitionsPerExecution: mean((e) => e.transitions),
-      overheadTransitionsPerExecution: mean((e) =>
-        [...e.stateTransitions].filter(([name]) => !subject.bodyStates.includes(name)).reduce((n, [, c]) => n + c, 0),
-      ),
+      overheadTransitionsPerExecution: overhead,
       dynamoCallsPerExecution: mean((e) => e.dynamoCalls),
+      writeUnitsPerExecution: perExecution((e) => e.writeUnits),
+      readUnitsPerExecution: perExecution((e) => e.readUnits),
+      largestLockItemBytes: monitor.maxItemBytes,
+      capacityThrottled: sim.dynamo.capacityThrottled,
+      semaphoreLambdaInvocations: semaphoreInvocations,
+      dollarsPer1000:
+        1000 *
+        (PRICES.transition * (overhead + cleanups.reduce((n, e) => n + e.transitions, 0) / protectedRuns.length) +
+          PRICES.writeUnit * perExecution((e) => e.writeUnits) +
+          PRICES.readUnit * perExecution((e) => e.readUnits) +
+          (PRICES.lambdaInvocation * semaphoreInvocations) / protectedRuns.length),
       cleanupExecutions: cleanups.length,
       cleanupTransitions: cleanups.reduce((n, e) => n + e.transitions, 0),
       cleanupDynamoCalls: cleanups.reduce((n, e) => n + e.dynamoCalls, 0),
@@ -264,6 +319,7 @@ export async function runScenario(subject: Subject, options: ScenarioOptions): P
       overtaken: countOvertaken(arrived, admitted),
       reclaimedByReconciler: emittedMetricSum(sim, 'PermitsReclaimed'),
       reclaimedAfterRun: emittedMetricSum(sim, 'PermitsReclaimed') - reclaimedDuringRun,
+      acquisitionsPerSecond: admissionRate(admitted),
       drainSeconds,
       idealSeconds,
       drainRatio: drainSeconds / idealSeconds,
@@ -272,6 +328,14 @@ export async function runScenario(subject: Subject, options: ScenarioOptions): P
   } finally {
     await sim.stop();
   }
+}
+
+/** Admissions per second from the first to the last (0 with fewer than two). */
+export function admissionRate(admitted: Map<string, number>): number {
+  const times = [...admitted.values()];
+  if (times.length < 2) return 0;
+  const span = (Math.max(...times) - Math.min(...times)) / 1000;
+  return span > 0 ? (times.length - 1) / span : 0;
 }
 
 /** Executions admitted before an execution that arrived earlier and was admitted later. */

@@ -1,4 +1,5 @@
 import type { AttributeValue } from '@aws-sdk/client-dynamodb';
+import { itemSizeBytes } from './dynamodb';
 import { Execution, Simulator } from './simulator';
 import { HOLDER_ACQUIRED_AT, LOCK_KEY, PERMITS_IN_USE } from '../src/private/lock-schema';
 import { STATE } from '../src/private/state-names';
@@ -41,12 +42,15 @@ export interface LockState {
 
 /** Every lock item of a table (by logical ID prefix), as plain objects. */
 export async function lockStates(sim: Simulator, table: string, layout: LockLayout = LOCK_LAYOUT): Promise<LockState[]> {
-  const items = await sim.scan(table);
-  return items.map((item) => ({
+  return (await sim.scan(table)).map((item) => lockStateOf(item, layout));
+}
+
+function lockStateOf(item: Record<string, AttributeValue>, layout: LockLayout): LockState {
+  return {
     lockName: item[layout.key].S!,
     permitsInUse: Number(item[layout.count]?.N ?? 0),
     holders: Object.keys(item).filter((k) => layout.isHolder(k, item[k])),
-  }));
+  };
 }
 
 /**
@@ -57,6 +61,8 @@ export class LockMonitor {
   public readonly violations: string[] = [];
   public samples = 0;
   public maxPermits = 0;
+  /** The largest lock item seen, in bytes as DynamoDB counts them (what every write to it is billed for). */
+  public maxItemBytes = 0;
   private timer?: NodeJS.Timeout;
   private sampling?: Promise<void>;
 
@@ -69,7 +75,9 @@ export class LockMonitor {
 
   public start(intervalMs = 20): this {
     const tick = async () => {
-      for (const lock of await lockStates(this.sim, this.table, this.layout)) {
+      for (const item of await this.sim.scan(this.table)) {
+        this.maxItemBytes = Math.max(this.maxItemBytes, itemSizeBytes(item));
+        const lock = lockStateOf(item, this.layout);
         this.samples++;
         this.maxPermits = Math.max(this.maxPermits, lock.permitsInUse);
         if (lock.permitsInUse < lock.holders.length) {

@@ -2,7 +2,7 @@ import * as ddb from '@aws-sdk/client-dynamodb';
 import { Stack, Stage } from 'aws-cdk-lib';
 import { CallbackTokens, executionStopped, WAIT_FOR_TASK_TOKEN, withToken, withTokenMarkers } from './callbacks';
 import { ACCOUNT, CfnTemplate, PhysicalResource, physicalResources, REGION, resolve } from './cfn';
-import { DynamoFaults, DynamoTaskRunner, LocalDynamoDb, TaskError } from './dynamodb';
+import { CapacityOptions, DynamoFaults, DynamoTaskRunner, LocalDynamoDb, TaskError } from './dynamodb';
 import { EventPattern, matchesPattern, TargetInput, targetInput } from './eventbridge';
 import { LambdaContext, LambdaHandler, loadHandler } from './lambda';
 import { loadLocalStepFunctions, LocalStepFunctions } from './local-sfn';
@@ -43,6 +43,17 @@ export interface SimulatorOptions {
   /** Seed of every random draw (jitter, faults). @default 1 */
   readonly seed?: number;
   readonly dynamoFaults?: DynamoFaults;
+  /**
+   * DynamoDB's capacity rules: units are always counted as DynamoDB bills them; with
+   * `partitionLimits`, a partition key over 1,000 write or 3,000 read units a simulated second is
+   * throttled. @default - counted, not throttled
+   */
+  readonly capacity?: CapacityOptions;
+  /**
+   * Length of the task tokens `.waitForTaskToken` tasks get. AWS's are opaque and up to 2,048
+   * characters; those seen in practice are several hundred. @default 700
+   */
+  readonly taskTokenLength?: number;
   readonly eventFaults?: EventFaults;
   /**
    * Probability that a `SendTaskSuccess` made by a state machine task is lost: the call reports
@@ -92,6 +103,9 @@ export class Execution {
   public readonly stateTransitions = new Map<string, number>();
   /** DynamoDB calls made by this execution's tasks. */
   public dynamoCalls = 0;
+  /** Capacity units its DynamoDB calls consumed, as DynamoDB bills them. */
+  public writeUnits = 0;
+  public readUnits = 0;
   /** Resolves when the execution has stopped and its events are counted (a redrive gives a new one). */
   public done: Promise<Execution>;
   /** Aborted when the execution stops, whatever the reason (a redrive gives a new one). */
@@ -224,7 +238,8 @@ export class Simulator {
     this.timeScale = options.timeScale ?? 0.01;
     this.random = seededRandom(options.seed ?? 1);
     this.sfn = loadLocalStepFunctions(this.timeScale, this.random);
-    this.dynamo = new DynamoTaskRunner(db, this.random, (s) => this.sleep(s), options.dynamoFaults);
+    this.dynamo = new DynamoTaskRunner(db, this.random, (s) => this.sleep(s), options.dynamoFaults, options.capacity, () => this.now());
+    this.callbacks.tokenLength = options.taskTokenLength ?? 700;
     this.eventFaults = options.eventFaults ?? {};
     this.resources = physicalResources(template, stackName);
 
@@ -771,7 +786,10 @@ export class Simulator {
   private async dispatch(execution: Execution, stateName: string, resource: string, input: any, context: TaskContext): Promise<unknown> {
     if (DynamoTaskRunner.handles(resource)) {
       execution.dynamoCalls++;
-      return this.dynamo.run(resource, input);
+      return this.dynamo.run(resource, input, (units) => {
+        execution.writeUnits += units.write;
+        execution.readUnits += units.read;
+      });
     }
     if (resource === 'arn:aws:states:::aws-sdk:sfn:describeExecution') {
       return sdkIntegrationCall('Sfn', () => pascalKeys(this.describeExecution(input.ExecutionArn)));

@@ -9,12 +9,14 @@ import { WaitStrategy } from '../src';
  * every sample (never below), no permit left held, nobody stuck, every failed execution explained by
  * its own work's error. After the run, the reconciler's schedule fires once, as it would within one
  * period: lost events and the late-acquire race leak permits that only the reconciler frees.
- * Each mix runs with the queue (the default) and with polling.
+ * Each mix runs with the queue (the default) and with polling, under DynamoDB's capacity rules.
  * A soak of 1,000 executions runs from the bench (`npm run bench -- --soak`), not here.
  */
 
 const LIMIT = 4;
-const BASE: ScenarioOptions = { executions: 60, limit: LIMIT, workSeconds: 10, timeScale: 0.02 };
+// Under DynamoDB's capacity rules: every write billed by the item's size, and the lock item's partition
+// throttled beyond 1,000 write units a second.
+const BASE: ScenarioOptions = { executions: 60, limit: LIMIT, workSeconds: 10, timeScale: 0.02, capacity: { partitionLimits: true } };
 
 const MIXES: Array<[string, Partial<ScenarioOptions>]> = [
   [
@@ -49,6 +51,8 @@ describe.each(MIXES)('%s', (_name, mix) => {
     // The mix really happened.
     expect(result.maxInside).toBe(LIMIT);
     expect(result.succeeded + result.failed + result.aborted).toBe(BASE.executions);
+    // Capacity was counted as DynamoDB bills it (at least a write unit per write).
+    expect(result.writeUnitsPerExecution).toBeGreaterThanOrEqual(result.dynamoCallsPerExecution * 0.5);
     if (mix.failureRate) expect(result.failed).toBeGreaterThan(0);
     if (mix.abortRate || mix.abortInsideRate || mix.abortAcquiringRate) expect(result.aborted).toBeGreaterThan(0);
     if (mix.abortInsideRate && !mix.lostEventRate) expect(result.cleanupExecutions).toBeGreaterThan(result.aborted);

@@ -1,6 +1,7 @@
 import * as fs from 'fs';
 import * as os from 'os';
 import * as path from 'path';
+import { CreateTableCommand } from '@aws-sdk/client-dynamodb';
 import { DescribeExecutionCommand, ListExecutionsCommand, SFNClient, StopExecutionCommand } from '@aws-sdk/client-sfn';
 import { App, Duration, Stack } from 'aws-cdk-lib';
 import * as dynamodb from 'aws-cdk-lib/aws-dynamodb';
@@ -9,7 +10,7 @@ import * as targets from 'aws-cdk-lib/aws-events-targets';
 import * as lambda from 'aws-cdk-lib/aws-lambda';
 import * as sfn from 'aws-cdk-lib/aws-stepfunctions';
 import * as tasks from 'aws-cdk-lib/aws-stepfunctions-tasks';
-import { jsonPath, matchesPattern, Simulator, targetInput } from '../simulator';
+import { DynamoTaskRunner, jsonPath, LocalDynamoDb, matchesPattern, seededRandom, Simulator, targetInput } from '../simulator';
 import { logicalId, workflowStack } from './helpers';
 
 /*
@@ -439,6 +440,8 @@ describe('callbacks: .waitForTaskToken', () => {
     try {
       const waiting = sim.startExecution(sim.stateMachine(waiter));
       const token = await tokenOnceWritten(sim);
+      // As long as AWS's are in practice (the queue stores them, and DynamoDB bills by size).
+      expect(token).toHaveLength(700);
       await sim.sleep(30);
       expect(waiting.status).toBe('RUNNING');
 
@@ -510,5 +513,79 @@ describe('callbacks: .waitForTaskToken', () => {
     } finally {
       await sim.stop();
     }
+  });
+});
+
+describe('DynamoDB capacity, as DynamoDB bills and throttles it', () => {
+  let db: LocalDynamoDb;
+  let now = Date.parse('2026-11-25T12:00:00.500Z');
+  const update = 'arn:aws:states:::dynamodb:updateItem';
+  const key = (pk: string) => ({ TableName: 'Capacity', Key: { pk: { S: pk } } });
+  /** Set attribute `big` of item `pk` to a string of `bytes` characters (or remove it). */
+  const setBig = (pk: string, bytes?: number, condition?: string) => ({
+    ...key(pk),
+    UpdateExpression: bytes === undefined ? 'REMOVE big' : 'SET big = :big',
+    ...(bytes === undefined ? {} : { ExpressionAttributeValues: { ':big': { S: 'x'.repeat(bytes) } } }),
+    ...(condition ? { ConditionExpression: condition } : {}),
+  });
+
+  beforeAll(async () => {
+    db = await LocalDynamoDb.start();
+    await db.client.send(
+      new CreateTableCommand({
+        TableName: 'Capacity',
+        KeySchema: [{ AttributeName: 'pk', KeyType: 'HASH' }],
+        AttributeDefinitions: [{ AttributeName: 'pk', AttributeType: 'S' }],
+        BillingMode: 'PAY_PER_REQUEST',
+      }),
+    );
+  });
+  afterAll(() => db.stop());
+
+  test('a write is billed by the larger item of before and after, a refused condition by the item, a read per 4 KB', async () => {
+    const runner = new DynamoTaskRunner(db, seededRandom(1), async () => undefined, {}, {}, () => now);
+    const units: Array<[number, number]> = [];
+    const run = (resource: string, input: object) => runner.run(resource, input, (u) => units.push([u.write, u.read]));
+
+    await run(update, setBig('billing', 10)); // a new, small item
+    await run(update, setBig('billing', 5000)); // about 5 KB after
+    await run(update, setBig('billing')); // about 5 KB before
+    await run(update, setBig('billing', 5000));
+    await expect(run(update, setBig('billing', 1, 'attribute_not_exists(pk)'))).rejects.toMatchObject({ name: 'DynamoDB.ConditionalCheckFailedException' });
+    const read = await run('arn:aws:states:::dynamodb:getItem', { ...key('billing'), ConsistentRead: true });
+    await run('arn:aws:states:::dynamodb:getItem', key('billing'));
+
+    expect(units).toEqual([
+      [1, 0], // 22 bytes
+      [5, 0], // 5,012 bytes after
+      [5, 0], // 5,012 bytes before
+      [5, 0],
+      [5, 0], // refused: the item as it is
+      [0, 2], // strongly consistent: 2 x 4 KB
+      [0, 1], // eventually consistent: half
+    ]);
+    expect([runner.writeUnits, runner.readUnits]).toEqual([21, 3]);
+    // Measuring does not change what the task sees.
+    expect(read).not.toHaveProperty('ConsumedCapacity');
+  });
+
+  test('a partition key over 1,000 write units a second is throttled, not applied; other keys are not, and the next second it is served', async () => {
+    const runner = new DynamoTaskRunner(db, seededRandom(1), async () => undefined, {}, { partitionLimits: true }, () => now);
+    // An item of about 100 KB: 100 write units a write.
+    for (let i = 0; i < 10; i++) await runner.run(update, setBig('hot', 100 * 1024 - 100));
+    expect(runner.writeUnits).toBe(1000);
+
+    await expect(runner.run(update, setBig('hot', 10))).rejects.toMatchObject({ name: 'DynamoDB.ProvisionedThroughputExceededException' });
+    await expect(runner.run('arn:aws:states:::aws-sdk:dynamodb:updateItem', setBig('hot', 10))).rejects.toMatchObject({
+      name: 'DynamoDb.ProvisionedThroughputExceededException',
+    });
+    expect(runner.capacityThrottled).toBe(2);
+    const item = await db.call('GetItem', { ...key('hot'), ConsistentRead: true });
+    expect(((item.Item as any).big.S as string).length).toBe(100 * 1024 - 100); // not applied
+    await runner.run(update, setBig('cold', 10));
+
+    now += 1000;
+    await runner.run(update, setBig('hot', 10));
+    expect(runner.capacityThrottled).toBe(2);
   });
 });
