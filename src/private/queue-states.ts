@@ -74,7 +74,6 @@ const SDK_SERVER_ERRORS = SERVER_ERRORS.map((e) => e.replace(/^DynamoDB\./, 'Dyn
  */
 export const TOKEN_GONE_ERRORS = ['Sfn.TaskTimedOutException', 'Sfn.TaskDoesNotExistException', 'Sfn.InvalidTokenException'];
 
-
 /** Where the release states keep their scratch data (the state data must be an object). */
 export const HANDOFF_PATH = '$.handoff';
 
