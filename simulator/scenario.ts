@@ -3,6 +3,7 @@ import { CapacityOptions, DynamoFaults } from './dynamodb';
 import { seededRandom } from './random';
 import { InsideTracker, LockLayout, LockMonitor, lockStates } from './semaphore';
 import { Execution, Simulator } from './simulator';
+import { GRACE_MS } from '../lambda/reconciler-flows';
 
 /*
  * One scenario of the demo, the bench and the fault suite: many executions of a semaphore-protected
@@ -98,7 +99,7 @@ export interface ScenarioOptions {
 }
 
 /** How long after the last stop the scheduled rules fire (sweepAfterRun): the reconciler's grace period, and a second. */
-const SWEEP_AFTER_RUN_DELAY_SECONDS = 61;
+const SWEEP_AFTER_RUN_DELAY_SECONDS = GRACE_MS / 1000 + 1;
 
 export interface Progress {
   readonly simulatedSeconds: number;

@@ -6,6 +6,7 @@ import * as sfn from 'aws-cdk-lib/aws-stepfunctions';
 import * as tasks from 'aws-cdk-lib/aws-stepfunctions-tasks';
 import { Construct } from 'constructs';
 import { executionArnPattern } from './private/arns';
+import { defaultDeadLetterQueue } from './private/dead-letter-queue';
 import { HANDOFF_PATH, handOffChain } from './private/queue-states';
 import { pathFromParsedInput, stringValue } from './private/runtime-value';
 import { stateMachineLogs } from './private/state-machine-defaults';
@@ -128,12 +129,7 @@ export class CleanFromIncomplete extends Construct {
     props.table.table.encryptionKey?.grantEncryptDecrypt(this.stateMachine);
 
     this.deadLetterQueue =
-      props.deadLetterQueue ??
-      new sqs.Queue(this, 'DeadLetterQueue', {
-        encryption: sqs.QueueEncryption.SQS_MANAGED,
-        enforceSSL: true,
-        retentionPeriod: Duration.days(14),
-      });
+      props.deadLetterQueue ?? defaultDeadLetterQueue(this);
 
     this.rule = new events.Rule(this, 'Rule', {
       description: 'Frees the semaphore permit of Step Functions executions that stopped without giving it back',

@@ -8,6 +8,7 @@ import * as sqs from 'aws-cdk-lib/aws-sqs';
 import * as sfn from 'aws-cdk-lib/aws-stepfunctions';
 import { Construct } from 'constructs';
 import { executionArnPattern } from './private/arns';
+import { defaultDeadLetterQueue } from './private/dead-letter-queue';
 import { functionWithOwnLogs } from './private/function-logs';
 import { ReconcilerFunction } from './private/reconciler-function';
 import { numberValue, stringValue } from './private/runtime-value';
@@ -170,12 +171,7 @@ export class SemaphoreReconciler extends Construct {
     );
     this.reconcilerFunction = fn;
     this.deadLetterQueue =
-      props.deadLetterQueue ??
-      new sqs.Queue(this, 'DeadLetterQueue', {
-        encryption: sqs.QueueEncryption.SQS_MANAGED,
-        enforceSSL: true,
-        retentionPeriod: Duration.days(14),
-      });
+      props.deadLetterQueue ?? defaultDeadLetterQueue(this);
     // EventBridge invokes the function asynchronously: Lambda, not the rule, retries a failed
     // invocation (twice, after about one and two more minutes), then sends it here.
     // https://docs.aws.amazon.com/lambda/latest/dg/invocation-async-error-handling.html

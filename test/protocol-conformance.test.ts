@@ -17,6 +17,7 @@ import {
   QUEUE_NAMES,
   QUEUE_VALUES,
   VALUES,
+  waitTokenAttribute,
 } from '../src/private/lock-schema';
 
 /*
@@ -119,7 +120,7 @@ const claim = (run: number): UpdateItemInput => ({
   Key: key,
   ConditionExpression: CLAIM_CONDITION,
   UpdateExpression: CLAIM_UPDATE,
-  ExpressionAttributeNames: { [NAMES.holder]: holder, [NAMES.fence]: FENCING_TOKEN, [QUEUE_NAMES.token]: `waitToken:${run}:${holder}` },
+  ExpressionAttributeNames: { [NAMES.holder]: holder, [NAMES.fence]: FENCING_TOKEN, [QUEUE_NAMES.token]: waitTokenAttribute(holder, run) },
   ExpressionAttributeValues: {
     [VALUES.zero]: { N: '0' },
     [VALUES.one]: { N: '1' },
@@ -137,7 +138,7 @@ describe('edge cases the protocol relies on, on the model and on dynalite alike'
     ['an acquire on a full lock is refused', lock({ other: entry(0) }), acquire(1), 'ConditionalCheckFailedException'],
     ['an acquire that finds its own entry fails on it (ValidationException), whether the lock is full or not', lock({ [holder]: entry(0) }), acquire(1), 'ValidationException'],
     ['... also below the limit', lock({ [holder]: entry(0) }), acquire(5), 'ValidationException'],
-    ['a claim stamps the run on an entry of an earlier run', lock({ [holder]: entry(0), [`waitToken:1:${holder}`]: { S: 'token' } }), claim(1), undefined],
+    ['a claim stamps the run on an entry of an earlier run', lock({ [holder]: entry(0), [waitTokenAttribute(holder, 1)]: { S: 'token' } }), claim(1), undefined],
     ['a claim is refused on an entry of a later run', lock({ [holder]: entry(2) }), claim(1), 'ConditionalCheckFailedException'],
     ['a claim is refused without an entry', lock(), claim(1), 'ConditionalCheckFailedException'],
     [

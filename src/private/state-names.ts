@@ -76,46 +76,6 @@ export const STATE = {
 } as const;
 
 /**
- * States before the protected body: an execution redriven in one of them takes its own permit, and
- * an entry it left from before the redrive (an acquire that landed after its stop) is stale.
- */
-export const BEFORE_BODY_STATES: string[] = [
-  STATE.checkRuntimeLimit,
-  STATE.runtimeLimitInvalid,
-  STATE.acquire,
-  STATE.claimOwnPermit,
-  STATE.waitForPermit,
-  STATE.drawPollDelay,
-  STATE.firstWait,
-  STATE.poll,
-  STATE.nextWait,
-  STATE.claimOwnPermitWhilePolling,
-  STATE.permitAcquired,
-  STATE.acquireTimer,
-  STATE.acquireTimedOut,
-  STATE.waitInQueue,
-  STATE.waitInQueueAgain,
-  STATE.checkHandedOff,
-  STATE.checkHandedOffAgain,
-  STATE.readFencingToken,
-  STATE.computeKey,
-  STATE.claimRecord,
-  STATE.readRecord,
-  STATE.checkRecord,
-  STATE.validationFailed,
-  STATE.returnStoredResult,
-  STATE.checkOwner,
-  STATE.isOwnerRunning,
-  STATE.countWait,
-  STATE.duplicateTimedOut,
-  STATE.waitForDuplicate,
-  STATE.takeOverRecord,
-  STATE.ownerMissingBefore,
-  STATE.noteMissingOwner,
-  STATE.waitForMissingOwner,
-];
-
-/**
  * States outside the protected body: an execution stopped in one of them holds no permit it needs,
  * or takes or gives back its own. Every other state of the workflow is inside the body.
  */
