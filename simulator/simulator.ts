@@ -163,6 +163,9 @@ interface SimRule {
   readonly targets: Array<TargetInput & { Arn: string }>;
 }
 
+/** The state a redrive inside a Parallel branch starts with: it restores the unsuccessful state's input. */
+export const REDRIVE_RESUME = 'Redrive: Resume';
+
 export class Simulator {
   /**
    * Start a simulator for every state machine, table, function and rule of `stack`. One runs at a
@@ -445,9 +448,8 @@ export class Simulator {
 
   /**
    * `RedriveExecution`: resume a failed, aborted or timed-out execution at the state it last entered,
-   * with that state's input, inside the Parallel branches that enclose it. Resolves when the
-   * redriven execution stops. (For a state that is not the first of its branch, the branch resumes
-   * with the Parallel's input: enough for single-state bodies.)
+   * with that state's input, inside the Parallel branches that enclose it (a Pass state named
+   * REDRIVE_RESUME gives it that input there). Resolves when the redriven execution stops.
    */
   public redriveExecution(executionArn: string): Promise<Execution> {
     const e = this.executions.get(executionArn);
@@ -469,6 +471,11 @@ export class Simulator {
         const next = enclosing[i + 1] ?? last.name!;
         const branch = scope[enclosing[i]].Branches.find((b: any) => allStates(b).some(([n]) => n === next));
         branch.StartAt = next;
+        if (i === enclosing.length - 1) {
+          // As AWS does, the unsuccessful state runs again with its own input, not the branch's.
+          branch.States[REDRIVE_RESUME] = { Type: 'Pass', Result: last.input, Next: last.name };
+          branch.StartAt = REDRIVE_RESUME;
+        }
         scope = branch.States;
       }
     }
@@ -655,6 +662,8 @@ export class Simulator {
 
     const counting = (async () => {
       for await (const event of run.eventLogs) {
+        // The state a redrive starts a branch with is the simulator's, not the definition's: no transition, no history.
+        if ('state' in event && (event as { state: { name: string } }).state.name === REDRIVE_RESUME) continue;
         if (event.type === 'StateEntered' || event.type === 'StateRetried') {
           execution.transitions++;
           const name = event.state.name;

@@ -10,7 +10,7 @@ import * as targets from 'aws-cdk-lib/aws-events-targets';
 import * as lambda from 'aws-cdk-lib/aws-lambda';
 import * as sfn from 'aws-cdk-lib/aws-stepfunctions';
 import * as tasks from 'aws-cdk-lib/aws-stepfunctions-tasks';
-import { DynamoTaskRunner, jsonPath, LocalDynamoDb, matchesPattern, seededRandom, Simulator, targetInput } from '../simulator';
+import { DynamoTaskRunner, jsonPath, LocalDynamoDb, matchesPattern, REDRIVE_RESUME, seededRandom, Simulator, targetInput } from '../simulator';
 import { logicalId, workflowStack } from './helpers';
 
 /*
@@ -164,6 +164,39 @@ describe('state machines', () => {
       expect(e.output).toEqual({ flaky: 'ok' });
       expect(e.stateTransitions.get('Flaky')).toBe(3); // entered once, retried twice
       expect(e.transitions).toBe(4);
+    } finally {
+      await sim.stop();
+    }
+  });
+
+  test('a redrive inside a Parallel branch runs the unsuccessful state again with its own input, as AWS does', async () => {
+    const inputs: unknown[] = [];
+    const { stack, sm } = machineStack((s) => {
+      const mark = new sfn.Pass(s, 'Mark', { result: sfn.Result.fromObject({ ticket: 7 }), resultPath: '$.mark' });
+      const failOnce = new sfn.CustomState(s, 'Fail Once', { stateJson: { Type: 'Task', Resource: 'arn:aws:states:::failOnce', ResultPath: '$.done' } });
+      return new sfn.Parallel(s, 'Branch', { resultPath: sfn.JsonPath.DISCARD }).branch(mark.next(failOnce));
+    });
+    const sim = await Simulator.start(stack, {
+      taskHandlers: {
+        'Fail Once': (input: unknown) => {
+          inputs.push(input);
+          if (inputs.length === 1) throw Object.assign(new Error('first run'), { name: 'FirstRun' });
+          return 'ok';
+        },
+      },
+    });
+    try {
+      const first = await sim.startExecution(sim.stateMachine(logicalId(sm.node.defaultChild as any)), { job: 'a' }).done;
+      expect(first.status).toBe('FAILED');
+      const again = await sim.redriveExecution(first.arn);
+
+      expect(again.status).toBe('SUCCEEDED');
+      // The state's own input (with what the branch's first state added), not the Parallel's.
+      expect(inputs).toEqual([{ job: 'a', mark: { ticket: 7 } }, { job: 'a', mark: { ticket: 7 } }]);
+      // The branch's first state did not run again, and the simulator's own resume state is invisible.
+      expect([...again.stateTransitions.keys()]).toEqual(['Branch', 'Mark', 'Fail Once']);
+      expect(again.stateTransitions.get('Mark')).toBe(1);
+      expect(again.history.filter((h) => h.name === REDRIVE_RESUME)).toEqual([]);
     } finally {
       await sim.stop();
     }
