@@ -68,7 +68,7 @@ const SCENARIOS: Scenario[] = [
   },
 ];
 
-/** Run only when named (`--only burst`): longer than half an hour in the simulator here. */
+/** Run only when named (`--only burst`): about 50 minutes in the simulator here. */
 const ON_REQUEST: Scenario[] = [
   { name: 'burst', description: '2,000 executions at once, limit 10, work 1 s', options: { executions: 2000, limit: 10, workSeconds: 1 }, timeScale: 0.5 },
 ];

@@ -470,11 +470,12 @@ export class Simulator {
       for (let i = 0; i < enclosing.length; i++) {
         const next = enclosing[i + 1] ?? last.name!;
         const branch = scope[enclosing[i]].Branches.find((b: any) => allStates(b).some(([n]) => n === next));
-        branch.StartAt = next;
         if (i === enclosing.length - 1) {
           // As AWS does, the unsuccessful state runs again with its own input, not the branch's.
-          branch.States[REDRIVE_RESUME] = { Type: 'Pass', Result: last.input, Next: last.name };
+          branch.States[REDRIVE_RESUME] = { Type: 'Pass', Result: last.input, Next: next };
           branch.StartAt = REDRIVE_RESUME;
+        } else {
+          branch.StartAt = next;
         }
         scope = branch.States;
       }

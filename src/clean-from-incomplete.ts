@@ -128,8 +128,7 @@ export class CleanFromIncomplete extends Construct {
     // A table encrypted with a customer managed key: the release needs the key too.
     props.table.table.encryptionKey?.grantEncryptDecrypt(this.stateMachine);
 
-    this.deadLetterQueue =
-      props.deadLetterQueue ?? defaultDeadLetterQueue(this);
+    this.deadLetterQueue = props.deadLetterQueue ?? defaultDeadLetterQueue(this);
 
     this.rule = new events.Rule(this, 'Rule', {
       description: 'Frees the semaphore permit of Step Functions executions that stopped without giving it back',

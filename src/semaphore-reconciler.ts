@@ -170,8 +170,7 @@ export class SemaphoreReconciler extends Construct {
       }),
     );
     this.reconcilerFunction = fn;
-    this.deadLetterQueue =
-      props.deadLetterQueue ?? defaultDeadLetterQueue(this);
+    this.deadLetterQueue = props.deadLetterQueue ?? defaultDeadLetterQueue(this);
     // EventBridge invokes the function asynchronously: Lambda, not the rule, retries a failed
     // invocation (twice, after about one and two more minutes), then sends it here.
     // https://docs.aws.amazon.com/lambda/latest/dg/invocation-async-error-handling.html
