@@ -150,40 +150,54 @@ export const CLAIM_CONDITION = `attribute_exists(${NAMES.holder}) AND ${STAMPED_
 export const MAX_LOCK_NAME_LENGTH = 255;
 
 /*
- * The queue of waiters (the `queue` wait strategy). An execution that finds the lock full appends
- * itself to the item's `waiters` list, in the same conditional write that checks the lock is still
- * full, and sleeps in a `.waitForTaskToken` task. A release that finds waiters does not give the
- * permit back: it hands it to the oldest waiter (the holder entry moves, the count stays) and wakes
- * it with SendTaskSuccess. Newcomers can only take a permit that is really free, so while the queue
- * works nobody barges in ahead of a waiter.
+ * The queue of waiters (the `queue` wait strategy), kept out of the lock item so that no write's cost
+ * grows with the queue: the lock item keeps two counters, and each waiter has a ticket item of its own.
+ *
+ *   lock item      queueTail (N): tickets issued; queueHead (N): tickets passed (served, dropped or
+ *                  skipped). Waiters: tail - head. Both appear with the first ticket.
+ *   ticket item    key `<lock name><US><ticket>` (US: the ASCII unit separator, which no lock name may
+ *                  contain): waiter (S, execution ARN), redriveCount (N, its run), leaseSeconds (N),
+ *                  concurrencyLimit (N), waitToken (S, the task token of its current wait), servedBy
+ *                  (S, set once its turn has come: the hand-off id, `skipped` or `dropped`).
+ *
+ * An execution that finds the lock full takes a ticket in a conditional write that checks the lock
+ * is still full, then writes its ticket item with its task token and sleeps in that `.waitForTaskToken`
+ * task. A release that finds waiters does not give the permit back: it reads the next ticket, moves
+ * the holder entry to that waiter and passes the ticket in one write on the lock item (the count
+ * stays), marks the ticket item served (its response carries the waiter's current token) and wakes
+ * it. Newcomers can only take a permit that is really free, so nobody barges in ahead of a waiter.
+ *
+ * A ticket whose item is missing when its turn comes (taken by a write whose response was lost, or by
+ * an execution stopped before it wrote it, or still on its way) is skipped: the releaser creates the
+ * item marked `skipped`, so that a waiter still on its way is refused and takes a new ticket.
  */
 
-/** The waiters, oldest first (type L of M): { id: S, redriveCount: N, leaseSeconds: N (0: none) }. */
-export const WAITERS = 'waiters';
-/** Field of a waiter: its execution ARN. */
-export const WAITER_ID = 'id';
-/**
- * A waiter's task token lives beside the queue, in a top-level attribute of its own (type S) named
- * by this prefix, the run that waits and its execution ARN (`waitToken:<run>:<arn>`), present exactly
- * while its entry is in the queue: a waiter whose wait timed out renews its token there and keeps its
- * place, where a token inside the list could only be replaced by queueing again at the end. The writes
- * that remove an entry remove it too. The run is part of the name, so that a run redriven while its
- * stopped run's entry is still queued waits on an entry of its own, never renews the old one, and is
- * never handed a permit stamped with the old run.
- */
-export const WAIT_TOKEN_PREFIX = 'waitToken:';
-/** The attribute with the task token of a waiter's current wait. */
-export function waitTokenAttribute(executionArn: string, run: number | string): string {
-  return `${WAIT_TOKEN_PREFIX}${run}:${executionArn}`;
+/** Tickets issued by the lock (type N, on the lock item). */
+export const QUEUE_TAIL = 'queueTail';
+/** Tickets passed: served, dropped or skipped (type N, on the lock item). */
+export const QUEUE_HEAD = 'queueHead';
+/** Separates the lock name from the ticket in a ticket item's key. Lock names may not contain it. */
+export const TICKET_KEY_SEPARATOR = '\u001f';
+/** The key (`lockName` attribute) of a lock's ticket item. */
+export function ticketKey(lockName: string, ticket: number | string): string {
+  return `${lockName}${TICKET_KEY_SEPARATOR}${ticket}`;
 }
-/** The same name as a States.Format template: the run, then the ARN. */
-export const WAIT_TOKEN_FORMAT = `${WAIT_TOKEN_PREFIX}{}:{}`;
-/**
- * A copy of the queue's head that a releaser writes in the same update that reads it back (type M,
- * no `acquiredAt`, so never mistaken for a holder). Concurrent releasers overwrite it; each has its
- * own copy in its update's response.
- */
-export const NEXT_WAITER = 'nextWaiter';
+/** Whether an item's key is a ticket item's (and not a lock's). */
+export function isTicketKey(key: string): boolean {
+  return key.includes(TICKET_KEY_SEPARATOR);
+}
+/** The key of a ticket item as a States.Format template: the lock name, then the ticket. */
+export const TICKET_KEY_FORMAT = `{}${TICKET_KEY_SEPARATOR}{}`;
+/** Field of a ticket item: the waiter's execution ARN. */
+export const TICKET_WAITER = 'waiter';
+/** Field of a ticket item: the task token of the waiter's current wait. */
+export const TICKET_WAIT_TOKEN = 'waitToken';
+/** Field of a ticket item, set once its turn has come: the hand-off id, SKIPPED or DROPPED. */
+export const TICKET_SERVED_BY = 'servedBy';
+/** TICKET_SERVED_BY of a ticket whose item was missing when its turn came. */
+export const SKIPPED = 'skipped';
+/** TICKET_SERVED_BY of a ticket whose waiter held a permit already, or was gone, when its turn came. */
+export const DROPPED = 'dropped';
 /** Field of a holder entry that came from the reconciler's queue service: the fencing token it was handed. */
 export const HOLDER_FENCING_TOKEN = 'fencingToken';
 /**
@@ -196,56 +210,56 @@ export const HOLDER_HANDOFF_ID = 'handoffId';
  * woken: from then on the releaser that handed it over no longer takes it back.
  */
 export const HOLDER_CLAIMED = 'claimed';
-/**
- * Most waiters one lock queues. An entry takes up to about 2.3 KB (a task token is up to 2,048
- * characters) and the item at most 400 KB; an execution that finds the queue full polls instead.
- */
-export const MAX_WAITERS = 100;
 
 /** Expression attribute names of the queue's expressions (with NAMES). */
 export const QUEUE_NAMES = {
-  waiters: '#waiters',
-  next: '#next',
+  tail: '#tail',
   head: '#head',
-  /** The waiter's own wait-token attribute (waitTokenAttribute). */
+  /** The holder entry of the waiter whose turn it is. */
+  next: '#next',
+  waiter: '#waiter',
+  run: '#run',
+  lease: '#lease',
   token: '#token',
-  /** The queue head's wait-token attribute. */
-  headToken: '#headToken',
+  servedBy: '#servedBy',
 } as const;
 
 /** Expression attribute values of the queue's expressions (with VALUES). */
 export const QUEUE_VALUES = {
-  emptyList: ':emptyList',
   me: ':me',
-  maxWaiters: ':maxWaiters',
-  headId: ':headId',
-  fence: ':fence',
+  head: ':head',
+  nextTicket: ':nextTicket',
+  token: ':token',
+  lease: ':lease',
+  servedBy: ':servedBy',
   handoffId: ':handoffId',
   claimed: ':claimed',
-  token: ':token',
 } as const;
 
-const NO_WAITERS = `(attribute_not_exists(${QUEUE_NAMES.waiters}) OR size(${QUEUE_NAMES.waiters}) = ${VALUES.zero})`;
+const NO_WAITERS = `(attribute_not_exists(${QUEUE_NAMES.tail}) OR ${QUEUE_NAMES.head} >= ${QUEUE_NAMES.tail})`;
 
 /**
- * Enqueue: append a waiter only while the lock is full (so a release that races the enqueue either
- * sees the waiter and hands it the permit, or frees a permit that makes this condition fail and the
- * waiter try again), the execution holds nothing, is not queued already, and the queue has room.
+ * Take a ticket, only while the lock is full (so a release that races it either sees the waiter and
+ * hands it the permit, or frees a permit that makes this condition fail and the waiter try again) and
+ * the execution holds nothing. Its ticket is the new tail (UPDATED_NEW). A retried ticket whose first
+ * write landed leaves an orphan ticket, which is skipped.
  */
-export const ENQUEUE_CONDITION = `${NAMES.permits} >= ${VALUES.limit} AND attribute_not_exists(${NAMES.holder}) AND attribute_not_exists(${QUEUE_NAMES.token}) AND (attribute_not_exists(${QUEUE_NAMES.waiters}) OR size(${QUEUE_NAMES.waiters}) < ${QUEUE_VALUES.maxWaiters})`;
-export const ENQUEUE_UPDATE = `SET ${QUEUE_NAMES.waiters} = list_append(if_not_exists(${QUEUE_NAMES.waiters}, ${QUEUE_VALUES.emptyList}), ${QUEUE_VALUES.me}), ${QUEUE_NAMES.token} = ${QUEUE_VALUES.token}`;
+export const TAKE_TICKET_CONDITION = `${NAMES.permits} >= ${VALUES.limit} AND attribute_not_exists(${NAMES.holder})`;
+export const TAKE_TICKET_UPDATE = `SET ${QUEUE_NAMES.tail} = if_not_exists(${QUEUE_NAMES.tail}, ${VALUES.zero}) + ${VALUES.one}, ${QUEUE_NAMES.head} = if_not_exists(${QUEUE_NAMES.head}, ${VALUES.zero})`;
 
 /**
- * Wait again in the same place (after a wait timed out): a new token for the entry it still has, on
- * the same terms as the enqueue. Refused once the entry is gone (served, dropped) or a permit is free.
+ * Wait on a ticket (its ticket item, with the task token of this wait): the first wait on it, or a
+ * wait again after one timed out. Refused once its turn has come (served, dropped or skipped), and on
+ * a ticket item of another execution or run: a run redriven while its stopped run waited never waits
+ * on, nor is handed a permit through, the ticket of the run before.
  */
-export const RENEW_WAIT_CONDITION = `${NAMES.permits} >= ${VALUES.limit} AND attribute_not_exists(${NAMES.holder}) AND attribute_exists(${QUEUE_NAMES.token})`;
-export const RENEW_WAIT_UPDATE = `SET ${QUEUE_NAMES.token} = ${QUEUE_VALUES.token}`;
+export const WAIT_ON_TICKET_CONDITION = `attribute_not_exists(${QUEUE_NAMES.servedBy}) AND (attribute_not_exists(${QUEUE_NAMES.waiter}) OR (${QUEUE_NAMES.waiter} = ${QUEUE_VALUES.me} AND ${QUEUE_NAMES.run} = ${VALUES.redriveCount}))`;
+export const WAIT_ON_TICKET_UPDATE = `SET ${QUEUE_NAMES.waiter} = ${QUEUE_VALUES.me}, ${QUEUE_NAMES.run} = ${VALUES.redriveCount}, ${QUEUE_NAMES.lease} = ${QUEUE_VALUES.lease}, ${NAMES.limit} = ${VALUES.limit}, ${QUEUE_NAMES.token} = ${QUEUE_VALUES.token}`;
 
 /**
- * Release when nobody waits: RELEASE_STOPPED_RUN_CONDITION and an empty queue. Every release that
- * frees a permit checks the queue in the same write, so that a waiter that enqueued meanwhile is
- * never left asleep beside a free permit (its enqueue needed the lock full, and the lock stays full).
+ * Release when nobody waits: RELEASE_STOPPED_RUN_CONDITION and no ticket waiting. Every release that
+ * frees a permit checks the queue in the same write, so that a waiter that took a ticket meanwhile is
+ * never left asleep beside a free permit (its ticket needed the lock full, and the lock stays full).
  */
 export const RELEASE_IF_NO_WAITERS_CONDITION = `${RELEASE_STOPPED_RUN_CONDITION} AND ${NO_WAITERS}`;
 
@@ -257,31 +271,46 @@ export const RELEASE_IF_NO_WAITERS_CONDITION = `${RELEASE_STOPPED_RUN_CONDITION}
 export const STILL_HELD_CONDITION = RELEASE_STOPPED_RUN_CONDITION;
 export const STILL_HELD_UPDATE = `SET ${NAMES.permits} = ${NAMES.permits}`;
 
-/** Read the queue's head while still holding the permit to hand it (a write: reads are not conditional). */
-export const PEEK_CONDITION = `${RELEASE_STOPPED_RUN_CONDITION} AND size(${QUEUE_NAMES.waiters}) > ${VALUES.zero}`;
-export const PEEK_UPDATE = `SET ${QUEUE_NAMES.next} = ${QUEUE_NAMES.waiters}[0]`;
+/** Read the queue's head (UPDATED_NEW) while still holding the permit to hand (reads are not conditional). */
+export const PEEK_CONDITION = `${RELEASE_STOPPED_RUN_CONDITION} AND ${QUEUE_NAMES.head} < ${QUEUE_NAMES.tail}`;
+export const PEEK_UPDATE = `SET ${QUEUE_NAMES.head} = ${QUEUE_NAMES.head}`;
 
 /**
- * Hand off: the holder entry moves from the releaser to the head, which leaves the queue; the count
- * stays; the head's token goes too. The same write draws the head's fencing token, so that tokens
- * follow the order in which permits are granted. The releaser reads the head's token and the counter
- * before the draw from the response (UPDATED_OLD: the token is the only string among the attributes
- * the update touches; the new token is the old counter plus one). Conditional on the head being the
- * one read (another releaser may have served it), not holding a permit already (it found one by
- * polling), and having a token (so that the response carries one to wake it with).
+ * Skip a ticket whose item is missing: create it marked SKIPPED, so that a waiter still on its way is
+ * refused (WAIT_ON_TICKET_CONDITION) and takes a new ticket. Refused once the waiter has written it.
  */
-export const HAND_OFF_CONDITION = `${RELEASE_STOPPED_RUN_CONDITION} AND ${QUEUE_NAMES.waiters}[0].id = ${QUEUE_VALUES.headId} AND attribute_not_exists(${QUEUE_NAMES.head}) AND attribute_exists(${QUEUE_NAMES.headToken})`;
-export const HAND_OFF_UPDATE = `SET ${QUEUE_NAMES.head} = ${VALUES.entry}, ${NAMES.fence} = ${NAMES.fence} + ${VALUES.one} REMOVE ${NAMES.holder}, ${QUEUE_NAMES.waiters}[0], ${QUEUE_NAMES.headToken}`;
+export const SKIP_TICKET_CONDITION = `attribute_not_exists(${QUEUE_NAMES.waiter})`;
+export const MARK_TICKET_UPDATE = `SET ${QUEUE_NAMES.servedBy} = ${QUEUE_VALUES.servedBy}`;
 
-/** Drop a queue head that already holds a permit (it got one by polling), or that has no token to wake it by. */
-export const DROP_HEAD_CONDITION = `${QUEUE_NAMES.waiters}[0].id = ${QUEUE_VALUES.headId} AND (attribute_exists(${QUEUE_NAMES.head}) OR attribute_not_exists(${QUEUE_NAMES.headToken}))`;
-export const DROP_HEAD_UPDATE = `REMOVE ${QUEUE_NAMES.waiters}[0], ${QUEUE_NAMES.headToken}`;
+/** Pass the ticket read (skipped, dropped, or served by a releaser that stopped before it passed it). */
+export const PASS_TICKET_CONDITION = `${QUEUE_NAMES.head} = ${QUEUE_VALUES.head}`;
+export const PASS_TICKET_UPDATE = `SET ${QUEUE_NAMES.head} = ${QUEUE_VALUES.nextTicket}`;
 
 /**
- * After a server error on the hand-off: did it land? Its hand-off id is unique, so the head's entry
+ * Hand off: the holder entry moves from the releaser to the waiter of the next ticket, which the same
+ * write passes; the count stays. The same write draws the waiter's fencing token, so that tokens follow
+ * the order in which permits are granted (UPDATED_OLD: the counter before the draw). Conditional on the
+ * ticket being the one read (another releaser may have served it) and its waiter not holding a permit
+ * already (it found one by polling).
+ */
+export const HAND_OFF_CONDITION = `${RELEASE_STOPPED_RUN_CONDITION} AND ${QUEUE_NAMES.head} = ${QUEUE_VALUES.head} AND attribute_not_exists(${QUEUE_NAMES.next})`;
+export const HAND_OFF_UPDATE = `SET ${QUEUE_NAMES.next} = ${VALUES.entry}, ${QUEUE_NAMES.head} = ${QUEUE_VALUES.nextTicket}, ${NAMES.fence} = ${NAMES.fence} + ${VALUES.one} REMOVE ${NAMES.holder}`;
+
+/** Drop a ticket whose waiter already holds a permit (it got one by polling). */
+export const DROP_TICKET_CONDITION = `${QUEUE_NAMES.head} = ${QUEUE_VALUES.head} AND attribute_exists(${QUEUE_NAMES.next})`;
+
+/**
+ * After the hand-off: mark the ticket item served, which refuses every later wait on it (a waiter whose
+ * wake-up is lost finds its permit instead of sleeping again). ALL_OLD: the response carries the token
+ * of its current wait, renewed or not; a retry of a write that landed returns the same.
+ */
+export const MARK_SERVED_CONDITION = `${QUEUE_NAMES.waiter} = ${QUEUE_VALUES.me}`;
+
+/**
+ * After a server error on the hand-off: did it land? Its hand-off id is unique, so the waiter's entry
  * carries it if and only if it did.
  */
-export const CONFIRM_HAND_OFF_CONDITION = `${QUEUE_NAMES.head}.${HOLDER_HANDOFF_ID} = ${QUEUE_VALUES.handoffId}`;
+export const CONFIRM_HAND_OFF_CONDITION = `${QUEUE_NAMES.next}.${HOLDER_HANDOFF_ID} = ${QUEUE_VALUES.handoffId}`;
 export const CONFIRM_HAND_OFF_UPDATE = `SET ${NAMES.fence} = ${NAMES.fence}`;
 
 /**
@@ -291,18 +320,11 @@ export const CONFIRM_HAND_OFF_UPDATE = `SET ${NAMES.fence} = ${NAMES.fence}`;
  * again hears that the token is closed, and must not take back the permit the woken waiter uses),
  * and only if the waiter has not claimed it meanwhile (CLAIM_UPDATE).
  */
-export const TAKE_BACK_CONDITION = `${QUEUE_NAMES.head}.${HOLDER_HANDOFF_ID} = ${QUEUE_VALUES.handoffId} AND attribute_not_exists(${QUEUE_NAMES.head}.${HOLDER_CLAIMED}) AND attribute_not_exists(${NAMES.holder})`;
-export const TAKE_BACK_UPDATE = `SET ${NAMES.holder} = ${VALUES.entry} REMOVE ${QUEUE_NAMES.head}`;
+export const TAKE_BACK_CONDITION = `${QUEUE_NAMES.next}.${HOLDER_HANDOFF_ID} = ${QUEUE_VALUES.handoffId} AND attribute_not_exists(${QUEUE_NAMES.next}.${HOLDER_CLAIMED}) AND attribute_not_exists(${NAMES.holder})`;
+export const TAKE_BACK_UPDATE = `SET ${NAMES.holder} = ${VALUES.entry} REMOVE ${QUEUE_NAMES.next}`;
 
-/** CLAIM_CONDITION's update: the run's stamp, a new acquire time, `claimed`, a fencing token; the wait token goes. */
-export const CLAIM_UPDATE = `SET ${NAMES.fence} = if_not_exists(${NAMES.fence}, ${VALUES.zero}) + ${VALUES.one}, ${NAMES.holder}.${HOLDER_CLAIMED} = ${QUEUE_VALUES.claimed}, ${NAMES.holder}.${HOLDER_ACQUIRED_AT} = ${VALUES.acquiredAt}, ${NAMES.holder}.${HOLDER_REDRIVE_COUNT} = ${VALUES.redriveCount} REMOVE ${QUEUE_NAMES.token}`;
+/** CLAIM_CONDITION's update: the run's stamp, a new acquire time, `claimed`, a fencing token. */
+export const CLAIM_UPDATE = `SET ${NAMES.fence} = if_not_exists(${NAMES.fence}, ${VALUES.zero}) + ${VALUES.one}, ${NAMES.holder}.${HOLDER_CLAIMED} = ${QUEUE_VALUES.claimed}, ${NAMES.holder}.${HOLDER_ACQUIRED_AT} = ${VALUES.acquiredAt}, ${NAMES.holder}.${HOLDER_REDRIVE_COUNT} = ${VALUES.redriveCount}`;
 
-/** The redrive guard's claim: as CLAIM_UPDATE, for an execution with no wait token to remove. */
-export const GUARD_CLAIM_UPDATE = `SET ${NAMES.fence} = if_not_exists(${NAMES.fence}, ${VALUES.zero}) + ${VALUES.one}, ${NAMES.holder}.${HOLDER_CLAIMED} = ${QUEUE_VALUES.claimed}, ${NAMES.holder}.${HOLDER_ACQUIRED_AT} = ${VALUES.acquiredAt}, ${NAMES.holder}.${HOLDER_REDRIVE_COUNT} = ${VALUES.redriveCount}`;
-
-/**
- * Acquire by a waiter that polls (its wait timed out): as ACQUIRE_UPDATE, and its wait token goes, so
- * that the entry it leaves in the queue is dropped by the releaser that reaches it instead of being
- * handed a second permit, which this execution would never claim.
- */
-export const ACQUIRE_AS_WAITER_UPDATE = `${ACQUIRE_UPDATE} REMOVE ${QUEUE_NAMES.token}`;
+/** The redrive guard's claim: the same write. */
+export const GUARD_CLAIM_UPDATE = CLAIM_UPDATE;

@@ -2,7 +2,6 @@ import * as sfn from 'aws-cdk-lib/aws-stepfunctions';
 import * as tasks from 'aws-cdk-lib/aws-stepfunctions-tasks';
 import { Construct } from 'constructs';
 import {
-  ACQUIRE_AS_WAITER_UPDATE,
   ACQUIRE_CONDITION,
   ACQUIRE_UPDATE,
   CONCURRENCY_LIMIT,
@@ -13,9 +12,7 @@ import {
   LOCK_KEY,
   NAMES,
   PERMITS_IN_USE,
-  QUEUE_NAMES,
   VALUES,
-  WAIT_TOKEN_FORMAT,
 } from './lock-schema';
 import { ISemaphoreTable } from '../semaphore-table';
 
@@ -36,12 +33,6 @@ export interface AcquireTaskProps extends LockTaskProps {
   readonly leaseSeconds?: number;
   /** Where `{ fencingToken }` goes in the state data. @default - nowhere: the state data passes through */
   readonly permitPath?: string;
-  /**
-   * The acquire of an execution that may have an entry in the queue (its wait timed out): its wait
-   * token goes with the write, so that the entry is dropped rather than handed a second permit.
-   * @default false
-   */
-  readonly asWaiter?: boolean;
 }
 
 /**
@@ -55,13 +46,12 @@ export function acquireTask(scope: Construct, id: string, props: AcquireTaskProp
     table: props.table.table,
     key: { [LOCK_KEY]: props.lockName },
     conditionExpression: ACQUIRE_CONDITION,
-    updateExpression: props.asWaiter ? ACQUIRE_AS_WAITER_UPDATE : ACQUIRE_UPDATE,
+    updateExpression: ACQUIRE_UPDATE,
     expressionAttributeNames: {
       [NAMES.permits]: PERMITS_IN_USE,
       [NAMES.holder]: props.holder,
       [NAMES.limit]: CONCURRENCY_LIMIT,
       [NAMES.fence]: FENCING_TOKEN,
-      ...(props.asWaiter ? { [QUEUE_NAMES.token]: waitTokenName() } : {}),
     },
     expressionAttributeValues: {
       [VALUES.zero]: tasks.DynamoAttributeValue.fromNumber(0),
@@ -82,11 +72,6 @@ export function acquireTask(scope: Construct, id: string, props: AcquireTaskProp
       }
       : { resultPath: sfn.JsonPath.DISCARD }),
   });
-}
-
-/** This run's wait-token attribute (waitTokenAttribute), as a JSONPath string. */
-export function waitTokenName(): string {
-  return sfn.JsonPath.format(WAIT_TOKEN_FORMAT, sfn.JsonPath.stringAt('$$.Execution.RedriveCount'), sfn.JsonPath.stringAt('$$.Execution.Id'));
 }
 
 /** `{ fencingToken }` from the response of a write that returned UPDATED_NEW. */

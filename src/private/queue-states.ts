@@ -6,13 +6,10 @@ import { CONDITIONAL_CHECK_FAILED, SERVER_ERRORS, THROTTLING_ERRORS, transientRe
 import {
   CLAIM_CONDITION,
   CLAIM_UPDATE,
-  CONFIRM_HAND_OFF_CONDITION,
   CONCURRENCY_LIMIT,
+  CONFIRM_HAND_OFF_CONDITION,
   CONFIRM_HAND_OFF_UPDATE,
-  DROP_HEAD_CONDITION,
-  DROP_HEAD_UPDATE,
-  ENQUEUE_CONDITION,
-  ENQUEUE_UPDATE,
+  DROP_TICKET_CONDITION,
   FENCING_TOKEN,
   HAND_OFF_CONDITION,
   HAND_OFF_UPDATE,
@@ -21,41 +18,53 @@ import {
   HOLDER_LEASE_SECONDS,
   HOLDER_REDRIVE_COUNT,
   LOCK_KEY,
-  MAX_WAITERS,
+  MARK_SERVED_CONDITION,
+  MARK_TICKET_UPDATE,
   NAMES,
-  NEXT_WAITER,
+  PASS_TICKET_CONDITION,
+  PASS_TICKET_UPDATE,
   PEEK_CONDITION,
   PEEK_UPDATE,
   PERMITS_IN_USE,
+  QUEUE_HEAD,
   QUEUE_NAMES,
+  QUEUE_TAIL,
   QUEUE_VALUES,
   RELEASE_IF_NO_WAITERS_CONDITION,
   RELEASE_UPDATE,
-  RENEW_WAIT_CONDITION,
-  RENEW_WAIT_UPDATE,
+  SKIP_TICKET_CONDITION,
+  SKIPPED,
   STILL_HELD_CONDITION,
   STILL_HELD_UPDATE,
   TAKE_BACK_CONDITION,
   TAKE_BACK_UPDATE,
+  TAKE_TICKET_CONDITION,
+  TAKE_TICKET_UPDATE,
+  TICKET_KEY_FORMAT,
+  TICKET_SERVED_BY,
+  TICKET_WAIT_TOKEN,
+  TICKET_WAITER,
   VALUES,
-  WAIT_TOKEN_FORMAT,
-  WAITER_ID,
-  WAITERS,
+  WAIT_ON_TICKET_CONDITION,
+  WAIT_ON_TICKET_UPDATE,
 } from './lock-schema';
-import { fencingTokenSelector, waitTokenName } from './lock-tasks';
+import { fencingTokenSelector } from './lock-tasks';
 import { STATE } from './state-names';
 import { ISemaphoreTable } from '../semaphore-table';
 
 /*
- * The states of the queue wait strategy: a waiter that sleeps in a `.waitForTaskToken` task, and the
- * release that hands a permit to the oldest waiter and wakes it. See lock-schema.ts for the item.
+ * The states of the queue wait strategy: a waiter that takes a ticket and sleeps in a `.waitForTaskToken`
+ * task on the ticket's item, and the release that hands a permit to the waiter whose turn it is and
+ * wakes it. See lock-schema.ts for the lock item and the ticket items.
  *
- * Waiter:   Acquire Permit ─full─▶ Wait In Queue ──woken──▶ (body)
- *                                    │ timed out: was the wake-up lost?
- *                                    ▼
- *                                  Check Handed-Off Permit ─no─▶ Poll For Permit ─full─▶ Wait In Queue Again (same place, new token)
+ * Waiter:   Acquire Permit ─full─▶ Take Ticket ─▶ Wait In Queue ──woken──▶ (body)
+ *                                                  │ timed out: was the wake-up lost? is a permit free?
+ *                                                  ▼
+ *                                                Poll For Permit Again ─full─▶ Wait In Queue Again (same ticket, new token)
  *
- * Release:  Release Permit (only if nobody waits) ─waiters─▶ Peek At Next Waiter ─▶ Hand Off Permit ─▶ Wake Next Waiter
+ * Release:  Release Permit (only if nobody waits) ─waiters─▶ Peek At Next Waiter ─▶ Read Next Waiter
+ *           ─▶ Check Next Waiter ─▶ Hand Off Permit ─▶ Mark Waiter Served ─▶ Wake Next Waiter
+ *           A ticket without an item is skipped, one whose waiter holds a permit already is dropped.
  *           Peek finds no waiter (served meanwhile) ─▶ Release Permit Without Hand-Off (only if nobody
  *           waits) ─waiters again─▶ Is Permit Still Held ─yes─▶ Peek At Next Waiter; no ─▶ done.
  *           A waiter that cannot be woken (its token is closed: it stopped, or its wait timed out
@@ -83,8 +92,13 @@ export function releaseStateNames(suffix: string) {
     release: `${STATE.release}${suffix}`,
     releaseWithoutHandOff: `${STATE.releaseWithoutHandOff}${suffix}`,
     peek: `${STATE.peekAtNextWaiter}${suffix}`,
+    readWaiter: `${STATE.readNextWaiter}${suffix}`,
+    checkWaiter: `${STATE.checkNextWaiter}${suffix}`,
+    skipTicket: `${STATE.skipTicket}${suffix}`,
+    passTicket: `${STATE.passTicket}${suffix}`,
     handOff: `${STATE.handOff}${suffix}`,
-    dropHead: `${STATE.dropServedWaiter}${suffix}`,
+    markServed: `${STATE.markWaiterServed}${suffix}`,
+    dropTicket: `${STATE.dropServedWaiter}${suffix}`,
     wake: `${STATE.wakeNextWaiter}${suffix}`,
     takeBack: `${STATE.takeBackPermit}${suffix}`,
     confirmHandOff: `${STATE.confirmHandOff}${suffix}`,
@@ -97,6 +111,8 @@ export function releaseStateNames(suffix: string) {
 export interface HandOffProps {
   readonly table: ISemaphoreTable;
   readonly lockName: tasks.DynamoAttributeValue;
+  /** The lock name as a string: literal, or a JSONPath string token (the ticket items' keys start with it). */
+  readonly lockNameText: string;
   /** Appended to every state name, so that several uses fit in one state machine. */
   readonly suffix: string;
   /**
@@ -110,12 +126,18 @@ export interface HandOffProps {
   readonly alreadyReleased?: sfn.IChainable;
 }
 
+/** The key of a lock's ticket item, for a lock name (literal or JSONPath string) and a JSONPath to the ticket. */
+export function ticketItemKey(lockNameText: string, ticketPath: string): tasks.DynamoAttributeValue {
+  return tasks.DynamoAttributeValue.fromString(sfn.JsonPath.format(TICKET_KEY_FORMAT, lockNameText, sfn.JsonPath.stringAt(ticketPath)));
+}
+
 /**
  * The release of the queue strategy, for the holder at `$.handoff.holder` (run `$.handoff.redriveCount`).
  *
- * Nobody waiting, it is one conditional write, as without a queue. With waiters, it reads the head,
- * moves the holder entry to it (drawing its fencing token in the same write), and wakes it: three
- * writes and a call.
+ * Nobody waiting, it is one conditional write, as without a queue. With waiters, it reads the next
+ * ticket (a write: it must still hold the permit), reads that ticket's item, moves the holder entry to
+ * its waiter while passing the ticket (drawing its fencing token in the same write), marks the ticket
+ * item served (which returns the waiter's token) and wakes it.
  */
 export function handOffChain(scope: Construct, props: HandOffProps): sfn.State {
   const names = releaseStateNames(props.suffix);
@@ -133,8 +155,8 @@ export function handOffChain(scope: Construct, props: HandOffProps): sfn.State {
   const alreadyReleased = props.alreadyReleased ?? props.next ?? new sfn.Succeed(scope, names.alreadyReleased, { outputPath: props.outputPath });
 
   // Give the permit back if nobody waits: the release's first write, and again after a peek found no
-  // waiter, since a waiter can enqueue between the two writes (the lock was full) and would then sleep
-  // beside a free permit.
+  // waiter, since a waiter can take a ticket between the two writes (the lock was full) and would then
+  // sleep beside a free permit.
   const giveBack = (id: string) =>
     end(
       new tasks.DynamoUpdateItem(scope, id, {
@@ -142,10 +164,9 @@ export function handOffChain(scope: Construct, props: HandOffProps): sfn.State {
         key,
         conditionExpression: RELEASE_IF_NO_WAITERS_CONDITION,
         updateExpression: RELEASE_UPDATE,
-        expressionAttributeNames: { [NAMES.permits]: PERMITS_IN_USE, [NAMES.holder]: holder, [QUEUE_NAMES.waiters]: WAITERS },
+        expressionAttributeNames: { [NAMES.permits]: PERMITS_IN_USE, [NAMES.holder]: holder, [QUEUE_NAMES.tail]: QUEUE_TAIL, [QUEUE_NAMES.head]: QUEUE_HEAD },
         expressionAttributeValues: {
           [VALUES.one]: tasks.DynamoAttributeValue.fromNumber(1),
-          [VALUES.zero]: tasks.DynamoAttributeValue.fromNumber(0),
           [VALUES.redriveCount]: redriveCount,
         },
         resultPath: sfn.JsonPath.DISCARD,
@@ -169,27 +190,19 @@ export function handOffChain(scope: Construct, props: HandOffProps): sfn.State {
 
   const release = giveBack(names.release);
 
-  // The head as strings (DynamoDB numbers are strings), and an id for the hand-off to it.
-  const next = `$.Attributes.${NEXT_WAITER}.M`;
+  // The ticket passed so far (a number), and the next one, whose turn it is.
+  const headNumber = sfn.JsonPath.stringToJson(sfn.JsonPath.stringAt(`$.Attributes.${QUEUE_HEAD}.N`));
   const peek = new tasks.DynamoUpdateItem(scope, names.peek, {
     table,
     key,
     conditionExpression: PEEK_CONDITION,
     updateExpression: PEEK_UPDATE,
-    expressionAttributeNames: {
-      [NAMES.holder]: holder,
-      [QUEUE_NAMES.waiters]: WAITERS,
-      [QUEUE_NAMES.next]: NEXT_WAITER,
-    },
-    expressionAttributeValues: {
-      [VALUES.zero]: tasks.DynamoAttributeValue.fromNumber(0),
-      [VALUES.redriveCount]: redriveCount,
-    },
+    expressionAttributeNames: { [NAMES.holder]: holder, [QUEUE_NAMES.head]: QUEUE_HEAD, [QUEUE_NAMES.tail]: QUEUE_TAIL },
+    expressionAttributeValues: { [VALUES.redriveCount]: redriveCount },
     returnValues: tasks.DynamoReturnValues.UPDATED_NEW,
     resultSelector: {
-      id: sfn.JsonPath.stringAt(`${next}.${WAITER_ID}.S`),
-      redriveCount: sfn.JsonPath.stringAt(`${next}.${HOLDER_REDRIVE_COUNT}.N`),
-      leaseSeconds: sfn.JsonPath.stringAt(`${next}.${HOLDER_LEASE_SECONDS}.N`),
+      head: headNumber,
+      ticket: sfn.JsonPath.mathAdd(Token.asNumber(headNumber), 1),
       handoffId: sfn.JsonPath.uuid(),
     },
     resultPath: `${HANDOFF_PATH}.next`,
@@ -200,19 +213,61 @@ export function handOffChain(scope: Construct, props: HandOffProps): sfn.State {
   release.addCatch(peek, { errors: [CONDITIONAL_CHECK_FAILED], resultPath: sfn.JsonPath.DISCARD });
   stillHeld.next(peek);
 
-  const headId = sfn.JsonPath.stringAt(`${HANDOFF_PATH}.next.id`);
-  // The head's wait token is named by its run and ARN, as the entry read from the queue has them.
-  const headToken = sfn.JsonPath.format(WAIT_TOKEN_FORMAT, sfn.JsonPath.stringAt(`${HANDOFF_PATH}.next.redriveCount`), headId);
-  // After the head was served by another releaser the queue most likely holds more: peek again at
-  // once (an empty queue sends the peek on to Release Permit Without Hand-Off), one write fewer than
-  // starting over with Release Permit, which would be refused.
-  const dropHead = new tasks.DynamoUpdateItem(scope, names.dropHead, {
+  const ticketKeyValue = ticketItemKey(props.lockNameText, `${HANDOFF_PATH}.next.ticket`);
+  const ticketItemKeyMap = { [LOCK_KEY]: ticketKeyValue };
+  const headValue = tasks.DynamoAttributeValue.numberFromString(sfn.JsonPath.jsonToString(sfn.JsonPath.objectAt(`${HANDOFF_PATH}.next.head`)));
+  const nextTicketValue = tasks.DynamoAttributeValue.numberFromString(sfn.JsonPath.jsonToString(sfn.JsonPath.objectAt(`${HANDOFF_PATH}.next.ticket`)));
+
+  // Pass a ticket whose item says its turn is over (skipped, dropped, or served by a releaser that
+  // stopped before it passed it), then look at the next.
+  const passTicket = new tasks.DynamoUpdateItem(scope, names.passTicket, {
     table,
     key,
-    conditionExpression: DROP_HEAD_CONDITION,
-    updateExpression: DROP_HEAD_UPDATE,
-    expressionAttributeNames: { [QUEUE_NAMES.waiters]: WAITERS, [QUEUE_NAMES.head]: headId, [QUEUE_NAMES.headToken]: headToken },
-    expressionAttributeValues: { [QUEUE_VALUES.headId]: tasks.DynamoAttributeValue.fromString(headId) },
+    conditionExpression: PASS_TICKET_CONDITION,
+    updateExpression: PASS_TICKET_UPDATE,
+    expressionAttributeNames: { [QUEUE_NAMES.head]: QUEUE_HEAD },
+    expressionAttributeValues: { [QUEUE_VALUES.head]: headValue, [QUEUE_VALUES.nextTicket]: nextTicketValue },
+    resultPath: sfn.JsonPath.DISCARD,
+  })
+    .addRetry(retry)
+    .addCatch(peek, { errors: [CONDITIONAL_CHECK_FAILED], resultPath: sfn.JsonPath.DISCARD })
+    .next(peek);
+
+  // The ticket's item, read after the ticket was (strongly consistent: the waiter wrote it before).
+  const readWaiter = new tasks.DynamoGetItem(scope, names.readWaiter, {
+    table,
+    key: ticketItemKeyMap,
+    consistentRead: true,
+    resultPath: `${HANDOFF_PATH}.waiter`,
+  }).addRetry(retry);
+  peek.next(readWaiter);
+
+  // No item: the waiter is on its way, or the ticket is an orphan. Skip it: a waiter on its way is
+  // refused and takes a new ticket.
+  const skipTicket = new tasks.DynamoUpdateItem(scope, names.skipTicket, {
+    table,
+    key: ticketItemKeyMap,
+    conditionExpression: SKIP_TICKET_CONDITION,
+    updateExpression: MARK_TICKET_UPDATE,
+    expressionAttributeNames: { [QUEUE_NAMES.waiter]: TICKET_WAITER, [QUEUE_NAMES.servedBy]: TICKET_SERVED_BY },
+    expressionAttributeValues: { [QUEUE_VALUES.servedBy]: tasks.DynamoAttributeValue.fromString(SKIPPED) },
+    resultPath: sfn.JsonPath.DISCARD,
+  })
+    .addRetry(retry)
+    // The waiter wrote it meanwhile: read it again.
+    .addCatch(readWaiter, { errors: [CONDITIONAL_CHECK_FAILED], resultPath: sfn.JsonPath.DISCARD })
+    .next(passTicket);
+
+  const waiterItem = `${HANDOFF_PATH}.waiter.Item`;
+  const waiterId = sfn.JsonPath.stringAt(`${waiterItem}.${TICKET_WAITER}.S`);
+  // Drop a ticket whose waiter already holds a permit (it found one by polling), then look again.
+  const dropTicket = new tasks.DynamoUpdateItem(scope, names.dropTicket, {
+    table,
+    key,
+    conditionExpression: DROP_TICKET_CONDITION,
+    updateExpression: PASS_TICKET_UPDATE,
+    expressionAttributeNames: { [QUEUE_NAMES.head]: QUEUE_HEAD, [QUEUE_NAMES.next]: waiterId },
+    expressionAttributeValues: { [QUEUE_VALUES.head]: headValue, [QUEUE_VALUES.nextTicket]: nextTicketValue },
     resultPath: sfn.JsonPath.DISCARD,
   })
     .addRetry(retry)
@@ -232,54 +287,80 @@ export function handOffChain(scope: Construct, props: HandOffProps): sfn.State {
     updateExpression: HAND_OFF_UPDATE,
     expressionAttributeNames: {
       [NAMES.holder]: holder,
-      [QUEUE_NAMES.waiters]: WAITERS,
-      [QUEUE_NAMES.head]: headId,
-      [QUEUE_NAMES.headToken]: headToken,
+      [QUEUE_NAMES.head]: QUEUE_HEAD,
+      [QUEUE_NAMES.next]: waiterId,
       [NAMES.fence]: FENCING_TOKEN,
     },
     expressionAttributeValues: {
       [VALUES.redriveCount]: redriveCount,
       [VALUES.one]: tasks.DynamoAttributeValue.fromNumber(1),
-      [QUEUE_VALUES.headId]: tasks.DynamoAttributeValue.fromString(headId),
+      [QUEUE_VALUES.head]: headValue,
+      [QUEUE_VALUES.nextTicket]: nextTicketValue,
       [VALUES.entry]: tasks.DynamoAttributeValue.fromMap({
         [HOLDER_ACQUIRED_AT]: tasks.DynamoAttributeValue.fromString(sfn.JsonPath.stringAt('$$.State.EnteredTime')),
-        [HOLDER_REDRIVE_COUNT]: tasks.DynamoAttributeValue.numberFromString(sfn.JsonPath.stringAt(`${HANDOFF_PATH}.next.redriveCount`)),
-        [HOLDER_LEASE_SECONDS]: tasks.DynamoAttributeValue.numberFromString(sfn.JsonPath.stringAt(`${HANDOFF_PATH}.next.leaseSeconds`)),
+        [HOLDER_REDRIVE_COUNT]: tasks.DynamoAttributeValue.numberFromString(sfn.JsonPath.stringAt(`${waiterItem}.${HOLDER_REDRIVE_COUNT}.N`)),
+        [HOLDER_LEASE_SECONDS]: tasks.DynamoAttributeValue.numberFromString(sfn.JsonPath.stringAt(`${waiterItem}.${HOLDER_LEASE_SECONDS}.N`)),
         [HOLDER_HANDOFF_ID]: handoffId,
       }),
     },
-    // The head's token, removed by this very update (the one string among the old values it returns),
-    // and the fencing counter before this update drew the head's token from it.
+    // The fencing counter before this update drew the waiter's token from it.
     returnValues: tasks.DynamoReturnValues.UPDATED_OLD,
     resultSelector: {
-      tokens: sfn.JsonPath.listAt('$.Attributes.*.S'),
-      wake: { fencingToken: sfn.JsonPath.mathAdd(Token.asNumber(sfn.JsonPath.stringToJson(sfn.JsonPath.stringAt(`$.Attributes.${FENCING_TOKEN}.N`))), 1) },
+      fencingToken: sfn.JsonPath.mathAdd(Token.asNumber(sfn.JsonPath.stringToJson(sfn.JsonPath.stringAt(`$.Attributes.${FENCING_TOKEN}.N`))), 1),
     },
-    resultPath: `${HANDOFF_PATH}.head`,
+    resultPath: `${HANDOFF_PATH}.wake`,
   })
     // A retry after a write that landed would fail its condition and lose the wake-up: server errors
     // are confirmed instead (below).
     .addRetry(transientRetry(THROTTLING_ERRORS))
-    // The head was served by another releaser, or already holds a permit, or ours is gone: look again.
-    // The head can be the releaser itself (an entry from before it got its permit by polling): then
-    // DynamoDB rejects the update (its two paths overlap) and the entry is dropped the same way.
-    .addCatch(dropHead, { errors: [CONDITIONAL_CHECK_FAILED, VALIDATION_ERROR], resultPath: sfn.JsonPath.DISCARD });
-  peek.next(handOff);
+    // The ticket was served by another releaser, or its waiter holds a permit already, or ours is
+    // gone. The waiter can be the releaser itself (a ticket from before it got its permit by polling):
+    // then DynamoDB rejects the update (its two paths overlap) and the ticket is dropped the same way.
+    .addCatch(dropTicket, { errors: [CONDITIONAL_CHECK_FAILED, VALIDATION_ERROR], resultPath: sfn.JsonPath.DISCARD });
 
-  // Did the hand-off land? Its id is in the head's entry if and only if it did. If it did,
-  // its response (with the head's token) is lost: take the permit back (unless the waiter has claimed
-  // it) and hand it on, rather than leave it with a waiter that may have stopped.
+  const checkWaiter = new sfn.Choice(scope, names.checkWaiter)
+    .when(sfn.Condition.isNotPresent(waiterItem), skipTicket)
+    .when(sfn.Condition.isPresent(`${waiterItem}.${TICKET_SERVED_BY}`), passTicket)
+    .when(sfn.Condition.isNotPresent(`${waiterItem}.${TICKET_WAITER}`), passTicket)
+    .otherwise(handOff);
+  readWaiter.next(checkWaiter);
+
+  // Mark the ticket served: no wait on it is accepted any more, and the response carries the token of
+  // the waiter's current wait (it may have renewed it since it was read).
+  const wakeUpLost = props.next ?? new sfn.Succeed(scope, names.wakeUpLost, { outputPath: props.outputPath });
+  const markServed = new tasks.DynamoUpdateItem(scope, names.markServed, {
+    table,
+    key: ticketItemKeyMap,
+    conditionExpression: MARK_SERVED_CONDITION,
+    updateExpression: MARK_TICKET_UPDATE,
+    expressionAttributeNames: { [QUEUE_NAMES.waiter]: TICKET_WAITER, [QUEUE_NAMES.servedBy]: TICKET_SERVED_BY },
+    expressionAttributeValues: { [QUEUE_VALUES.me]: tasks.DynamoAttributeValue.fromString(waiterId), [QUEUE_VALUES.servedBy]: handoffId },
+    returnValues: tasks.DynamoReturnValues.ALL_OLD,
+    resultSelector: { token: sfn.JsonPath.stringAt(`$.Attributes.${TICKET_WAIT_TOKEN}.S`) },
+    resultPath: `${HANDOFF_PATH}.served`,
+  })
+    .addRetry(retry)
+    // Not ours to serve (cannot happen: a ticket item's waiter never changes): the waiter finds its
+    // permit when its wait times out.
+    .addCatch(wakeUpLost, { errors: [CONDITIONAL_CHECK_FAILED], resultPath: sfn.JsonPath.DISCARD });
+  handOff.next(markServed);
+
+  // Did the hand-off land? Its id is in the waiter's entry if and only if it did. If it did, mark the
+  // ticket and wake the waiter as after a hand-off that answered.
   const confirmHandOff = new tasks.DynamoUpdateItem(scope, names.confirmHandOff, {
     table,
     key,
     conditionExpression: CONFIRM_HAND_OFF_CONDITION,
     updateExpression: CONFIRM_HAND_OFF_UPDATE,
-    expressionAttributeNames: { [QUEUE_NAMES.head]: headId, [NAMES.fence]: FENCING_TOKEN },
+    expressionAttributeNames: { [QUEUE_NAMES.next]: waiterId, [NAMES.fence]: FENCING_TOKEN },
     expressionAttributeValues: { [QUEUE_VALUES.handoffId]: handoffId },
-    resultPath: sfn.JsonPath.DISCARD,
+    returnValues: tasks.DynamoReturnValues.UPDATED_NEW,
+    resultSelector: { fencingToken: sfn.JsonPath.stringToJson(sfn.JsonPath.stringAt(`$.Attributes.${FENCING_TOKEN}.N`)) },
+    resultPath: `${HANDOFF_PATH}.wake`,
   })
     .addRetry(retry)
-    .addCatch(release, { errors: [CONDITIONAL_CHECK_FAILED], resultPath: sfn.JsonPath.DISCARD });
+    .addCatch(release, { errors: [CONDITIONAL_CHECK_FAILED], resultPath: sfn.JsonPath.DISCARD })
+    .next(markServed);
   handOff.addCatch(confirmHandOff, { errors: SERVER_ERRORS, resultPath: sfn.JsonPath.DISCARD });
 
   // The woken waiter's task has gone (the execution stopped, or its wait timed out just then): take
@@ -289,7 +370,7 @@ export function handOffChain(scope: Construct, props: HandOffProps): sfn.State {
     key,
     conditionExpression: TAKE_BACK_CONDITION,
     updateExpression: TAKE_BACK_UPDATE,
-    expressionAttributeNames: { [NAMES.holder]: holder, [QUEUE_NAMES.head]: headId },
+    expressionAttributeNames: { [NAMES.holder]: holder, [QUEUE_NAMES.next]: waiterId },
     expressionAttributeValues: {
       [QUEUE_VALUES.handoffId]: handoffId,
       [VALUES.entry]: tasks.DynamoAttributeValue.fromMap({
@@ -305,14 +386,13 @@ export function handOffChain(scope: Construct, props: HandOffProps): sfn.State {
   // finds out by itself.
   takeBack.addCatch(release, { errors: [CONDITIONAL_CHECK_FAILED], resultPath: sfn.JsonPath.DISCARD });
 
-  const wakeUpLost = props.next ?? new sfn.Succeed(scope, names.wakeUpLost, { outputPath: props.outputPath });
   const wake = end(
     new tasks.CallAwsService(scope, names.wake, {
       service: 'sfn',
       action: 'sendTaskSuccess',
       parameters: {
-        TaskToken: sfn.JsonPath.arrayGetItem(sfn.JsonPath.listAt(`${HANDOFF_PATH}.head.tokens`), 0),
-        Output: sfn.JsonPath.jsonToString(sfn.JsonPath.objectAt(`${HANDOFF_PATH}.head.wake`)),
+        TaskToken: sfn.JsonPath.stringAt(`${HANDOFF_PATH}.served.token`),
+        Output: sfn.JsonPath.jsonToString(sfn.JsonPath.objectAt(`${HANDOFF_PATH}.wake`)),
       },
       iamAction: 'states:SendTaskSuccess',
       // Waiters of a shared lock can be executions of any workflow using it, in this account and Region.
@@ -327,14 +407,15 @@ export function handOffChain(scope: Construct, props: HandOffProps): sfn.State {
       // Any other failure is a lost wake-up: the waiter finds its permit when its wait times out.
       .addCatch(wakeUpLost, { errors: [sfn.Errors.ALL], resultPath: sfn.JsonPath.DISCARD }),
   );
-  handOff.next(wake);
-  confirmHandOff.next(takeBack);
+  markServed.next(wake);
   return release;
 }
 
 export interface WaiterProps {
   readonly table: ISemaphoreTable;
   readonly lockName: tasks.DynamoAttributeValue;
+  /** The lock name as a string: literal, or a JSONPath string token. */
+  readonly lockNameText: string;
   readonly limit: tasks.DynamoAttributeValue;
   /** Lease of the workflow, seconds (0: none): the holder entry a hand-off writes carries it. */
   readonly leaseSeconds: number;
@@ -344,64 +425,66 @@ export interface WaiterProps {
   readonly permitPath?: string;
 }
 
+/** Where a waiter keeps its ticket (a number) in the state data. */
+export const TICKET_PATH = '$.semaphoreTicket';
+
 /**
- * "Wait In Queue": append this execution to the queue, atomically with "the lock is still full", and
- * sleep until a releaser hands it a permit. Its output is `{ fencingToken }`.
+ * "Take Ticket": a ticket in the lock's queue, only while the lock is full and this execution holds
+ * nothing (TAKE_TICKET_CONDITION). Its output goes to TICKET_PATH.
  */
-export function waitInQueueTask(scope: Construct, props: WaiterProps): sfn.TaskStateBase {
-  return waitTask(scope, STATE.waitInQueue, props, ENQUEUE_UPDATE, ENQUEUE_CONDITION);
+export function takeTicketTask(scope: Construct, id: string, props: WaiterProps): tasks.DynamoUpdateItem {
+  return new tasks.DynamoUpdateItem(scope, id, {
+    table: props.table.table,
+    key: { [LOCK_KEY]: props.lockName },
+    conditionExpression: TAKE_TICKET_CONDITION,
+    updateExpression: TAKE_TICKET_UPDATE,
+    expressionAttributeNames: {
+      [NAMES.permits]: PERMITS_IN_USE,
+      [NAMES.holder]: sfn.JsonPath.stringAt('$$.Execution.Id'),
+      [QUEUE_NAMES.tail]: QUEUE_TAIL,
+      [QUEUE_NAMES.head]: QUEUE_HEAD,
+    },
+    expressionAttributeValues: {
+      [VALUES.limit]: props.limit,
+      [VALUES.zero]: tasks.DynamoAttributeValue.fromNumber(0),
+      [VALUES.one]: tasks.DynamoAttributeValue.fromNumber(1),
+    },
+    returnValues: tasks.DynamoReturnValues.UPDATED_NEW,
+    resultSelector: { ticket: sfn.JsonPath.stringToJson(sfn.JsonPath.stringAt(`$.Attributes.${QUEUE_TAIL}.N`)) },
+    resultPath: TICKET_PATH,
+  });
 }
 
 /**
- * "Wait In Queue Again": after a wait timed out, sleep again in the same place: a new token for the
- * entry the execution still has. Its condition is the timed-out waiter's whole check: refused when a
- * permit was handed to it (the wake-up was lost), a permit is free, or its entry is gone. So a long
- * wait costs one transition and one write per `queueCheckInterval`.
+ * "Wait In Queue" (and "Wait In Queue Again", after a wait timed out): write the ticket's item with
+ * the task token of this wait and sleep until a releaser hands this execution a permit. Refused once
+ * the ticket's turn has come. Its output is `{ fencingToken }`.
  */
-export function renewWaitTask(scope: Construct, props: WaiterProps): sfn.TaskStateBase {
-  return waitTask(scope, STATE.waitInQueueAgain, props, RENEW_WAIT_UPDATE, RENEW_WAIT_CONDITION);
-}
-
-function waitTask(scope: Construct, id: string, props: WaiterProps, update: string, condition: string): sfn.TaskStateBase {
-  const limit = props.limit.toObject();
-  const enqueue = update === ENQUEUE_UPDATE;
+export function waitOnTicketTask(scope: Construct, id: string, props: WaiterProps): sfn.TaskStateBase {
   return new tasks.CallAwsService(scope, id, {
     service: 'dynamodb',
     action: 'updateItem',
     integrationPattern: sfn.IntegrationPattern.WAIT_FOR_TASK_TOKEN,
     parameters: {
       TableName: props.table.table.tableName,
-      Key: { [LOCK_KEY]: props.lockName.toObject() },
-      UpdateExpression: update,
-      ConditionExpression: condition,
+      Key: { [LOCK_KEY]: ticketItemKey(props.lockNameText, `${TICKET_PATH}.ticket`).toObject() },
+      UpdateExpression: WAIT_ON_TICKET_UPDATE,
+      ConditionExpression: WAIT_ON_TICKET_CONDITION,
       ExpressionAttributeNames: {
-        [NAMES.permits]: PERMITS_IN_USE,
-        [NAMES.holder]: sfn.JsonPath.stringAt('$$.Execution.Id'),
-        [QUEUE_NAMES.token]: waitTokenName(),
-        ...(enqueue ? { [QUEUE_NAMES.waiters]: WAITERS } : {}),
+        [QUEUE_NAMES.servedBy]: TICKET_SERVED_BY,
+        [QUEUE_NAMES.waiter]: TICKET_WAITER,
+        [QUEUE_NAMES.run]: HOLDER_REDRIVE_COUNT,
+        [QUEUE_NAMES.lease]: HOLDER_LEASE_SECONDS,
+        [QUEUE_NAMES.token]: TICKET_WAIT_TOKEN,
+        [NAMES.limit]: CONCURRENCY_LIMIT,
       },
       ExpressionAttributeValues: {
-        [VALUES.limit]: limit,
+        [QUEUE_VALUES.me]: { S: sfn.JsonPath.stringAt('$$.Execution.Id') },
+        [VALUES.redriveCount]: { N: sfn.JsonPath.jsonToString(sfn.JsonPath.objectAt('$$.Execution.RedriveCount')) },
+        [QUEUE_VALUES.lease]: { N: String(props.leaseSeconds) },
+        // Its own limit: the reconciler hands it a free permit only below it.
+        [VALUES.limit]: props.limit.toObject(),
         [QUEUE_VALUES.token]: { S: sfn.JsonPath.taskToken },
-        ...(enqueue
-          ? {
-            [QUEUE_VALUES.maxWaiters]: { N: String(MAX_WAITERS) },
-            [QUEUE_VALUES.emptyList]: { L: [] },
-            [QUEUE_VALUES.me]: {
-              L: [
-                {
-                  M: {
-                    [WAITER_ID]: { S: sfn.JsonPath.stringAt('$$.Execution.Id') },
-                    [HOLDER_REDRIVE_COUNT]: { N: sfn.JsonPath.jsonToString(sfn.JsonPath.objectAt('$$.Execution.RedriveCount')) },
-                    [HOLDER_LEASE_SECONDS]: { N: String(props.leaseSeconds) },
-                    // Its own limit: the reconciler hands it a free permit only below it.
-                    [CONCURRENCY_LIMIT]: limit,
-                  },
-                },
-              ],
-            },
-          }
-          : {}),
       },
     },
     iamAction: 'dynamodb:UpdateItem',
@@ -413,12 +496,11 @@ function waitTask(scope: Construct, id: string, props: WaiterProps, update: stri
 }
 
 /**
- * The wait's errors: refused (the lock is not full any more, the queue is full, the execution holds a
- * permit, or its entry is gone); uncertain (a server error: did the write land?); timed out (no
- * wake-up within `queueCheckInterval`).
+ * The wait's errors: refused (the ticket's turn has come, or the ticket is of another run); uncertain
+ * (a server error: did the write land?); timed out (no wake-up within `queueCheckInterval`).
  */
-export const ENQUEUE_REFUSED = [SDK_CONDITIONAL_CHECK_FAILED];
-export const ENQUEUE_UNCERTAIN = SDK_SERVER_ERRORS;
+export const WAIT_REFUSED = [SDK_CONDITIONAL_CHECK_FAILED];
+export const WAIT_UNCERTAIN = SDK_SERVER_ERRORS;
 export const WAIT_TIMED_OUT = [sfn.Errors.TIMEOUT];
 
 /**
@@ -441,7 +523,6 @@ export function fencingTokenTask(
     expressionAttributeNames: {
       [NAMES.holder]: sfn.JsonPath.stringAt('$$.Execution.Id'),
       [NAMES.fence]: FENCING_TOKEN,
-      [QUEUE_NAMES.token]: waitTokenName(),
     },
     expressionAttributeValues: {
       [VALUES.zero]: tasks.DynamoAttributeValue.fromNumber(0),
