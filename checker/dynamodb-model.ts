@@ -501,6 +501,15 @@ export interface UpdateItemInput {
   readonly ReturnValues?: 'NONE' | 'ALL_OLD' | 'UPDATED_OLD' | 'ALL_NEW' | 'UPDATED_NEW';
 }
 
+export interface DeleteItemInput {
+  readonly TableName: string;
+  readonly Key: Item;
+  readonly ConditionExpression?: string;
+  readonly ExpressionAttributeNames?: Record<string, string>;
+  readonly ExpressionAttributeValues?: Record<string, AttributeValue>;
+  readonly ReturnValues?: 'NONE' | 'ALL_OLD';
+}
+
 export interface UpdateItemOutput {
   readonly Attributes?: Item;
 }
@@ -540,6 +549,29 @@ export class ModelDynamoDb {
 
   public scan(input: { TableName: string }): { Items: Item[] } {
     return { Items: Object.values(this.table(input.TableName)).map(clone) };
+  }
+
+  /** `DeleteItem`: the condition on the item as it is, then the delete, as one atomic step. */
+  public deleteItem(input: DeleteItemInput): UpdateItemOutput {
+    const table = this.table(input.TableName);
+    const key = this.keyOf(input.TableName, input.Key);
+    const scope = new Scope(input.ExpressionAttributeNames ?? {}, input.ExpressionAttributeValues ?? {});
+    let condition: Condition | undefined;
+    if (input.ConditionExpression !== undefined) {
+      const parser = new Parser(tokenize(input.ConditionExpression), scope);
+      condition = parser.condition();
+      if (!parser.done()) throw validation('Invalid ConditionExpression: Syntax error');
+    }
+    const unusedNames = Object.keys(scope.names).filter((n) => !scope.usedNames.has(n));
+    if (unusedNames.length) throw validation(`Value provided in ExpressionAttributeNames unused in expressions: keys: {${unusedNames.join(', ')}}`);
+    const unusedValues = Object.keys(scope.values).filter((v) => !scope.usedValues.has(v));
+    if (unusedValues.length) throw validation(`Value provided in ExpressionAttributeValues unused in expressions: keys: {${unusedValues.join(', ')}}`);
+    const old = table[key];
+    if (condition && !holds(condition, old ?? {}, scope)) {
+      throw new DynamoDbError('ConditionalCheckFailedException', 'The conditional request failed');
+    }
+    delete table[key];
+    return input.ReturnValues === 'ALL_OLD' && old ? { Attributes: clone(old) } : {};
   }
 
   /** `UpdateItem`: the condition on the item as it is, then every action, as one atomic step. */

@@ -6,7 +6,7 @@ import { Effect, Flow } from '../client/effects';
 import { acquireAttempt, ClientProtocolOptions, releaseHolder } from '../client/semaphore-client';
 import { guardRedrive, sweep } from '../lambda/reconciler-flows';
 import { stepFunctionsDynamoErrorName } from '../simulator/dynamodb';
-import { HOLDER_ACQUIRED_AT, HOLDER_HANDOFF_ID, HOLDER_REDRIVE_COUNT, LOCK_KEY, PERMITS_IN_USE } from '../src/private/lock-schema';
+import { HOLDER_ACQUIRED_AT, HOLDER_HANDOFF_ID, HOLDER_REDRIVE_COUNT, LOCK_KEY, PERMITS_IN_USE, QUEUE_TAIL } from '../src/private/lock-schema';
 import { STATE } from '../src/private/state-names';
 
 /*
@@ -168,6 +168,21 @@ export interface RecordedUpdate {
   readonly after?: Item;
 }
 
+/** The most tickets a lock may issue in a searched world (see `successors`). */
+export const MAX_TICKETS = 6;
+
+/** The most tickets any lock of the world has issued. */
+function ticketsIssued(world: World): number {
+  let most = 0;
+  for (const table of Object.values(world.tables)) {
+    for (const item of Object.values(table)) {
+      const tail = item[QUEUE_TAIL];
+      if (tail !== undefined && 'N' in tail) most = Math.max(most, Number(tail.N));
+    }
+  }
+  return most;
+}
+
 const BASE_TIME = Date.parse('2026-01-01T00:00:00.000Z');
 /** One tick: longer than any grace period and any window of eventual consistency. */
 export const TICK_MS = 15 * 60 * 1000;
@@ -270,7 +285,9 @@ export class Model {
     if (b.ticks > 0 && !world.actors.some((a) => a.kind === 'client' && this.holding(world, a))) {
       steps.push(this.mutate(world, 'time passes', (w) => this.tick(w)));
     }
-    return steps.flatMap((step) => this.deliverEvents(step));
+    // Tickets only ever grow: a waiter skipped while on its way takes a new one, which a releaser may
+    // skip again, without end when the scheduler wants it. The search stays within MAX_TICKETS per lock.
+    return steps.flatMap((step) => this.deliverEvents(step)).filter((step) => ticketsIssued(step.world) <= MAX_TICKETS);
   }
 
   /**
@@ -332,10 +349,10 @@ export class Model {
     if (dynamo) {
       const sdk = dynamo[1] !== undefined;
       const action = dynamo[2];
-      if (action !== 'updateItem' && action !== 'getItem') throw new Error(`the checker has no model of DynamoDB ${action} (state '${leaf.thread.state}')`);
+      if (action !== 'updateItem' && action !== 'getItem' && action !== 'deleteItem') throw new Error(`the checker has no model of DynamoDB ${action} (state '${leaf.thread.state}')`);
       steps.push(this.onLeaf(world, exec, leaf, `${who}`, (w, e, root) => this.dynamoTask(w, e, root, leaf, sdk, action, callback, 'normal')));
-      if (b.serverErrors > 0 && action === 'updateItem') {
-        const wouldLand = this.probe(world, exec, leaf, callback);
+      if (b.serverErrors > 0 && action !== 'getItem') {
+        const wouldLand = this.probe(world, exec, leaf, callback, action);
         if (wouldLand) {
           steps.push(this.onLeaf(world, exec, leaf, `${who} lands, its response lost (server error)`, (w, e, root) => (w.budget.serverErrors--, this.dynamoTask(w, e, root, leaf, sdk, action, callback, 'lost'))));
         }
@@ -364,12 +381,13 @@ export class Model {
   }
 
   /** Whether the write of a DynamoDB task would succeed now. */
-  private probe(world: World, exec: Exec, leaf: Leaf, callback: boolean): boolean {
+  private probe(world: World, exec: Exec, leaf: Leaf, callback: boolean, action: string): boolean {
     const w = clone(world);
     const e = this.exec(w, exec.arn);
     const input = this.info(e).machine.taskInput(leaf.thread, this.host(w, e), callback ? 'probe' : undefined) as any;
     try {
-      this.db(w).updateItem(input);
+      if (action === 'deleteItem') this.db(w).deleteItem(input);
+      else this.db(w).updateItem(input);
       return true;
     } catch (err) {
       if (err instanceof DynamoDbError) return false;
@@ -386,7 +404,7 @@ export class Model {
     if (mode === 'unapplied') return machine.fail(root, leaf.path, stepFunctionsDynamoErrorName(sdk, 'InternalServerError'), 'server error', host);
     let result: unknown;
     try {
-      result = action === 'getItem' ? this.db(w).getItem(input) : this.db(w).updateItem(input);
+      result = action === 'getItem' ? this.db(w).getItem(input) : action === 'deleteItem' ? this.db(w).deleteItem(input) : this.db(w).updateItem(input);
     } catch (err) {
       if (!(err instanceof DynamoDbError)) throw err;
       return machine.fail(root, leaf.path, stepFunctionsDynamoErrorName(sdk, err.name), err.message, host);
@@ -740,6 +758,9 @@ export class Model {
           break;
         case 'Scan':
           out = db.scan(request as any);
+          break;
+        case 'DeleteItem':
+          out = db.deleteItem(request as any);
           break;
         default:
           out = db.updateItem(request as any);

@@ -383,7 +383,7 @@ async function printStatus(client: SemaphoreClient, lock: string, json: boolean,
     io.stdout(JSON.stringify(status, null, 2));
     return EXIT.ok;
   }
-  const queued = status.waiters.length === 0 ? '' : `, ${status.waiters.length} execution${status.waiters.length === 1 ? '' : 's'} queued`;
+  const queued = status.waiting === 0 ? '' : `, ${status.waiting} execution${status.waiting === 1 ? '' : 's'} queued`;
   io.stdout(`${lock}: ${status.permitsInUse} of ${status.limit ?? '?'} permits in use${queued}`);
   if (status.holders.length === 0) return EXIT.ok;
   const rows = status.holders.map((h) => [h.kind, h.id, h.owner ?? '', age(h.ageSeconds), lease(h)]);

@@ -13,7 +13,7 @@ import * as doc from '@aws-sdk/lib-dynamodb';
  * included. Replayed with the same answers, it makes the same calls.
  */
 
-export type DynamoDbAction = 'GetItem' | 'UpdateItem' | 'Scan';
+export type DynamoDbAction = 'GetItem' | 'UpdateItem' | 'DeleteItem' | 'Scan';
 export type DocumentAction = 'Get' | 'Update' | 'Scan';
 export type StepFunctionsAction = 'DescribeExecution' | 'StopExecution' | 'SendTaskSuccess' | 'GetExecutionHistory' | 'ListExecutions';
 
@@ -74,6 +74,7 @@ type AnyCommand = new (input: any) => any;
 const DYNAMODB_COMMANDS: Record<DynamoDbAction, AnyCommand> = {
   GetItem: ddb.GetItemCommand,
   UpdateItem: ddb.UpdateItemCommand,
+  DeleteItem: ddb.DeleteItemCommand,
   Scan: ddb.ScanCommand,
 };
 const DOCUMENT_COMMANDS: Record<DocumentAction, AnyCommand> = { Get: doc.GetCommand, Update: doc.UpdateCommand, Scan: doc.ScanCommand };

@@ -1,7 +1,9 @@
 import { AttributeValue } from '@aws-sdk/client-dynamodb';
-import { clock, dynamodb, errorName, Flow, stepFunctions } from './effects';
+import { clock, dynamodb, errorName, Flow, stepFunctions, uuid } from './effects';
+import { deleteServedTicket, readTicket, serveTicket, waitingTickets } from './ticket-queue';
 import {
   CONCURRENCY_LIMIT,
+  DROP_TICKET_CONDITION,
   FENCING_TOKEN,
   HOLDER_ACQUIRED_AT,
   HOLDER_CLAIMED,
@@ -9,36 +11,42 @@ import {
   HOLDER_LEASE_SECONDS,
   HOLDER_REDRIVE_COUNT,
   LOCK_KEY,
-  MAX_WAITERS,
+  PASS_TICKET_CONDITION,
+  PASS_TICKET_UPDATE,
   PERMITS_IN_USE,
-  WAITER_ID,
-  WAITERS,
-  waitTokenAttribute,
+  QUEUE_HEAD,
+  TICKET_SERVED_BY,
+  TICKET_WAIT_TOKEN,
+  TICKET_WAITER,
 } from '../src/private/lock-schema';
 
 /*
  * Serving a lock's queue from outside the state machines: the reconciler's sweep and the client after
- * it reclaimed expired leases. The workflows hand a permit to the oldest waiter whenever they give one
+ * it reclaimed expired leases. The workflows hand a permit to the next waiter whenever they give one
  * back; a permit freed any other way (an expired lease, a dead holder swept, an acquire claimed after
  * a server error) would sit free while waiters sleep until their check interval. This gives every
- * free permit to the head of the queue, as a release would, and tidies the queue on the way:
+ * free permit to the waiter whose turn it is, as a release would, and passes on the way the tickets
+ * that can never be served:
  *
- * - an entry of a waiter that already holds a permit (it found one by polling) is dropped;
- * - an entry of a waiter that is gone (`isGone`: its execution stopped, or a later run of it runs) is dropped;
- * - a second entry of one run of a waiter (which the enqueue's condition prevents) is dropped.
+ * - a ticket without a waiter (skipped: its waiter was on its way, or it is an orphan);
+ * - a ticket whose waiter already holds a permit (it found one by polling);
+ * - a ticket whose waiter is gone (`isGone`: its execution stopped, or a later run of it runs).
  *
- * Every write is conditional on what was read (the entry at that index with that id, its token, the
- * count and fencing counter unchanged), so it is safe beside workflows that enqueue, release and hand off.
+ * Every write on the lock item is conditional on what was read (the ticket passed so far, the count
+ * and fencing counter unchanged), so it is safe beside workflows that take tickets, release and hand off.
  */
 
 /** The errors of SendTaskSuccess for a token whose task no longer waits. */
 const TOKEN_GONE = ['TaskTimedOut', 'TaskDoesNotExist', 'InvalidToken'];
 
+/** Rounds of one serving: each passes a ticket, admits a waiter, or stops. */
+const MAX_ROUNDS = 200;
+
 export interface QueueServiceOptions {
   readonly tableName: string;
   /**
    * Whether a waiter can never be woken: its execution stopped, or runs a later run than the one
-   * that queued. @default - never asked: such entries are left to the releasers
+   * that queued. @default - never asked: such tickets are left to the releasers
    */
   readonly isGone?: (executionArn: string, run: number) => Flow<boolean>;
   /** Told when a waiter was handed a permit but SendTaskSuccess failed for another reason than a closed token. @default - not told */
@@ -47,68 +55,74 @@ export interface QueueServiceOptions {
 
 /** What serving a queue did. */
 export interface QueueServiceResult {
-  /** Entries dropped or merged: stale, duplicate or of a stopped waiter. */
+  /** Tickets passed without a permit: skipped, of a waiter holding one already, or of a waiter that is gone. */
   removed: number;
   /** Waiters handed a free permit and woken. */
   admitted: number;
 }
 
-/** Give the lock's free permits to its oldest waiters and drop entries that can never be served. */
+/** Give the lock's free permits to the waiters whose turn it is, and pass the tickets that can never be served. */
 export function* serveQueue(options: QueueServiceOptions, lockName: string): Flow<QueueServiceResult> {
   const result: QueueServiceResult = { removed: 0, admitted: 0 };
-  const gone = new Map<string, boolean>();
-  const isGone = function* (id: string, run: number): Flow<boolean> {
-    if (!options.isGone) return false;
-    const key = `${run}:${id}`;
-    if (!gone.has(key)) gone.set(key, yield* options.isGone(id, run));
-    return gone.get(key)!;
-  };
   const update = (expression: string, condition: string, names: Record<string, string>, values: Record<string, AttributeValue>) =>
     conditionalUpdate(options, lockName, expression, condition, names, values);
 
-  // Each round changes the item once (or stops); a bound keeps a queue that keeps changing from holding it forever.
-  for (let round = 0; round < 3 * MAX_WAITERS; round++) {
+  for (let round = 0; round < MAX_ROUNDS; round++) {
     const item: Record<string, AttributeValue> | undefined = (
       yield* dynamodb('GetItem', { TableName: options.tableName, Key: { [LOCK_KEY]: { S: lockName } }, ConsistentRead: true })
     ).Item;
-    const waiters = (item?.[WAITERS]?.L ?? []).map((w) => {
-      const id = w.M?.[WAITER_ID]?.S ?? '';
-      const run = w.M?.[HOLDER_REDRIVE_COUNT]?.N ?? '0';
-      return { id, run, token: item?.[waitTokenAttribute(id, run)]?.S, entry: w.M ?? {} };
-    });
-    if (!item || waiters.length === 0) break;
-
-    const tidied = yield* tidy(item, waiters, isGone, update);
-    if (tidied === 'changed') {
-      result.removed++;
+    const { head, tail } = waitingTickets(item);
+    if (!item || head >= tail) break;
+    const permits = Number(item[PERMITS_IN_USE]?.N ?? '0');
+    const lockLimit = item[CONCURRENCY_LIMIT]?.N;
+    // Serving a ticket refuses its waiter's next wait: serve only when there is a permit to give,
+    // or when the ticket can be passed.
+    const free = lockLimit !== undefined && permits < Number(lockLimit);
+    const ticket = head + 1;
+    const handoffId = yield* uuid();
+    const served = free ? yield* serveTicket(options.tableName, lockName, ticket, handoffId) : yield* readTicket(options.tableName, lockName, ticket);
+    const waiter = served?.[TICKET_WAITER]?.S;
+    const names = { '#head': QUEUE_HEAD };
+    const pass = { ':head': { N: String(head) }, ':nextTicket': { N: String(ticket) } };
+    if (waiter === undefined) {
+      if (served === undefined && !free) break; // on its way, perhaps: the next release serves it
+      if (yield* update(PASS_TICKET_UPDATE, PASS_TICKET_CONDITION, names, pass)) result.removed++;
       continue;
     }
-    if (tidied === 'conflict') continue;
-
-    const permits = Number(item[PERMITS_IN_USE]?.N ?? '0');
-    const head = waiters[0];
+    const run = served?.[HOLDER_REDRIVE_COUNT]?.N ?? '0';
+    if (item[waiter]?.M?.[HOLDER_ACQUIRED_AT] !== undefined) {
+      if (yield* update(PASS_TICKET_UPDATE, DROP_TICKET_CONDITION, { ...names, '#next': waiter }, pass)) result.removed++;
+      continue;
+    }
+    if (options.isGone && (yield* options.isGone(waiter, Number(run)))) {
+      if (yield* update(PASS_TICKET_UPDATE, PASS_TICKET_CONDITION, names, pass)) {
+        result.removed++;
+        if (served?.[TICKET_SERVED_BY]?.S !== undefined) yield* deleteServedTicket(options.tableName, lockName, ticket, served[TICKET_SERVED_BY].S!);
+      }
+      continue;
+    }
     // Below the lock's limit and the waiter's own (limits read from the input differ per execution).
-    const limits = [item[CONCURRENCY_LIMIT]?.N, head.entry[CONCURRENCY_LIMIT]?.N].filter((n): n is string => n !== undefined).map(Number);
-    if (limits.length === 0 || permits >= Math.min(...limits)) break;
+    const limits = [lockLimit, served?.[CONCURRENCY_LIMIT]?.N].filter((n): n is string => n !== undefined).map(Number);
+    if (!free || permits >= Math.min(...limits)) break;
+    const token = served?.[TICKET_WAIT_TOKEN]?.S;
+    if (token === undefined) break;
     const fence = Number(item[FENCING_TOKEN]?.N ?? '0') + 1;
-    if (head.token === undefined) break; // tidy() leaves no entry without a token at the head
     const now = yield* clock();
     const admitted = yield* update(
-      'SET #permits = :permitsAfter, #fence = :fence, #head = :entry REMOVE #waiters[0], #token',
-      `#permits = :permits AND ${item[FENCING_TOKEN] ? '#fence = :fenceBefore' : 'attribute_not_exists(#fence)'} AND #waiters[0].#id = :id AND #token = :token AND attribute_not_exists(#head)`,
-      { '#permits': PERMITS_IN_USE, '#fence': FENCING_TOKEN, '#head': head.id, '#waiters': WAITERS, '#id': WAITER_ID, '#token': waitTokenAttribute(head.id, head.run) },
+      'SET #permits = :permitsAfter, #fence = :fence, #next = :entry, #head = :nextTicket',
+      `#permits = :permits AND ${item[FENCING_TOKEN] ? '#fence = :fenceBefore' : 'attribute_not_exists(#fence)'} AND #head = :head AND attribute_not_exists(#next)`,
+      { '#permits': PERMITS_IN_USE, '#fence': FENCING_TOKEN, '#next': waiter, ...names },
       {
         ':permits': { N: String(permits) },
         ':permitsAfter': { N: String(permits + 1) },
         ':fence': { N: String(fence) },
         ...(item[FENCING_TOKEN] ? { ':fenceBefore': { N: String(fence - 1) } } : {}),
-        ':id': { S: head.id },
-        ':token': { S: head.token },
+        ...pass,
         ':entry': {
           M: {
             [HOLDER_ACQUIRED_AT]: { S: new Date(now).toISOString() },
-            [HOLDER_REDRIVE_COUNT]: { N: head.run },
-            [HOLDER_LEASE_SECONDS]: { N: head.entry[HOLDER_LEASE_SECONDS]?.N ?? '0' },
+            [HOLDER_REDRIVE_COUNT]: { N: run },
+            [HOLDER_LEASE_SECONDS]: { N: served?.[HOLDER_LEASE_SECONDS]?.N ?? '0' },
             [HOLDER_FENCING_TOKEN]: { N: String(fence) },
           },
         },
@@ -116,62 +130,26 @@ export function* serveQueue(options: QueueServiceOptions, lockName: string): Flo
     );
     if (!admitted) continue;
     try {
-      yield* stepFunctions('SendTaskSuccess', { taskToken: head.token, output: JSON.stringify({ fencingToken: fence }) });
+      yield* stepFunctions('SendTaskSuccess', { taskToken: token, output: JSON.stringify({ fencingToken: fence }) });
       result.admitted++;
+      const servedBy = served?.[TICKET_SERVED_BY]?.S;
+      if (servedBy !== undefined) yield* deleteServedTicket(options.tableName, lockName, ticket, servedBy);
     } catch (e) {
       // Not delivered for another reason: the waiter finds its permit when its wait times out.
       if (!TOKEN_GONE.includes(errorName(e))) {
-        options.onWakeUpLost?.(head.id, e as Error);
+        options.onWakeUpLost?.(waiter, e as Error);
         break;
       }
       // Its task is gone: give the permit back, unless the waiter found and claimed it meanwhile.
       yield* update(
-        'SET #permits = #permits - :one REMOVE #head',
-        '#head.#fencingToken = :fence AND attribute_not_exists(#head.#claimed)',
-        { '#permits': PERMITS_IN_USE, '#head': head.id, '#fencingToken': HOLDER_FENCING_TOKEN, '#claimed': HOLDER_CLAIMED },
+        'SET #permits = #permits - :one REMOVE #next',
+        '#next.#fencingToken = :fence AND attribute_not_exists(#next.#claimed)',
+        { '#permits': PERMITS_IN_USE, '#next': waiter, '#fencingToken': HOLDER_FENCING_TOKEN, '#claimed': HOLDER_CLAIMED },
         { ':one': { N: '1' }, ':fence': { N: String(fence) } },
       );
     }
   }
   return result;
-}
-
-type Update = (expression: string, condition: string, names: Record<string, string>, values: Record<string, AttributeValue>) => Flow<boolean>;
-
-/** Make at most one change to the queue: 'changed', 'conflict' (the item changed meanwhile), or 'clean'. */
-function* tidy(
-  item: Record<string, AttributeValue>,
-  waiters: Array<{ id: string; run: string; token?: string }>,
-  isGone: (id: string, run: number) => Flow<boolean>,
-  update: Update,
-): Flow<'changed' | 'conflict' | 'clean'> {
-  const seen = new Set<string>();
-  for (let i = 0; i < waiters.length; i++) {
-    const { id, run, token } = waiters[i];
-    const names = { '#waiters': WAITERS, '#id': WAITER_ID };
-    const values = { ':id': { S: id } };
-    if (seen.has(`${run}:${id}`)) {
-      // Its token belongs to its first entry: only this one goes.
-      return outcome(yield* update(`REMOVE #waiters[${i}]`, `#waiters[${i}].#id = :id`, names, values));
-    }
-    seen.add(`${run}:${id}`);
-    const holds = item[id]?.M?.[HOLDER_ACQUIRED_AT] !== undefined;
-    if (holds || token === undefined || (yield* isGone(id, Number(run)))) {
-      // The entry and its token go together, the token as read (a waiter that renewed it meanwhile stays).
-      const tokenIs = token === undefined ? 'attribute_not_exists(#token)' : '#token = :token';
-      return outcome(
-        yield* update(`REMOVE #waiters[${i}]${token === undefined ? '' : ', #token'}`, `#waiters[${i}].#id = :id AND ${tokenIs}`, { ...names, '#token': waitTokenAttribute(id, run) }, {
-          ...values,
-          ...(token === undefined ? {} : { ':token': { S: token } }),
-        }),
-      );
-    }
-  }
-  return 'clean';
-}
-
-function outcome(changed: boolean): 'changed' | 'conflict' {
-  return changed ? 'changed' : 'conflict';
 }
 
 function* conditionalUpdate(

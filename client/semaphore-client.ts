@@ -23,9 +23,9 @@ import {
   HAND_OFF_UPDATE,
   HOLDER_HANDOFF_ID,
   HOLDER_REDRIVE_COUNT,
-  DROP_HEAD_CONDITION,
-  DROP_HEAD_UPDATE,
-  NEXT_WAITER,
+  DROP_TICKET_CONDITION,
+  PASS_TICKET_CONDITION,
+  PASS_TICKET_UPDATE,
   PEEK_CONDITION,
   PEEK_UPDATE,
   QUEUE_NAMES,
@@ -35,10 +35,13 @@ import {
   STILL_HELD_UPDATE,
   TAKE_BACK_CONDITION,
   TAKE_BACK_UPDATE,
-  WAITERS,
-  WAITER_ID,
-  waitTokenAttribute,
+  QUEUE_HEAD,
+  QUEUE_TAIL,
+  TICKET_SERVED_BY,
+  TICKET_WAIT_TOKEN,
+  TICKET_WAITER,
 } from '../src/private/lock-schema';
+import { deleteServedTicket, readTicket, serveTicket, waitingTickets } from './ticket-queue';
 
 /*
  * The client side of the semaphore: scripts, CI jobs and operators take and give back the very same
@@ -149,11 +152,16 @@ export interface LockStatus {
   readonly limit?: number;
   readonly holders: HolderStatus[];
   /**
-   * Executions queued for a permit, oldest first: while there are any, every permit given back goes
-   * to them, and a client acquire waits until the queue is empty.
+   * How many tickets wait in the lock's queue: while there are any, every permit given back goes to
+   * their executions, and a client acquire waits until the queue is empty.
    */
+  readonly waiting: number;
+  /** The executions of the oldest waiting tickets (at most STATUS_WAITERS), oldest first. */
   readonly waiters: string[];
 }
+
+/** How many of the oldest waiters `status` names (one read each). */
+export const STATUS_WAITERS = 20;
 
 /** A client of the semaphore table, sharing permits with the workflows. */
 export class SemaphoreClient {
@@ -260,12 +268,20 @@ export class SemaphoreClient {
       });
     }
     holders.sort((a, b) => a.acquiredAt.localeCompare(b.acquiredAt));
+    const queue = waitingTickets(item);
+    const waiters: string[] = [];
+    for (let ticket = queue.head + 1; ticket <= Math.min(queue.tail, queue.head + STATUS_WAITERS); ticket++) {
+      const waiting = await this.run(readTicket(this.tableName, lockName, ticket));
+      const id = waiting?.[TICKET_WAITER]?.S;
+      if (id !== undefined && waiting?.[TICKET_SERVED_BY] === undefined) waiters.push(id);
+    }
     return {
       lockName,
       permitsInUse: Number(item?.[PERMITS_IN_USE]?.N ?? 0),
       limit: item?.[CONCURRENCY_LIMIT]?.N === undefined ? undefined : Number(item[CONCURRENCY_LIMIT].N),
       holders,
-      waiters: (item?.[WAITERS]?.L ?? []).map((w) => w.M?.[WAITER_ID]?.S ?? '').filter((id) => id !== ''),
+      waiting: Math.max(0, queue.tail - queue.head),
+      waiters,
     };
   }
 
@@ -363,7 +379,8 @@ export function* acquireAttempt(
   if (failure !== undefined) return { failure };
   if (item && (yield* reclaimExpired(options, lockName, item)) > 0) {
     // Permits freed this way go to the lock's waiters first, as a release would hand them over.
-    if ((item[WAITERS]?.L?.length ?? 0) > 0) {
+    const queue = waitingTickets(item);
+    if (queue.head < queue.tail) {
       yield* serveQueue({ tableName: options.tableName, onWakeUpLost: options.onWakeUpLost }, lockName);
     }
     return { reclaimed: true };
@@ -381,16 +398,15 @@ export function* releaseHolder(options: ClientProtocolOptions, lockName: string,
   // Leases carry no run; an execution's permit is freed whatever run took it.
   const run = { [VALUES.redriveCount]: { N: String(Number.MAX_SAFE_INTEGER) } };
   const one = { [VALUES.one]: { N: '1' } };
-  const zero = { [VALUES.zero]: { N: '0' } };
-  const release = () => conditionalUpdate(table, lockName, holder, RELEASE_UPDATE, RELEASE_IF_NO_WAITERS_CONDITION, { ...one, ...zero, ...run });
+  const release = () => conditionalUpdate(table, lockName, holder, RELEASE_UPDATE, RELEASE_IF_NO_WAITERS_CONDITION, { ...one, ...run });
   let held = false;
-  // When the queue is known to be non-empty (a head was served by someone else, a waiter came after
-  // an empty peek), look at it at once rather than try a release it refuses, as the workflows do.
+  // When the queue is known to be non-empty (a ticket was passed, a waiter came after an empty peek),
+  // look at it at once rather than try a release it refuses, as the workflows do.
   let peekFirst = false;
   for (let attempt = 0; attempt < 1000; attempt++) {
     if (!peekFirst && (yield* release())) return true;
     peekFirst = false;
-    const peeked = yield* conditionalUpdate(table, lockName, holder, PEEK_UPDATE, PEEK_CONDITION, { ...zero, ...run }, 'UPDATED_NEW');
+    const peeked = yield* conditionalUpdate(table, lockName, holder, PEEK_UPDATE, PEEK_CONDITION, run, 'UPDATED_NEW');
     if (!peeked) {
       // Not held (any more), or the queue emptied meanwhile (and may have filled again since: a
       // release that ignored the queue would leave such a waiter asleep beside a free permit).
@@ -399,12 +415,19 @@ export function* releaseHolder(options: ClientProtocolOptions, lockName: string,
       peekFirst = true;
       continue;
     }
-    const head = peeked[NEXT_WAITER]?.M ?? {};
-    const headId = head[WAITER_ID]?.S ?? '';
-    const headRun = head[HOLDER_REDRIVE_COUNT]?.N ?? '0';
-    const headOf = { id: headId, run: headRun };
-    const handoffId = { [QUEUE_VALUES.handoffId]: { S: yield* uuid() } };
-    const headValues = { [QUEUE_VALUES.headId]: { S: headId } };
+    const head = Number(peeked[QUEUE_HEAD]?.N);
+    const ticket = head + 1;
+    const handoffId = yield* uuid();
+    const served = yield* serveTicket(table, lockName, ticket, handoffId);
+    const waiter = served?.[TICKET_WAITER]?.S;
+    const passValues = { [QUEUE_VALUES.head]: { N: String(head) }, [QUEUE_VALUES.nextTicket]: { N: String(ticket) } };
+    if (waiter === undefined) {
+      // Nobody waits on it (skipped: its waiter is on its way, or it is an orphan): pass it.
+      yield* conditionalUpdate(table, lockName, holder, PASS_TICKET_UPDATE, PASS_TICKET_CONDITION, passValues);
+      peekFirst = true;
+      continue;
+    }
+    const waiterRun = served?.[HOLDER_REDRIVE_COUNT]?.N ?? '0';
     const now = yield* clock();
     let handedOff: Record<string, AttributeValue> | undefined;
     try {
@@ -416,42 +439,42 @@ export function* releaseHolder(options: ClientProtocolOptions, lockName: string,
         HAND_OFF_CONDITION,
         {
           ...run,
-          ...headValues,
           ...one,
+          ...passValues,
           [VALUES.entry]: {
             M: {
               [HOLDER_ACQUIRED_AT]: { S: new Date(now).toISOString() },
-              [HOLDER_REDRIVE_COUNT]: { N: headRun },
-              [HOLDER_LEASE_SECONDS]: { N: head[HOLDER_LEASE_SECONDS]?.N ?? '0' },
-              [HOLDER_HANDOFF_ID]: handoffId[QUEUE_VALUES.handoffId],
+              [HOLDER_REDRIVE_COUNT]: { N: waiterRun },
+              [HOLDER_LEASE_SECONDS]: { N: served?.[HOLDER_LEASE_SECONDS]?.N ?? '0' },
+              [HOLDER_HANDOFF_ID]: { S: handoffId },
             },
           },
         },
         'UPDATED_OLD',
-        headOf,
+        waiter,
       );
     } catch (e) {
       if (errorName(e) !== 'ValidationException') throw e;
     }
     if (!handedOff) {
-      // Served by someone else, or it holds a permit already (an entry from before): drop the head
-      // if it can never be served, and look again.
-      yield* conditionalUpdate(table, lockName, holder, DROP_HEAD_UPDATE, DROP_HEAD_CONDITION, headValues, 'NONE', headOf);
+      // Passed by someone else, or its waiter holds a permit already (it found one by polling): drop
+      // the ticket if it can never be served, and look again.
+      yield* conditionalUpdate(table, lockName, holder, PASS_TICKET_UPDATE, DROP_TICKET_CONDITION, passValues, 'NONE', waiter);
       peekFirst = true;
       continue;
     }
     held = true;
     try {
-      // The hand-off drew the head's fencing token: the counter before it, plus one.
+      // The hand-off drew the waiter's fencing token: the counter before it, plus one.
       const output = JSON.stringify({ fencingToken: Number(handedOff[FENCING_TOKEN]?.N) + 1 });
-      // The head's token, which the hand-off removed with its entry.
-      yield* stepFunctions('SendTaskSuccess', { taskToken: handedOff[waitTokenAttribute(headId, headRun)]?.S, output });
+      yield* stepFunctions('SendTaskSuccess', { taskToken: served?.[TICKET_WAIT_TOKEN]?.S, output });
+      yield* deleteServedTicket(table, lockName, ticket, handoffId);
       return true;
     } catch (e) {
       const name = errorName(e);
       if (!['TaskTimedOut', 'TaskDoesNotExist', 'InvalidToken'].includes(name)) {
         // Not delivered: a lost wake-up, which the waiter finds when its wait times out.
-        options.onWakeUpLost?.(headId, e as Error);
+        options.onWakeUpLost?.(waiter, e as Error);
         return true;
       }
     }
@@ -464,14 +487,14 @@ export function* releaseHolder(options: ClientProtocolOptions, lockName: string,
       TAKE_BACK_UPDATE,
       TAKE_BACK_CONDITION,
       {
-        ...handoffId,
+        [QUEUE_VALUES.handoffId]: { S: handoffId },
         // A short lease: should this client stop before it hands the permit on, it expires soon.
         [VALUES.entry]: {
           M: { [HOLDER_ACQUIRED_AT]: { S: new Date(later).toISOString() }, [HOLDER_LEASE_EXPIRES_AT]: { N: String(later + 60_000) } },
         },
       },
       'NONE',
-      headOf,
+      waiter,
     );
   }
   return held;
@@ -508,7 +531,7 @@ function* conditionalUpdate(
   condition: string,
   values: Record<string, AttributeValue>,
   returnValues: 'NONE' | 'UPDATED_NEW' | 'UPDATED_OLD' = 'NONE',
-  head?: { readonly id: string; readonly run: string },
+  next?: string,
 ): Flow<Record<string, AttributeValue> | undefined> {
   const expressions = `${update} ${condition}`;
   try {
@@ -522,12 +545,9 @@ function* conditionalUpdate(
         ...(expressions.includes(NAMES.permits) ? { [NAMES.permits]: PERMITS_IN_USE } : {}),
         ...(expressions.includes(NAMES.limit) ? { [NAMES.limit]: CONCURRENCY_LIMIT } : {}),
         ...(expressions.includes(NAMES.fence) ? { [NAMES.fence]: FENCING_TOKEN } : {}),
-        ...(expressions.includes(QUEUE_NAMES.waiters) ? { [QUEUE_NAMES.waiters]: WAITERS } : {}),
-        ...(expressions.includes(QUEUE_NAMES.next) ? { [QUEUE_NAMES.next]: NEXT_WAITER } : {}),
-        ...(head !== undefined && expressions.includes(QUEUE_NAMES.head) ? { [QUEUE_NAMES.head]: head.id } : {}),
-        ...(head !== undefined && expressions.includes(QUEUE_NAMES.headToken)
-          ? { [QUEUE_NAMES.headToken]: waitTokenAttribute(head.id, head.run) }
-          : {}),
+        ...(expressions.includes(QUEUE_NAMES.head) ? { [QUEUE_NAMES.head]: QUEUE_HEAD } : {}),
+        ...(expressions.includes(QUEUE_NAMES.tail) ? { [QUEUE_NAMES.tail]: QUEUE_TAIL } : {}),
+        ...(next !== undefined && expressions.includes(QUEUE_NAMES.next) ? { [QUEUE_NAMES.next]: next } : {}),
       },
       ExpressionAttributeValues: values,
       ReturnValues: returnValues,

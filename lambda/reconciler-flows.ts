@@ -1,6 +1,7 @@
 import { HistoryEvent } from '@aws-sdk/client-sfn';
 import { clock, document, errorName, Flow, stepFunctions } from '../client/effects';
 import { serveQueue } from '../client/queue-service';
+import { deleteServedTicket, serveTicket } from '../client/ticket-queue';
 import {
   ACQUIRE_CONDITION,
   ACQUIRE_UPDATE,
@@ -21,7 +22,12 @@ import {
   RELEASE_SEEN_HOLDER_CONDITION,
   RELEASE_UPDATE,
   VALUES,
-  WAITERS,
+  isTicketKey,
+  QUEUE_HEAD,
+  QUEUE_TAIL,
+  TICKET_KEY_SEPARATOR,
+  TICKET_SERVED_BY,
+  TICKET_WAITER,
 } from '../src/private/lock-schema';
 import { OUTSIDE_BODY_STATES } from '../src/private/state-names';
 
@@ -183,6 +189,8 @@ export function* sweep(
     permitsInUse: {},
     redriven: [],
   };
+  // Tickets passed so far, per lock: only ever more, so a value read earlier in the sweep is safe.
+  const heads = new Map<string, number>();
   let startKey: Record<string, unknown> | undefined;
   scan: do {
     if (!parts.holders) break;
@@ -193,6 +201,15 @@ export function* sweep(
         break scan;
       }
       const lockName = String(item[LOCK_KEY]);
+      if (isTicketKey(lockName)) {
+        if (dryRun) continue;
+        try {
+          if (yield* tidyTicket(config, lockName, item, heads)) result.waitersRemoved++;
+        } catch (e) {
+          result.errors.push({ lockName, holder: 'ticket', error: describeError(e) });
+        }
+        continue;
+      }
       result.locks++;
       let held = Number(item[PERMITS_IN_USE] ?? 0);
       const holders = Object.entries(item).filter(([, v]) => isHolderEntry(v));
@@ -215,14 +232,13 @@ export function* sweep(
         }
       }
       result.permitsInUse[lockName] = held;
-      const waiters = item[WAITERS];
-      if (!dryRun && Array.isArray(waiters) && waiters.length > 0 && !outOfTime()) {
+      if (!dryRun && Number(item[QUEUE_TAIL] ?? 0) > Number(item[QUEUE_HEAD] ?? 0) && !outOfTime()) {
         try {
           const served = yield* serveQueue({ tableName: config.tableName, isGone: (arn, run) => isGone(config, arn, run) }, lockName);
           result.waitersRemoved += served.removed;
           result.waitersAdmitted += served.admitted;
         } catch (e) {
-          result.errors.push({ lockName, holder: WAITERS, error: describeError(e) });
+          result.errors.push({ lockName, holder: 'queue', error: describeError(e) });
         }
       }
     }
@@ -239,6 +255,27 @@ export function* sweep(
     }
   }
   return result;
+}
+
+/**
+ * A ticket item whose ticket the lock has passed: delete it if it was served (its waiter was woken,
+ * or its wake-up failed: the releaser deletes the item only after a wake-up it delivered), or mark it
+ * served if a waiter sleeps on it (a run that resumed its first wait after the item was deleted), so
+ * that its next wait is refused and it takes a new ticket. True when the item went.
+ */
+function* tidyTicket(config: ReconcilerConfig, key: string, item: Record<string, any>, heads: Map<string, number>): Flow<boolean> {
+  const at = key.lastIndexOf(TICKET_KEY_SEPARATOR);
+  const lockName = key.slice(0, at);
+  const ticket = Number(key.slice(at + TICKET_KEY_SEPARATOR.length));
+  if (!heads.has(lockName)) {
+    const lock = (yield* document('Get', { TableName: config.tableName, Key: { [LOCK_KEY]: lockName }, ConsistentRead: true })).Item;
+    heads.set(lockName, Number(lock?.[QUEUE_HEAD] ?? 0));
+  }
+  if (!(ticket <= heads.get(lockName)!)) return false;
+  const servedBy = item[TICKET_SERVED_BY];
+  if (typeof servedBy === 'string') return yield* deleteServedTicket(config.tableName, lockName, ticket, servedBy);
+  if (item[TICKET_WAITER] !== undefined) yield* serveTicket(config.tableName, lockName, ticket, 'passed');
+  return false;
 }
 
 /**

@@ -165,6 +165,7 @@ export class CleanFromIncomplete extends Construct {
         handOffChain(this, {
           table: props.table,
           lockName: tasks.DynamoAttributeValue.fromString(lockNameValue),
+          lockNameText: lockNameValue,
           suffix: ' Of Stopped Execution',
           alreadyReleased: notHeld,
         }),

@@ -175,9 +175,10 @@ export class SemaphoreReconciler extends Construct {
     // invocation (twice, after about one and two more minutes), then sends it here.
     // https://docs.aws.amazon.com/lambda/latest/dg/invocation-async-error-handling.html
     fn.configureAsyncInvoke({ retryAttempts: 2, onFailure: new SendOnlyQueueDestination(this.deadLetterQueue) });
-    // GetItem and SendTaskSuccess serve the queues of the wait strategy QUEUE: free permits go to the
-    // oldest waiter, which is woken (see client/queue-service.ts).
-    props.table.table.grant(role, 'dynamodb:Scan', 'dynamodb:GetItem', 'dynamodb:UpdateItem');
+    // GetItem, DeleteItem and SendTaskSuccess serve the queues of the wait strategy QUEUE: free permits
+    // go to the waiter whose turn it is, which is woken, and the items of passed tickets go (see
+    // client/queue-service.ts).
+    props.table.table.grant(role, 'dynamodb:Scan', 'dynamodb:GetItem', 'dynamodb:UpdateItem', 'dynamodb:DeleteItem');
     props.table.table.encryptionKey?.grantEncryptDecrypt(role);
     role.addToPrincipalPolicy(
       new iam.PolicyStatement({

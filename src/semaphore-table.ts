@@ -45,8 +45,8 @@ export interface ISemaphoreTable extends IConstruct {
 
   /**
    * Permit the principal everything the `cdk-sfn-semaphore` CLI and `SemaphoreClient` call:
-   * `dynamodb:UpdateItem` and `dynamodb:GetItem` on this table (take, renew, give back, status,
-   * reclaim expired leases), and `states:SendTaskSuccess` on the state machines of the table's
+   * `dynamodb:UpdateItem`, `dynamodb:GetItem` and `dynamodb:DeleteItem` on this table (take, renew,
+   * give back, status, reclaim expired leases, and the queue's ticket items), and `states:SendTaskSuccess` on the state machines of the table's
    * account and Region, to wake a workflow's queued execution when a release hands it the permit.
    */
   grantClient(grantee: iam.IGrantable): iam.Grant;
@@ -192,7 +192,7 @@ function grantAcquireRelease(table: dynamodb.ITable, grantee: iam.IGrantable): i
 
 function grantClient(table: ISemaphoreTable, grantee: iam.IGrantable): iam.Grant {
   table.table.encryptionKey?.grantEncryptDecrypt(grantee);
-  const items = table.table.grant(grantee, 'dynamodb:UpdateItem', 'dynamodb:GetItem');
+  const items = table.table.grant(grantee, 'dynamodb:UpdateItem', 'dynamodb:GetItem', 'dynamodb:DeleteItem');
   // Queued executions can belong to any workflow sharing the lock: no narrower resource is known.
   const wake = iam.Grant.addToPrincipal({
     grantee,

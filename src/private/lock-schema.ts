@@ -158,18 +158,19 @@ export const MAX_LOCK_NAME_LENGTH = 255;
  *   ticket item    key `<lock name><US><ticket>` (US: the ASCII unit separator, which no lock name may
  *                  contain): waiter (S, execution ARN), redriveCount (N, its run), leaseSeconds (N),
  *                  concurrencyLimit (N), waitToken (S, the task token of its current wait), servedBy
- *                  (S, set once its turn has come: the hand-off id, `skipped` or `dropped`).
+ *                  (S, set once its turn has come: the id of the hand-off that served it).
  *
  * An execution that finds the lock full takes a ticket in a conditional write that checks the lock
  * is still full, then writes its ticket item with its task token and sleeps in that `.waitForTaskToken`
- * task. A release that finds waiters does not give the permit back: it reads the next ticket, moves
- * the holder entry to that waiter and passes the ticket in one write on the lock item (the count
- * stays), marks the ticket item served (its response carries the waiter's current token) and wakes
- * it. Newcomers can only take a permit that is really free, so nobody barges in ahead of a waiter.
+ * task. A release that finds waiters does not give the permit back: it reads the next ticket, marks
+ * the ticket's item served (which returns the waiter and its current token, and refuses any later
+ * wait on it), moves the holder entry to that waiter while passing the ticket in one write on the lock
+ * item (the count stays), and wakes it. Newcomers can only take a permit that is really free, so
+ * nobody barges in ahead of a waiter.
  *
  * A ticket whose item is missing when its turn comes (taken by a write whose response was lost, or by
- * an execution stopped before it wrote it, or still on its way) is skipped: the releaser creates the
- * item marked `skipped`, so that a waiter still on its way is refused and takes a new ticket.
+ * an execution stopped before it wrote it, or still on its way) is skipped: serving it creates the
+ * item marked and without a waiter, so that a waiter still on its way is refused and takes a new ticket.
  */
 
 /** Tickets issued by the lock (type N, on the lock item). */
@@ -192,12 +193,8 @@ export const TICKET_KEY_FORMAT = `{}${TICKET_KEY_SEPARATOR}{}`;
 export const TICKET_WAITER = 'waiter';
 /** Field of a ticket item: the task token of the waiter's current wait. */
 export const TICKET_WAIT_TOKEN = 'waitToken';
-/** Field of a ticket item, set once its turn has come: the hand-off id, SKIPPED or DROPPED. */
+/** Field of a ticket item, set once its turn has come: the id of the hand-off that served it. */
 export const TICKET_SERVED_BY = 'servedBy';
-/** TICKET_SERVED_BY of a ticket whose item was missing when its turn came. */
-export const SKIPPED = 'skipped';
-/** TICKET_SERVED_BY of a ticket whose waiter held a permit already, or was gone, when its turn came. */
-export const DROPPED = 'dropped';
 /** Field of a holder entry that came from the reconciler's queue service: the fencing token it was handed. */
 export const HOLDER_FENCING_TOKEN = 'fencingToken';
 /**
@@ -248,12 +245,14 @@ export const TAKE_TICKET_CONDITION = `${NAMES.permits} >= ${VALUES.limit} AND at
 export const TAKE_TICKET_UPDATE = `SET ${QUEUE_NAMES.tail} = if_not_exists(${QUEUE_NAMES.tail}, ${VALUES.zero}) + ${VALUES.one}, ${QUEUE_NAMES.head} = if_not_exists(${QUEUE_NAMES.head}, ${VALUES.zero})`;
 
 /**
- * Wait on a ticket (its ticket item, with the task token of this wait): the first wait on it, or a
- * wait again after one timed out. Refused once its turn has come (served, dropped or skipped), and on
- * a ticket item of another execution or run: a run redriven while its stopped run waited never waits
- * on, nor is handed a permit through, the ticket of the run before.
+ * Wait on a ticket: write its item with the task token of this wait. The first wait needs a ticket
+ * item nobody wrote (a ticket skipped while its waiter was on its way has one, marked served: the
+ * waiter then takes a new ticket). A wait again, after one timed out, needs the item this execution's
+ * run wrote, not served yet: a run redriven while its stopped run waited never waits on, nor is handed
+ * a permit through, the ticket of the run before.
  */
-export const WAIT_ON_TICKET_CONDITION = `attribute_not_exists(${QUEUE_NAMES.servedBy}) AND (attribute_not_exists(${QUEUE_NAMES.waiter}) OR (${QUEUE_NAMES.waiter} = ${QUEUE_VALUES.me} AND ${QUEUE_NAMES.run} = ${VALUES.redriveCount}))`;
+export const FIRST_WAIT_CONDITION = `attribute_not_exists(${QUEUE_NAMES.servedBy}) AND attribute_not_exists(${QUEUE_NAMES.waiter})`;
+export const WAIT_AGAIN_CONDITION = `attribute_not_exists(${QUEUE_NAMES.servedBy}) AND ${QUEUE_NAMES.waiter} = ${QUEUE_VALUES.me} AND ${QUEUE_NAMES.run} = ${VALUES.redriveCount}`;
 export const WAIT_ON_TICKET_UPDATE = `SET ${QUEUE_NAMES.waiter} = ${QUEUE_VALUES.me}, ${QUEUE_NAMES.run} = ${VALUES.redriveCount}, ${QUEUE_NAMES.lease} = ${QUEUE_VALUES.lease}, ${NAMES.limit} = ${VALUES.limit}, ${QUEUE_NAMES.token} = ${QUEUE_VALUES.token}`;
 
 /**
@@ -276,13 +275,21 @@ export const PEEK_CONDITION = `${RELEASE_STOPPED_RUN_CONDITION} AND ${QUEUE_NAME
 export const PEEK_UPDATE = `SET ${QUEUE_NAMES.head} = ${QUEUE_NAMES.head}`;
 
 /**
- * Skip a ticket whose item is missing: create it marked SKIPPED, so that a waiter still on its way is
- * refused (WAIT_ON_TICKET_CONDITION) and takes a new ticket. Refused once the waiter has written it.
+ * Serve a ticket: mark its item with the hand-off id (ALL_NEW: the waiter, its run, its lease and the
+ * token of its current wait, which no wait can renew from now on). On a ticket without an item (its
+ * waiter is still on its way, or the ticket is an orphan), the write creates it marked and without a
+ * waiter: a waiter still on its way is refused and takes a new ticket, and the releaser passes this one.
  */
-export const SKIP_TICKET_CONDITION = `attribute_not_exists(${QUEUE_NAMES.waiter})`;
-export const MARK_TICKET_UPDATE = `SET ${QUEUE_NAMES.servedBy} = ${QUEUE_VALUES.servedBy}`;
+export const SERVE_TICKET_CONDITION = `attribute_not_exists(${QUEUE_NAMES.servedBy})`;
+export const SERVE_TICKET_UPDATE = `SET ${QUEUE_NAMES.servedBy} = ${QUEUE_VALUES.servedBy}`;
 
-/** Pass the ticket read (skipped, dropped, or served by a releaser that stopped before it passed it). */
+/**
+ * Delete a ticket's item once its waiter was woken (it will never wait on it again). Only the item this
+ * hand-off served: a sweep may have deleted it meanwhile.
+ */
+export const DELETE_SERVED_CONDITION = `${QUEUE_NAMES.servedBy} = ${QUEUE_VALUES.servedBy}`;
+
+/** Pass the ticket read: it has no waiter (skipped), or its waiter holds a permit already (dropped). */
 export const PASS_TICKET_CONDITION = `${QUEUE_NAMES.head} = ${QUEUE_VALUES.head}`;
 export const PASS_TICKET_UPDATE = `SET ${QUEUE_NAMES.head} = ${QUEUE_VALUES.nextTicket}`;
 
@@ -298,13 +305,6 @@ export const HAND_OFF_UPDATE = `SET ${QUEUE_NAMES.next} = ${VALUES.entry}, ${QUE
 
 /** Drop a ticket whose waiter already holds a permit (it got one by polling). */
 export const DROP_TICKET_CONDITION = `${QUEUE_NAMES.head} = ${QUEUE_VALUES.head} AND attribute_exists(${QUEUE_NAMES.next})`;
-
-/**
- * After the hand-off: mark the ticket item served, which refuses every later wait on it (a waiter whose
- * wake-up is lost finds its permit instead of sleeping again). ALL_OLD: the response carries the token
- * of its current wait, renewed or not; a retry of a write that landed returns the same.
- */
-export const MARK_SERVED_CONDITION = `${QUEUE_NAMES.waiter} = ${QUEUE_VALUES.me}`;
 
 /**
  * After a server error on the hand-off: did it land? Its hand-off id is unique, so the waiter's entry

@@ -18,8 +18,6 @@ import {
   HOLDER_LEASE_SECONDS,
   HOLDER_REDRIVE_COUNT,
   LOCK_KEY,
-  MARK_SERVED_CONDITION,
-  MARK_TICKET_UPDATE,
   NAMES,
   PASS_TICKET_CONDITION,
   PASS_TICKET_UPDATE,
@@ -32,8 +30,8 @@ import {
   QUEUE_VALUES,
   RELEASE_IF_NO_WAITERS_CONDITION,
   RELEASE_UPDATE,
-  SKIP_TICKET_CONDITION,
-  SKIPPED,
+  SERVE_TICKET_CONDITION,
+  SERVE_TICKET_UPDATE,
   STILL_HELD_CONDITION,
   STILL_HELD_UPDATE,
   TAKE_BACK_CONDITION,
@@ -45,7 +43,9 @@ import {
   TICKET_WAIT_TOKEN,
   TICKET_WAITER,
   VALUES,
-  WAIT_ON_TICKET_CONDITION,
+  FIRST_WAIT_CONDITION,
+  WAIT_AGAIN_CONDITION,
+  DELETE_SERVED_CONDITION,
   WAIT_ON_TICKET_UPDATE,
 } from './lock-schema';
 import { fencingTokenSelector } from './lock-tasks';
@@ -62,9 +62,10 @@ import { ISemaphoreTable } from '../semaphore-table';
  *                                                  ▼
  *                                                Poll For Permit Again ─full─▶ Wait In Queue Again (same ticket, new token)
  *
- * Release:  Release Permit (only if nobody waits) ─waiters─▶ Peek At Next Waiter ─▶ Read Next Waiter
- *           ─▶ Check Next Waiter ─▶ Hand Off Permit ─▶ Mark Waiter Served ─▶ Wake Next Waiter
- *           A ticket without an item is skipped, one whose waiter holds a permit already is dropped.
+ * Release:  Release Permit (only if nobody waits) ─waiters─▶ Peek At Next Waiter ─▶ Serve Ticket
+ *           ─▶ Check Ticket ─▶ Hand Off Permit ─▶ Wake Next Waiter
+ *           A ticket without a waiter is passed (Pass Ticket), one whose waiter holds a permit already
+ *           is dropped (Drop Served Waiter); a ticket served already is read (Read Served Ticket).
  *           Peek finds no waiter (served meanwhile) ─▶ Release Permit Without Hand-Off (only if nobody
  *           waits) ─waiters again─▶ Is Permit Still Held ─yes─▶ Peek At Next Waiter; no ─▶ done.
  *           A waiter that cannot be woken (its token is closed: it stopped, or its wait timed out
@@ -92,13 +93,14 @@ export function releaseStateNames(suffix: string) {
     release: `${STATE.release}${suffix}`,
     releaseWithoutHandOff: `${STATE.releaseWithoutHandOff}${suffix}`,
     peek: `${STATE.peekAtNextWaiter}${suffix}`,
-    readWaiter: `${STATE.readNextWaiter}${suffix}`,
-    checkWaiter: `${STATE.checkNextWaiter}${suffix}`,
-    skipTicket: `${STATE.skipTicket}${suffix}`,
+    serveTicket: `${STATE.serveTicket}${suffix}`,
+    readTicket: `${STATE.readTicket}${suffix}`,
+    checkTicket: `${STATE.checkTicket}${suffix}`,
     passTicket: `${STATE.passTicket}${suffix}`,
     handOff: `${STATE.handOff}${suffix}`,
-    markServed: `${STATE.markWaiterServed}${suffix}`,
     dropTicket: `${STATE.dropServedWaiter}${suffix}`,
+    deleteTicket: `${STATE.deleteTicket}${suffix}`,
+    ticketGone: `${STATE.ticketGone}${suffix}`,
     wake: `${STATE.wakeNextWaiter}${suffix}`,
     takeBack: `${STATE.takeBackPermit}${suffix}`,
     confirmHandOff: `${STATE.confirmHandOff}${suffix}`,
@@ -135,9 +137,9 @@ export function ticketItemKey(lockNameText: string, ticketPath: string): tasks.D
  * The release of the queue strategy, for the holder at `$.handoff.holder` (run `$.handoff.redriveCount`).
  *
  * Nobody waiting, it is one conditional write, as without a queue. With waiters, it reads the next
- * ticket (a write: it must still hold the permit), reads that ticket's item, moves the holder entry to
- * its waiter while passing the ticket (drawing its fencing token in the same write), marks the ticket
- * item served (which returns the waiter's token) and wakes it.
+ * ticket (a write: it must still hold the permit), serves the ticket's item (which returns the waiter
+ * and its token), moves the holder entry to the waiter while passing the ticket (drawing its fencing
+ * token in the same write) and wakes it: three writes and a call.
  */
 export function handOffChain(scope: Construct, props: HandOffProps): sfn.State {
   const names = releaseStateNames(props.suffix);
@@ -218,8 +220,7 @@ export function handOffChain(scope: Construct, props: HandOffProps): sfn.State {
   const headValue = tasks.DynamoAttributeValue.numberFromString(sfn.JsonPath.jsonToString(sfn.JsonPath.objectAt(`${HANDOFF_PATH}.next.head`)));
   const nextTicketValue = tasks.DynamoAttributeValue.numberFromString(sfn.JsonPath.jsonToString(sfn.JsonPath.objectAt(`${HANDOFF_PATH}.next.ticket`)));
 
-  // Pass a ticket whose item says its turn is over (skipped, dropped, or served by a releaser that
-  // stopped before it passed it), then look at the next.
+  // Pass a ticket that has no waiter (skipped), then look at the next.
   const passTicket = new tasks.DynamoUpdateItem(scope, names.passTicket, {
     table,
     key,
@@ -233,33 +234,38 @@ export function handOffChain(scope: Construct, props: HandOffProps): sfn.State {
     .addCatch(peek, { errors: [CONDITIONAL_CHECK_FAILED], resultPath: sfn.JsonPath.DISCARD })
     .next(peek);
 
-  // The ticket's item, read after the ticket was (strongly consistent: the waiter wrote it before).
-  const readWaiter = new tasks.DynamoGetItem(scope, names.readWaiter, {
+  const ticketPath = `${HANDOFF_PATH}.ticket`;
+  const ticketAttributes = `${ticketPath}.Item`;
+  const handoffIdText = sfn.JsonPath.format('{}/{}', sfn.JsonPath.stringAt(`${HANDOFF_PATH}.next.handoffId`), sfn.JsonPath.stringAt('$$.Execution.RedriveCount'));
+  // Serve the ticket: mark its item, which refuses every wait on it from now on (a waiter whose
+  // wake-up is lost finds its permit instead of sleeping again), and read it back (ALL_NEW): the
+  // waiter and the token of its current wait, final now. On a ticket without an item (its waiter is
+  // still on its way, or it is an orphan), the write creates the item marked, without a waiter: a
+  // waiter still on its way is refused, and takes a new ticket.
+  const serveTicket = new tasks.DynamoUpdateItem(scope, names.serveTicket, {
+    table,
+    key: ticketItemKeyMap,
+    conditionExpression: SERVE_TICKET_CONDITION,
+    updateExpression: SERVE_TICKET_UPDATE,
+    expressionAttributeNames: { [QUEUE_NAMES.servedBy]: TICKET_SERVED_BY },
+    expressionAttributeValues: { [QUEUE_VALUES.servedBy]: tasks.DynamoAttributeValue.fromString(handoffIdText) },
+    returnValues: tasks.DynamoReturnValues.ALL_NEW,
+    resultSelector: { Item: sfn.JsonPath.objectAt('$.Attributes') },
+    resultPath: ticketPath,
+  }).addRetry(retry);
+  peek.next(serveTicket);
+  // Served already: by a releaser that has not passed it yet (it may have stopped), or a retry of a
+  // write that landed. Read it, and serve it from here: the hand-off that passes the ticket first wins.
+  const readTicket = new tasks.DynamoGetItem(scope, names.readTicket, {
     table,
     key: ticketItemKeyMap,
     consistentRead: true,
-    resultPath: `${HANDOFF_PATH}.waiter`,
+    // No item: the waiter was woken and its item deleted since; the ticket is passed already.
+    resultPath: ticketPath,
   }).addRetry(retry);
-  peek.next(readWaiter);
+  serveTicket.addCatch(readTicket, { errors: [CONDITIONAL_CHECK_FAILED], resultPath: sfn.JsonPath.DISCARD });
 
-  // No item: the waiter is on its way, or the ticket is an orphan. Skip it: a waiter on its way is
-  // refused and takes a new ticket.
-  const skipTicket = new tasks.DynamoUpdateItem(scope, names.skipTicket, {
-    table,
-    key: ticketItemKeyMap,
-    conditionExpression: SKIP_TICKET_CONDITION,
-    updateExpression: MARK_TICKET_UPDATE,
-    expressionAttributeNames: { [QUEUE_NAMES.waiter]: TICKET_WAITER, [QUEUE_NAMES.servedBy]: TICKET_SERVED_BY },
-    expressionAttributeValues: { [QUEUE_VALUES.servedBy]: tasks.DynamoAttributeValue.fromString(SKIPPED) },
-    resultPath: sfn.JsonPath.DISCARD,
-  })
-    .addRetry(retry)
-    // The waiter wrote it meanwhile: read it again.
-    .addCatch(readWaiter, { errors: [CONDITIONAL_CHECK_FAILED], resultPath: sfn.JsonPath.DISCARD })
-    .next(passTicket);
-
-  const waiterItem = `${HANDOFF_PATH}.waiter.Item`;
-  const waiterId = sfn.JsonPath.stringAt(`${waiterItem}.${TICKET_WAITER}.S`);
+  const waiterId = sfn.JsonPath.stringAt(`${ticketAttributes}.${TICKET_WAITER}.S`);
   // Drop a ticket whose waiter already holds a permit (it found one by polling), then look again.
   const dropTicket = new tasks.DynamoUpdateItem(scope, names.dropTicket, {
     table,
@@ -277,9 +283,7 @@ export function handOffChain(scope: Construct, props: HandOffProps): sfn.State {
   // The hand-off's id, with the run that uses it: a run redriven after the hand-off neither confirms
   // nor takes back a hand-off of the run before (its wake-up may have been delivered: the waiter uses
   // the permit). Such a permit is freed by the waiter, its cleanup or the sweep.
-  const handoffId = tasks.DynamoAttributeValue.fromString(
-    sfn.JsonPath.format('{}/{}', sfn.JsonPath.stringAt(`${HANDOFF_PATH}.next.handoffId`), sfn.JsonPath.stringAt('$$.Execution.RedriveCount')),
-  );
+  const handoffId = tasks.DynamoAttributeValue.fromString(handoffIdText);
   const handOff = new tasks.DynamoUpdateItem(scope, names.handOff, {
     table,
     key,
@@ -298,8 +302,8 @@ export function handOffChain(scope: Construct, props: HandOffProps): sfn.State {
       [QUEUE_VALUES.nextTicket]: nextTicketValue,
       [VALUES.entry]: tasks.DynamoAttributeValue.fromMap({
         [HOLDER_ACQUIRED_AT]: tasks.DynamoAttributeValue.fromString(sfn.JsonPath.stringAt('$$.State.EnteredTime')),
-        [HOLDER_REDRIVE_COUNT]: tasks.DynamoAttributeValue.numberFromString(sfn.JsonPath.stringAt(`${waiterItem}.${HOLDER_REDRIVE_COUNT}.N`)),
-        [HOLDER_LEASE_SECONDS]: tasks.DynamoAttributeValue.numberFromString(sfn.JsonPath.stringAt(`${waiterItem}.${HOLDER_LEASE_SECONDS}.N`)),
+        [HOLDER_REDRIVE_COUNT]: tasks.DynamoAttributeValue.numberFromString(sfn.JsonPath.stringAt(`${ticketAttributes}.${HOLDER_REDRIVE_COUNT}.N`)),
+        [HOLDER_LEASE_SECONDS]: tasks.DynamoAttributeValue.numberFromString(sfn.JsonPath.stringAt(`${ticketAttributes}.${HOLDER_LEASE_SECONDS}.N`)),
         [HOLDER_HANDOFF_ID]: handoffId,
       }),
     },
@@ -318,35 +322,14 @@ export function handOffChain(scope: Construct, props: HandOffProps): sfn.State {
     // then DynamoDB rejects the update (its two paths overlap) and the ticket is dropped the same way.
     .addCatch(dropTicket, { errors: [CONDITIONAL_CHECK_FAILED, VALIDATION_ERROR], resultPath: sfn.JsonPath.DISCARD });
 
-  const checkWaiter = new sfn.Choice(scope, names.checkWaiter)
-    .when(sfn.Condition.isNotPresent(waiterItem), skipTicket)
-    .when(sfn.Condition.isPresent(`${waiterItem}.${TICKET_SERVED_BY}`), passTicket)
-    .when(sfn.Condition.isNotPresent(`${waiterItem}.${TICKET_WAITER}`), passTicket)
-    .otherwise(handOff);
-  readWaiter.next(checkWaiter);
+  const checkTicket = new sfn.Choice(scope, names.checkTicket).when(sfn.Condition.isPresent(`${ticketAttributes}.${TICKET_WAITER}`), handOff).otherwise(passTicket);
+  serveTicket.next(checkTicket);
+  readTicket.next(checkTicket);
 
-  // Mark the ticket served: no wait on it is accepted any more, and the response carries the token of
-  // the waiter's current wait (it may have renewed it since it was read).
   const wakeUpLost = props.next ?? new sfn.Succeed(scope, names.wakeUpLost, { outputPath: props.outputPath });
-  const markServed = new tasks.DynamoUpdateItem(scope, names.markServed, {
-    table,
-    key: ticketItemKeyMap,
-    conditionExpression: MARK_SERVED_CONDITION,
-    updateExpression: MARK_TICKET_UPDATE,
-    expressionAttributeNames: { [QUEUE_NAMES.waiter]: TICKET_WAITER, [QUEUE_NAMES.servedBy]: TICKET_SERVED_BY },
-    expressionAttributeValues: { [QUEUE_VALUES.me]: tasks.DynamoAttributeValue.fromString(waiterId), [QUEUE_VALUES.servedBy]: handoffId },
-    returnValues: tasks.DynamoReturnValues.ALL_OLD,
-    resultSelector: { token: sfn.JsonPath.stringAt(`$.Attributes.${TICKET_WAIT_TOKEN}.S`) },
-    resultPath: `${HANDOFF_PATH}.served`,
-  })
-    .addRetry(retry)
-    // Not ours to serve (cannot happen: a ticket item's waiter never changes): the waiter finds its
-    // permit when its wait times out.
-    .addCatch(wakeUpLost, { errors: [CONDITIONAL_CHECK_FAILED], resultPath: sfn.JsonPath.DISCARD });
-  handOff.next(markServed);
 
-  // Did the hand-off land? Its id is in the waiter's entry if and only if it did. If it did, mark the
-  // ticket and wake the waiter as after a hand-off that answered.
+  // Did the hand-off land? Its id is in the waiter's entry if and only if it did. If it did, wake the
+  // waiter as after a hand-off that answered.
   const confirmHandOff = new tasks.DynamoUpdateItem(scope, names.confirmHandOff, {
     table,
     key,
@@ -359,8 +342,7 @@ export function handOffChain(scope: Construct, props: HandOffProps): sfn.State {
     resultPath: `${HANDOFF_PATH}.wake`,
   })
     .addRetry(retry)
-    .addCatch(release, { errors: [CONDITIONAL_CHECK_FAILED], resultPath: sfn.JsonPath.DISCARD })
-    .next(markServed);
+    .addCatch(release, { errors: [CONDITIONAL_CHECK_FAILED], resultPath: sfn.JsonPath.DISCARD });
   handOff.addCatch(confirmHandOff, { errors: SERVER_ERRORS, resultPath: sfn.JsonPath.DISCARD });
 
   // The woken waiter's task has gone (the execution stopped, or its wait timed out just then): take
@@ -386,28 +368,46 @@ export function handOffChain(scope: Construct, props: HandOffProps): sfn.State {
   // finds out by itself.
   takeBack.addCatch(release, { errors: [CONDITIONAL_CHECK_FAILED], resultPath: sfn.JsonPath.DISCARD });
 
-  const wake = end(
+  // The waiter is awake and will never wait on its ticket again: its item goes (a sweep deletes the
+  // items of tickets whose wake-up failed).
+  const deleteTicket = end(
+    new tasks.DynamoDeleteItem(scope, names.deleteTicket, {
+      table,
+      key: ticketItemKeyMap,
+      conditionExpression: DELETE_SERVED_CONDITION,
+      expressionAttributeNames: { [QUEUE_NAMES.servedBy]: TICKET_SERVED_BY },
+      expressionAttributeValues: { [QUEUE_VALUES.servedBy]: handoffId },
+      resultPath: sfn.JsonPath.DISCARD,
+      ...endProps,
+    }).addRetry(retry),
+  );
+  deleteTicket.addCatch(props.next ?? new sfn.Succeed(scope, names.ticketGone, { outputPath: props.outputPath }), {
+    errors: [CONDITIONAL_CHECK_FAILED],
+    resultPath: sfn.JsonPath.DISCARD,
+  });
+  const wake = (
     new tasks.CallAwsService(scope, names.wake, {
       service: 'sfn',
       action: 'sendTaskSuccess',
       parameters: {
-        TaskToken: sfn.JsonPath.stringAt(`${HANDOFF_PATH}.served.token`),
+        TaskToken: sfn.JsonPath.stringAt(`${ticketAttributes}.${TICKET_WAIT_TOKEN}.S`),
         Output: sfn.JsonPath.jsonToString(sfn.JsonPath.objectAt(`${HANDOFF_PATH}.wake`)),
       },
       iamAction: 'states:SendTaskSuccess',
       // Waiters of a shared lock can be executions of any workflow using it, in this account and Region.
       iamResources: [Stack.of(scope).formatArn({ service: 'states', resource: 'stateMachine', resourceName: '*', arnFormat: ArnFormat.COLON_RESOURCE_NAME })],
       resultPath: sfn.JsonPath.DISCARD,
-      ...endProps,
     })
       // Only throttling is retried: after any other failure the call may have woken the waiter, and a
       // retry would then hear TaskTimedOut and take back the permit the waiter is using.
       .addRetry({ errors: ['Sfn.ThrottlingException'], interval: Duration.seconds(1), backoffRate: 2, maxAttempts: 5, jitterStrategy: sfn.JitterType.FULL })
       .addCatch(takeBack, { errors: TOKEN_GONE_ERRORS, resultPath: sfn.JsonPath.DISCARD })
       // Any other failure is a lost wake-up: the waiter finds its permit when its wait times out.
-      .addCatch(wakeUpLost, { errors: [sfn.Errors.ALL], resultPath: sfn.JsonPath.DISCARD }),
+      .addCatch(wakeUpLost, { errors: [sfn.Errors.ALL], resultPath: sfn.JsonPath.DISCARD })
+      .next(deleteTicket)
   );
-  markServed.next(wake);
+  handOff.next(wake);
+  confirmHandOff.next(wake);
   return release;
 }
 
@@ -460,7 +460,7 @@ export function takeTicketTask(scope: Construct, id: string, props: WaiterProps)
  * the task token of this wait and sleep until a releaser hands this execution a permit. Refused once
  * the ticket's turn has come. Its output is `{ fencingToken }`.
  */
-export function waitOnTicketTask(scope: Construct, id: string, props: WaiterProps): sfn.TaskStateBase {
+export function waitOnTicketTask(scope: Construct, id: string, props: WaiterProps, again: boolean): sfn.TaskStateBase {
   return new tasks.CallAwsService(scope, id, {
     service: 'dynamodb',
     action: 'updateItem',
@@ -469,7 +469,7 @@ export function waitOnTicketTask(scope: Construct, id: string, props: WaiterProp
       TableName: props.table.table.tableName,
       Key: { [LOCK_KEY]: ticketItemKey(props.lockNameText, `${TICKET_PATH}.ticket`).toObject() },
       UpdateExpression: WAIT_ON_TICKET_UPDATE,
-      ConditionExpression: WAIT_ON_TICKET_CONDITION,
+      ConditionExpression: again ? WAIT_AGAIN_CONDITION : FIRST_WAIT_CONDITION,
       ExpressionAttributeNames: {
         [QUEUE_NAMES.servedBy]: TICKET_SERVED_BY,
         [QUEUE_NAMES.waiter]: TICKET_WAITER,

@@ -11,14 +11,14 @@ import {
 } from './idempotency-states';
 import { acquireTask, LockTaskProps } from './lock-tasks';
 import {
-  ENQUEUE_REFUSED,
-  ENQUEUE_UNCERTAIN,
-  WAIT_TIMED_OUT,
   fencingTokenTask,
   HANDOFF_PATH,
   handOffChain,
-  renewWaitTask,
-  waitInQueueTask,
+  takeTicketTask,
+  WAIT_REFUSED,
+  WAIT_TIMED_OUT,
+  WAIT_UNCERTAIN,
+  waitOnTicketTask,
 } from './queue-states';
 import { pathFromExecutionInput, RuntimeValue } from './runtime-value';
 import { STATE } from './state-names';
@@ -43,9 +43,9 @@ import { WaitStrategy } from '../wait-strategy';
  * write (the enqueue); a release that hands off adds three transitions, two writes and a call.
  */
 export function renderDefinition(scope: Construct, table: ISemaphoreTable, spec: DefinitionSpec): sfn.IChainable {
-  const lockName = tasks.DynamoAttributeValue.fromString(
-    spec.lockName.inputPath === undefined ? spec.lockName.fixed! : sfn.JsonPath.stringAt(pathFromExecutionInput(spec.lockName.inputPath)),
-  );
+  // The lock name, literal or a JSONPath string (the keys of the queue's ticket items start with it).
+  const lockNameText = spec.lockName.inputPath === undefined ? spec.lockName.fixed! : sfn.JsonPath.stringAt(pathFromExecutionInput(spec.lockName.inputPath));
+  const lockName = tasks.DynamoAttributeValue.fromString(lockNameText);
   const lockTask: LockTaskProps = { table: table, lockName, holder: sfn.JsonPath.stringAt('$$.Execution.Id') };
   const limit =
     spec.limit.inputPath === undefined
@@ -69,7 +69,7 @@ export function renderDefinition(scope: Construct, table: ISemaphoreTable, spec:
   // Failure path: give the permit back if we hold it, then fail with the error that brought us here.
   const failWithError = idem ? idem.markFailed : new sfn.Fail(scope, STATE.failWithError, { errorPath: '$.Error', causePath: '$.Cause' });
   const releaseAfterFailure = new sfn.Pass(scope, STATE.prepareReleaseAfterFailure, { parameters: holderOfThisRun, resultPath: HANDOFF_PATH });
-  releaseAfterFailure.next(handOffChain(scope, { table: table, lockName, suffix: ' After Failure', next: failWithError }));
+  releaseAfterFailure.next(handOffChain(scope, { table: table, lockName, lockNameText, suffix: ' After Failure', next: failWithError }));
 
   // Success path. The Parallel wraps the body's output in an array: `$[0]` unwraps it.
   let runBody: sfn.Parallel;
@@ -77,7 +77,7 @@ export function renderDefinition(scope: Construct, table: ISemaphoreTable, spec:
     runBody = new sfn.Parallel(scope, STATE.runBody, { inputPath: IDEMPOTENT_INPUT_PATH, resultPath: IDEMPOTENT_OUTPUT_PATH });
     runBody.next(
       new sfn.Pass(scope, STATE.prepareRelease, { parameters: holderOfThisRun, resultPath: HANDOFF_PATH }).next(
-        handOffChain(scope, { table: table, lockName, suffix: '', next: idem.saveResult, alreadyReleased: idem.saveResult }),
+        handOffChain(scope, { table: table, lockName, lockNameText, suffix: '', next: idem.saveResult, alreadyReleased: idem.saveResult }),
       ),
     );
   } else {
@@ -85,7 +85,7 @@ export function renderDefinition(scope: Construct, table: ISemaphoreTable, spec:
     runBody = new sfn.Parallel(scope, STATE.runBody, {
       resultSelector: { output: sfn.JsonPath.objectAt('$[0]'), handoff: holderOfThisRun },
     });
-    runBody.next(handOffChain(scope, { table: table, lockName, suffix: '', outputPath: '$.output' }));
+    runBody.next(handOffChain(scope, { table: table, lockName, lockNameText, suffix: '', outputPath: '$.output' }));
   }
   runBody
     .branch(spec.body)
@@ -105,7 +105,10 @@ export function renderDefinition(scope: Construct, table: ISemaphoreTable, spec:
 
   let waitForPermit: sfn.State;
   if (spec.waitStrategy === WaitStrategy.QUEUE) {
-    waitForPermit = renderQueueWait(scope, table, spec, lockTask, limit, runBody, toBody, releaseAfterFailure, errorPath, permitPath);
+    const queue = renderQueueWait(scope, table, spec, lockTask, lockNameText, limit, toBody, permitPath);
+    queue.addCatch(releaseAfterFailure, { errors: [sfn.Errors.ALL], resultPath: errorPath });
+    queue.next(spec.acquireTimeout === undefined ? runBody : toBody);
+    waitForPermit = queue;
   } else {
     const polling = renderWaitForPermit(scope, table, spec, lockTask, limit, toBody);
     polling.addCatch(releaseAfterFailure, { errors: [sfn.Errors.ALL], resultPath: errorPath });
@@ -149,96 +152,105 @@ export function renderDefinition(scope: Construct, table: ISemaphoreTable, spec:
 }
 
 /**
- * The queue: "Wait In Queue" enqueues and sleeps until woken with the permit. When its wait times out
- * it sleeps again in its place, with a write that is refused if the wake-up was lost (a permit was
- * handed to it), a permit is free or its place is gone. When the queue refuses (a permit came free,
- * or the queue is full), the execution checks for a handed-off permit and tries once to take one:
+ * The queue, in the "Wait For Permit" Parallel (its own copy of the state data keeps the ticket out
+ * of the body's input). "Take Ticket" takes a place in the queue while the lock is full, and "Wait In
+ * Queue" writes the ticket's item with its task token and sleeps until a releaser hands the execution
+ * a permit. When the wait times out, the execution tries to take a permit (which also finds one handed
+ * to it whose wake-up was lost), then sleeps again on the same ticket. When a wait is refused (the
+ * ticket's turn has come: it was served, and its wake-up lost or the permit taken back, or skipped),
+ * it checks for a handed-off permit and tries once to take one before it takes a new ticket:
  *
- *   Wait In Queue ─woken─▶ body; timed out ─▶ Wait In Queue Again
- *     │ refused
- *     ▼
+ *   Take Ticket ─▶ Wait In Queue ─woken─▶ body; timed out ─▶ Poll For Permit Again ─full─▶ Wait In Queue Again
+ *     │ refused: a permit is free        │ refused
+ *     ▼                                  ▼
  *   Check Handed-Off Permit ─yes─▶ body
  *     │ no
  *     ▼
- *   Poll For Permit ─yes─▶ body
- *     │ full
- *     ▼
- *   Wait In Queue Again (its place kept, a new token) ─woken─▶ body; timed out ─▶ itself
- *     │ refused: handed a permit (a lost wake-up), a permit free, or no place any more
- *     ▼
- *   Check Handed-Off Permit Again ─yes─▶ body
- *     │ no
- *     ▼
- *   Wait Before Next Poll ─▶ Wait In Queue
+ *   Poll For Permit ─yes─▶ body; full ─▶ Take Ticket
  *
- * With an `acquireTimeout`, these states run in the "Wait For Permit" Parallel beside a timer, as
- * the polling states do.
+ *   Wait In Queue Again ─woken─▶ body; timed out ─▶ Poll For Permit Again
+ *     │ refused
+ *     ▼
+ *   Check Handed-Off Permit Again ─yes─▶ body; no ─▶ Wait Before Next Poll ─▶ Take Ticket
+ *
+ * With an `acquireTimeout`, a timer runs beside these states, as beside the polling states.
  */
 function renderQueueWait(
   scope: Construct,
   table: ISemaphoreTable,
   spec: DefinitionSpec,
   lockTask: LockTaskProps,
+  lockNameText: string,
   limit: tasks.DynamoAttributeValue,
-  runBody: sfn.State,
   toBody: sfn.State,
-  releaseAfterFailure: sfn.State,
-  errorPath: string,
   permitPath: string | undefined,
-): sfn.State {
-  const inParallel = spec.acquireTimeout !== undefined;
-  // In the Parallel, success ends the branch with the marker error; the fencing token is read after it.
-  const acquired: sfn.State = inParallel
+): sfn.Parallel {
+  const withTimer = spec.acquireTimeout !== undefined;
+  // With a timer, success ends the branch with the marker error and the fencing token is read after
+  // the Parallel. Without, the branch ends with `{ fencingToken }` as its whole state, which the
+  // Parallel's result selector takes to the permit path.
+  const marker = withTimer
     ? new sfn.Fail(scope, STATE.permitAcquired, { error: PERMIT_ACQUIRED, cause: 'Not an error: ends the Parallel early so that the body can start' })
-    : runBody;
-  const ownPermitPath = inParallel ? undefined : permitPath;
-  const onError = <T extends sfn.TaskStateBase>(task: T): T =>
-    (inParallel ? task : task.addCatch(releaseAfterFailure, { errors: [sfn.Errors.ALL], resultPath: errorPath })) as T;
+    : undefined;
+  const ownPermitPath = !withTimer && permitPath ? '$' : undefined;
+  const acquired = <T extends sfn.State & sfn.INextable>(state: T): T => {
+    if (marker) state.next(marker);
+    return state;
+  };
 
   const waiter = {
     table: table,
     lockName: lockTask.lockName,
+    lockNameText,
     limit,
     leaseSeconds: spec.leaseSeconds ?? 0,
     checkInterval: spec.queueCheckInterval,
     permitPath: ownPermitPath,
   };
-  const waitInQueue = waitInQueueTask(scope, waiter);
-  const waitAgain = renewWaitTask(scope, waiter);
-  const nextWait = new sfn.Wait(scope, STATE.nextWait, { time: sfn.WaitTime.duration(spec.pollInterval) }).next(waitInQueue);
+  const retry = transientRetry([...THROTTLING_ERRORS, ...SERVER_ERRORS]);
+  const takeTicket = takeTicketTask(scope, STATE.takeTicket, waiter).addRetry(retry);
+  const waitInQueue = acquired(waitOnTicketTask(scope, STATE.waitInQueue, waiter, false));
+  const waitAgain = acquired(waitOnTicketTask(scope, STATE.waitInQueueAgain, waiter, true));
+  const nextWait = new sfn.Wait(scope, STATE.nextWait, { time: sfn.WaitTime.duration(spec.pollInterval) }).next(takeTicket);
   const checkProps = { table: table, lockName: lockTask.lockName, permitPath: ownPermitPath };
+  const acquireProps = { ...lockTask, limit, leaseSeconds: spec.leaseSeconds, permitPath: ownPermitPath };
   // Found the execution's own entry (handed to it meanwhile, or taken by a write of an earlier run):
-  // claim it; if it went meanwhile, queue anew after a pause.
-  const checkAgain = fencingTokenTask(scope, STATE.checkHandedOffAgain, checkProps)
+  // claim it; if it went meanwhile, take a new ticket after a pause.
+  const checkAgain = acquired(fencingTokenTask(scope, STATE.checkHandedOffAgain, checkProps))
     .addCatch(nextWait, { errors: [CONDITIONAL_CHECK_FAILED], resultPath: sfn.JsonPath.DISCARD });
-  onError(checkAgain).next(acquired);
   // Server errors are retried: a write that landed makes the retry find the execution's own entry.
-  const poll = acquireTask(scope, STATE.poll, { ...lockTask, limit, leaseSeconds: spec.leaseSeconds, permitPath: ownPermitPath, asWaiter: true })
-    .addRetry(transientRetry([...THROTTLING_ERRORS, ...SERVER_ERRORS]))
+  const poll = acquired(acquireTask(scope, STATE.poll, acquireProps))
+    .addRetry(retry)
+    .addCatch(takeTicket, { errors: [CONDITIONAL_CHECK_FAILED], resultPath: sfn.JsonPath.DISCARD })
+    .addCatch(checkAgain, { errors: [VALIDATION_ERROR], resultPath: sfn.JsonPath.DISCARD });
+  const check = acquired(fencingTokenTask(scope, STATE.checkHandedOff, checkProps))
+    .addCatch(poll, { errors: [CONDITIONAL_CHECK_FAILED], resultPath: sfn.JsonPath.DISCARD });
+  // A wait timed out (no wake-up within the check interval): take a free permit, or the one handed to
+  // this execution if its wake-up was lost (the acquire finds its own entry); else sleep again.
+  const pollAgain = acquired(acquireTask(scope, STATE.pollAgain, acquireProps))
+    .addRetry(retry)
     .addCatch(waitAgain, { errors: [CONDITIONAL_CHECK_FAILED], resultPath: sfn.JsonPath.DISCARD })
     .addCatch(checkAgain, { errors: [VALIDATION_ERROR], resultPath: sfn.JsonPath.DISCARD });
-  onError(poll).next(acquired);
-  const check = fencingTokenTask(scope, STATE.checkHandedOff, checkProps)
-    .addCatch(poll, { errors: [CONDITIONAL_CHECK_FAILED], resultPath: sfn.JsonPath.DISCARD });
-  onError(check).next(acquired);
-  // Timed out (no wake-up within the check interval): sleep again in place, a write whose condition
-  // is the whole check (no permit handed over, none free, the entry still there).
-  waitInQueue.addCatch(waitAgain, { errors: WAIT_TIMED_OUT, resultPath: sfn.JsonPath.DISCARD });
-  // Refused: the lock has a free permit, the queue is full, or this execution already holds a
-  // permit (handed over while it was not waiting: after a lost wake-up, or to an older entry of it).
-  waitInQueue.addCatch(check, { errors: [...ENQUEUE_REFUSED, ...ENQUEUE_UNCERTAIN], resultPath: sfn.JsonPath.DISCARD });
-  onError(waitInQueue).next(acquired);
-  // Refused: a permit was handed to it (its wake-up was lost), or its entry is gone (dropped, or
-  // served and taken back), or a permit is free. Check for a handed-off permit, then queue anew after
-  // a pause that keeps a full queue from becoming a busy loop (the enqueue takes a free permit's
-  // refusal to the poll).
-  waitAgain.addCatch(waitAgain, { errors: WAIT_TIMED_OUT, resultPath: sfn.JsonPath.DISCARD });
-  waitAgain.addCatch(checkAgain, { errors: ENQUEUE_REFUSED, resultPath: sfn.JsonPath.DISCARD });
-  waitAgain.addCatch(check, { errors: ENQUEUE_UNCERTAIN, resultPath: sfn.JsonPath.DISCARD });
-  onError(waitAgain).next(acquired);
 
-  if (!inParallel) {
-    return waitInQueue;
+  // Refused: the lock has a free permit, or this execution already holds one (handed over while it
+  // was not waiting: after a lost wake-up, or to an older ticket of it).
+  takeTicket.addCatch(check, { errors: [CONDITIONAL_CHECK_FAILED], resultPath: sfn.JsonPath.DISCARD });
+  takeTicket.next(waitInQueue);
+  waitInQueue.addCatch(pollAgain, { errors: WAIT_TIMED_OUT, resultPath: sfn.JsonPath.DISCARD });
+  // Refused: the ticket's turn has come (served: the wake-up was lost, or the permit was taken back;
+  // or skipped, the execution being on its way), or the ticket is of a stopped run of this execution.
+  waitInQueue.addCatch(check, { errors: [...WAIT_REFUSED, ...WAIT_UNCERTAIN], resultPath: sfn.JsonPath.DISCARD });
+  waitAgain.addCatch(pollAgain, { errors: WAIT_TIMED_OUT, resultPath: sfn.JsonPath.DISCARD });
+  waitAgain.addCatch(checkAgain, { errors: WAIT_REFUSED, resultPath: sfn.JsonPath.DISCARD });
+  waitAgain.addCatch(check, { errors: WAIT_UNCERTAIN, resultPath: sfn.JsonPath.DISCARD });
+
+  const waitForPermit = new sfn.Parallel(scope, STATE.waitForPermit, {
+    ...(withTimer || !permitPath
+      ? { resultPath: sfn.JsonPath.DISCARD }
+      : { resultSelector: { fencingToken: sfn.JsonPath.objectAt('$[0].fencingToken') }, resultPath: permitPath }),
+  });
+  if (!withTimer) {
+    return waitForPermit.branch(takeTicket);
   }
   const timer = new sfn.Wait(scope, STATE.acquireTimer, { time: sfn.WaitTime.duration(spec.acquireTimeout!) }).next(
     new sfn.Fail(scope, STATE.acquireTimedOut, {
@@ -246,10 +258,7 @@ function renderQueueWait(
       cause: `No permit became free within the acquire timeout of ${spec.acquireTimeout!.toHumanString()}`,
     }),
   );
-  return new sfn.Parallel(scope, STATE.waitForPermit, { resultPath: sfn.JsonPath.DISCARD })
-    .branch(waitInQueue, timer)
-    .addCatch(toBody, { errors: [PERMIT_ACQUIRED], resultPath: sfn.JsonPath.DISCARD })
-    .addCatch(releaseAfterFailure, { errors: [sfn.Errors.ALL], resultPath: errorPath });
+  return waitForPermit.branch(takeTicket, timer).addCatch(toBody, { errors: [PERMIT_ACQUIRED], resultPath: sfn.JsonPath.DISCARD });
 }
 
 /**
