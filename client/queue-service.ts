@@ -3,7 +3,6 @@ import { clock, dynamodb, errorName, Flow, stepFunctions, uuid } from './effects
 import { deleteServedTicket, readTicket, serveTicket, waitingTickets } from './ticket-queue';
 import {
   CONCURRENCY_LIMIT,
-  DROP_TICKET_CONDITION,
   FENCING_TOKEN,
   HOLDER_ACQUIRED_AT,
   HOLDER_CLAIMED,
@@ -11,8 +10,6 @@ import {
   HOLDER_LEASE_SECONDS,
   HOLDER_REDRIVE_COUNT,
   LOCK_KEY,
-  PASS_TICKET_CONDITION,
-  PASS_TICKET_UPDATE,
   PERMITS_IN_USE,
   QUEUE_HEAD,
   TICKET_SERVED_BY,
@@ -35,6 +32,12 @@ import {
  * Every write on the lock item is conditional on what was read (the ticket passed so far, the count
  * and fencing counter unchanged), so it is safe beside workflows that take tickets, release and hand off.
  */
+
+/** Pass the ticket after `:head` (a compare-and-set: releasers claim tickets by adding one to the head). */
+const PASS_TICKET_UPDATE = 'SET #head = :nextTicket';
+const PASS_TICKET_CONDITION = '#head = :head';
+/** The same, for a ticket whose waiter holds a permit already. */
+const DROP_TICKET_CONDITION = '#head = :head AND attribute_exists(#next)';
 
 /** The errors of SendTaskSuccess for a token whose task no longer waits. */
 const TOKEN_GONE = ['TaskTimedOut', 'TaskDoesNotExist', 'InvalidToken'];

@@ -23,9 +23,6 @@ import {
   HAND_OFF_UPDATE,
   HOLDER_HANDOFF_ID,
   HOLDER_REDRIVE_COUNT,
-  DROP_TICKET_CONDITION,
-  PASS_TICKET_CONDITION,
-  PASS_TICKET_UPDATE,
   PEEK_CONDITION,
   PEEK_UPDATE,
   QUEUE_NAMES,
@@ -406,7 +403,7 @@ export function* releaseHolder(options: ClientProtocolOptions, lockName: string,
   for (let attempt = 0; attempt < 1000; attempt++) {
     if (!peekFirst && (yield* release())) return true;
     peekFirst = false;
-    const peeked = yield* conditionalUpdate(table, lockName, holder, PEEK_UPDATE, PEEK_CONDITION, run, 'UPDATED_NEW');
+    const peeked = yield* conditionalUpdate(table, lockName, holder, PEEK_UPDATE, PEEK_CONDITION, { ...run, ...one }, 'UPDATED_NEW');
     if (!peeked) {
       // Not held (any more), or the queue emptied meanwhile (and may have filled again since: a
       // release that ignored the queue would leave such a waiter asleep beside a free permit).
@@ -415,15 +412,13 @@ export function* releaseHolder(options: ClientProtocolOptions, lockName: string,
       peekFirst = true;
       continue;
     }
-    const head = Number(peeked[QUEUE_HEAD]?.N);
-    const ticket = head + 1;
+    // The ticket this release claimed.
+    const ticket = Number(peeked[QUEUE_HEAD]?.N);
     const handoffId = yield* uuid();
     const served = yield* serveTicket(table, lockName, ticket, handoffId);
     const waiter = served?.[TICKET_WAITER]?.S;
-    const passValues = { [QUEUE_VALUES.head]: { N: String(head) }, [QUEUE_VALUES.nextTicket]: { N: String(ticket) } };
     if (waiter === undefined) {
-      // Nobody waits on it (skipped: its waiter is on its way, or it is an orphan): pass it.
-      yield* conditionalUpdate(table, lockName, holder, PASS_TICKET_UPDATE, PASS_TICKET_CONDITION, passValues);
+      // Nobody waits on it (skipped: its waiter is on its way, or it is an orphan): claim the next.
       peekFirst = true;
       continue;
     }
@@ -440,7 +435,6 @@ export function* releaseHolder(options: ClientProtocolOptions, lockName: string,
         {
           ...run,
           ...one,
-          ...passValues,
           [VALUES.entry]: {
             M: {
               [HOLDER_ACQUIRED_AT]: { S: new Date(now).toISOString() },
@@ -457,9 +451,7 @@ export function* releaseHolder(options: ClientProtocolOptions, lockName: string,
       if (errorName(e) !== 'ValidationException') throw e;
     }
     if (!handedOff) {
-      // Passed by someone else, or its waiter holds a permit already (it found one by polling): drop
-      // the ticket if it can never be served, and look again.
-      yield* conditionalUpdate(table, lockName, holder, PASS_TICKET_UPDATE, DROP_TICKET_CONDITION, passValues, 'NONE', waiter);
+      // Its waiter holds a permit already (it found one by polling), or ours is gone: claim the next.
       peekFirst = true;
       continue;
     }

@@ -224,8 +224,6 @@ export const QUEUE_NAMES = {
 /** Expression attribute values of the queue's expressions (with VALUES). */
 export const QUEUE_VALUES = {
   me: ':me',
-  head: ':head',
-  nextTicket: ':nextTicket',
   token: ':token',
   lease: ':lease',
   servedBy: ':servedBy',
@@ -270,15 +268,21 @@ export const RELEASE_IF_NO_WAITERS_CONDITION = `${RELEASE_STOPPED_RUN_CONDITION}
 export const STILL_HELD_CONDITION = RELEASE_STOPPED_RUN_CONDITION;
 export const STILL_HELD_UPDATE = `SET ${NAMES.permits} = ${NAMES.permits}`;
 
-/** Read the queue's head (UPDATED_NEW) while still holding the permit to hand (reads are not conditional). */
+/**
+ * Claim the next ticket (UPDATED_NEW: the new head is the ticket claimed) while still holding the
+ * permit to hand: every releaser claims a ticket of its own, so that releasers that give back
+ * permits at once serve different waiters instead of racing for the same one. A releaser that
+ * stops before it serves its ticket leaves that waiter asleep: the sweep marks such a ticket, and
+ * its waiter takes a new one when its wait next times out.
+ */
 export const PEEK_CONDITION = `${RELEASE_STOPPED_RUN_CONDITION} AND ${QUEUE_NAMES.head} < ${QUEUE_NAMES.tail}`;
-export const PEEK_UPDATE = `SET ${QUEUE_NAMES.head} = ${QUEUE_NAMES.head}`;
+export const PEEK_UPDATE = `SET ${QUEUE_NAMES.head} = ${QUEUE_NAMES.head} + ${VALUES.one}`;
 
 /**
  * Serve a ticket: mark its item with the hand-off id (ALL_NEW: the waiter, its run, its lease and the
  * token of its current wait, which no wait can renew from now on). On a ticket without an item (its
  * waiter is still on its way, or the ticket is an orphan), the write creates it marked and without a
- * waiter: a waiter still on its way is refused and takes a new ticket, and the releaser passes this one.
+ * waiter: a waiter still on its way is refused and takes a new ticket, and the releaser claims the next one.
  */
 export const SERVE_TICKET_CONDITION = `attribute_not_exists(${QUEUE_NAMES.servedBy})`;
 export const SERVE_TICKET_UPDATE = `SET ${QUEUE_NAMES.servedBy} = ${QUEUE_VALUES.servedBy}`;
@@ -289,22 +293,14 @@ export const SERVE_TICKET_UPDATE = `SET ${QUEUE_NAMES.servedBy} = ${QUEUE_VALUES
  */
 export const DELETE_SERVED_CONDITION = `${QUEUE_NAMES.servedBy} = ${QUEUE_VALUES.servedBy}`;
 
-/** Pass the ticket read: it has no waiter (skipped), or its waiter holds a permit already (dropped). */
-export const PASS_TICKET_CONDITION = `${QUEUE_NAMES.head} = ${QUEUE_VALUES.head}`;
-export const PASS_TICKET_UPDATE = `SET ${QUEUE_NAMES.head} = ${QUEUE_VALUES.nextTicket}`;
-
 /**
- * Hand off: the holder entry moves from the releaser to the waiter of the next ticket, which the same
- * write passes; the count stays. The same write draws the waiter's fencing token, so that tokens follow
- * the order in which permits are granted (UPDATED_OLD: the counter before the draw). Conditional on the
- * ticket being the one read (another releaser may have served it) and its waiter not holding a permit
- * already (it found one by polling).
+ * Hand off: the holder entry moves from the releaser to the waiter of the ticket it claimed; the count
+ * stays. The same write draws the waiter's fencing token, so that tokens follow the order in which
+ * permits are granted (UPDATED_OLD: the counter before the draw). Refused when the waiter holds a
+ * permit already (it found one by polling): the releaser then claims the next ticket.
  */
-export const HAND_OFF_CONDITION = `${RELEASE_STOPPED_RUN_CONDITION} AND ${QUEUE_NAMES.head} = ${QUEUE_VALUES.head} AND attribute_not_exists(${QUEUE_NAMES.next})`;
-export const HAND_OFF_UPDATE = `SET ${QUEUE_NAMES.next} = ${VALUES.entry}, ${QUEUE_NAMES.head} = ${QUEUE_VALUES.nextTicket}, ${NAMES.fence} = ${NAMES.fence} + ${VALUES.one} REMOVE ${NAMES.holder}`;
-
-/** Drop a ticket whose waiter already holds a permit (it got one by polling). */
-export const DROP_TICKET_CONDITION = `${QUEUE_NAMES.head} = ${QUEUE_VALUES.head} AND attribute_exists(${QUEUE_NAMES.next})`;
+export const HAND_OFF_CONDITION = `${RELEASE_STOPPED_RUN_CONDITION} AND attribute_not_exists(${QUEUE_NAMES.next})`;
+export const HAND_OFF_UPDATE = `SET ${QUEUE_NAMES.next} = ${VALUES.entry}, ${NAMES.fence} = ${NAMES.fence} + ${VALUES.one} REMOVE ${NAMES.holder}`;
 
 /**
  * After a server error on the hand-off: did it land? Its hand-off id is unique, so the waiter's entry

@@ -9,7 +9,6 @@ import {
   CONCURRENCY_LIMIT,
   CONFIRM_HAND_OFF_CONDITION,
   CONFIRM_HAND_OFF_UPDATE,
-  DROP_TICKET_CONDITION,
   FENCING_TOKEN,
   HAND_OFF_CONDITION,
   HAND_OFF_UPDATE,
@@ -19,8 +18,6 @@ import {
   HOLDER_REDRIVE_COUNT,
   LOCK_KEY,
   NAMES,
-  PASS_TICKET_CONDITION,
-  PASS_TICKET_UPDATE,
   PEEK_CONDITION,
   PEEK_UPDATE,
   PERMITS_IN_USE,
@@ -63,9 +60,9 @@ import { ISemaphoreTable } from '../semaphore-table';
  *                                                Poll For Permit Again ─full─▶ Wait In Queue Again (same ticket, new token)
  *
  * Release:  Release Permit (only if nobody waits) ─waiters─▶ Peek At Next Waiter ─▶ Serve Ticket
- *           ─▶ Check Ticket ─▶ Hand Off Permit ─▶ Wake Next Waiter
- *           A ticket without a waiter is passed (Pass Ticket), one whose waiter holds a permit already
- *           is dropped (Drop Served Waiter); a ticket served already is read (Read Served Ticket).
+ *           ─▶ Check Ticket ─▶ Hand Off Permit ─▶ Wake Next Waiter ─▶ Delete Served Ticket
+ *           Peek claims the next ticket for this releaser; after a ticket without a waiter, or one
+ *           whose waiter holds a permit already, it claims the next.
  *           Peek finds no waiter (served meanwhile) ─▶ Release Permit Without Hand-Off (only if nobody
  *           waits) ─waiters again─▶ Is Permit Still Held ─yes─▶ Peek At Next Waiter; no ─▶ done.
  *           A waiter that cannot be woken (its token is closed: it stopped, or its wait timed out
@@ -96,9 +93,7 @@ export function releaseStateNames(suffix: string) {
     serveTicket: `${STATE.serveTicket}${suffix}`,
     readTicket: `${STATE.readTicket}${suffix}`,
     checkTicket: `${STATE.checkTicket}${suffix}`,
-    passTicket: `${STATE.passTicket}${suffix}`,
     handOff: `${STATE.handOff}${suffix}`,
-    dropTicket: `${STATE.dropServedWaiter}${suffix}`,
     deleteTicket: `${STATE.deleteTicket}${suffix}`,
     ticketGone: `${STATE.ticketGone}${suffix}`,
     wake: `${STATE.wakeNextWaiter}${suffix}`,
@@ -136,10 +131,10 @@ export function ticketItemKey(lockNameText: string, ticketPath: string): tasks.D
 /**
  * The release of the queue strategy, for the holder at `$.handoff.holder` (run `$.handoff.redriveCount`).
  *
- * Nobody waiting, it is one conditional write, as without a queue. With waiters, it reads the next
+ * Nobody waiting, it is one conditional write, as without a queue. With waiters, it claims the next
  * ticket (a write: it must still hold the permit), serves the ticket's item (which returns the waiter
- * and its token), moves the holder entry to the waiter while passing the ticket (drawing its fencing
- * token in the same write) and wakes it: three writes and a call.
+ * and its token), moves the holder entry to the waiter (drawing its fencing token in the same write),
+ * wakes it and deletes the ticket's item: four writes and a call.
  */
 export function handOffChain(scope: Construct, props: HandOffProps): sfn.State {
   const names = releaseStateNames(props.suffix);
@@ -192,19 +187,17 @@ export function handOffChain(scope: Construct, props: HandOffProps): sfn.State {
 
   const release = giveBack(names.release);
 
-  // The ticket passed so far (a number), and the next one, whose turn it is.
-  const headNumber = sfn.JsonPath.stringToJson(sfn.JsonPath.stringAt(`$.Attributes.${QUEUE_HEAD}.N`));
+  // Claim the next ticket: the new head (a number).
   const peek = new tasks.DynamoUpdateItem(scope, names.peek, {
     table,
     key,
     conditionExpression: PEEK_CONDITION,
     updateExpression: PEEK_UPDATE,
     expressionAttributeNames: { [NAMES.holder]: holder, [QUEUE_NAMES.head]: QUEUE_HEAD, [QUEUE_NAMES.tail]: QUEUE_TAIL },
-    expressionAttributeValues: { [VALUES.redriveCount]: redriveCount },
+    expressionAttributeValues: { [VALUES.redriveCount]: redriveCount, [VALUES.one]: tasks.DynamoAttributeValue.fromNumber(1) },
     returnValues: tasks.DynamoReturnValues.UPDATED_NEW,
     resultSelector: {
-      head: headNumber,
-      ticket: sfn.JsonPath.mathAdd(Token.asNumber(headNumber), 1),
+      ticket: sfn.JsonPath.stringToJson(sfn.JsonPath.stringAt(`$.Attributes.${QUEUE_HEAD}.N`)),
       handoffId: sfn.JsonPath.uuid(),
     },
     resultPath: `${HANDOFF_PATH}.next`,
@@ -217,22 +210,6 @@ export function handOffChain(scope: Construct, props: HandOffProps): sfn.State {
 
   const ticketKeyValue = ticketItemKey(props.lockNameText, `${HANDOFF_PATH}.next.ticket`);
   const ticketItemKeyMap = { [LOCK_KEY]: ticketKeyValue };
-  const headValue = tasks.DynamoAttributeValue.numberFromString(sfn.JsonPath.jsonToString(sfn.JsonPath.objectAt(`${HANDOFF_PATH}.next.head`)));
-  const nextTicketValue = tasks.DynamoAttributeValue.numberFromString(sfn.JsonPath.jsonToString(sfn.JsonPath.objectAt(`${HANDOFF_PATH}.next.ticket`)));
-
-  // Pass a ticket that has no waiter (skipped), then look at the next.
-  const passTicket = new tasks.DynamoUpdateItem(scope, names.passTicket, {
-    table,
-    key,
-    conditionExpression: PASS_TICKET_CONDITION,
-    updateExpression: PASS_TICKET_UPDATE,
-    expressionAttributeNames: { [QUEUE_NAMES.head]: QUEUE_HEAD },
-    expressionAttributeValues: { [QUEUE_VALUES.head]: headValue, [QUEUE_VALUES.nextTicket]: nextTicketValue },
-    resultPath: sfn.JsonPath.DISCARD,
-  })
-    .addRetry(retry)
-    .addCatch(peek, { errors: [CONDITIONAL_CHECK_FAILED], resultPath: sfn.JsonPath.DISCARD })
-    .next(peek);
 
   const ticketPath = `${HANDOFF_PATH}.ticket`;
   const ticketAttributes = `${ticketPath}.Item`;
@@ -254,32 +231,18 @@ export function handOffChain(scope: Construct, props: HandOffProps): sfn.State {
     resultPath: ticketPath,
   }).addRetry(retry);
   peek.next(serveTicket);
-  // Served already: by a releaser that has not passed it yet (it may have stopped), or a retry of a
-  // write that landed. Read it, and serve it from here: the hand-off that passes the ticket first wins.
+  // Served already: a retry of a write that landed, or marked by the sweep (its releaser stopped
+  // before it served it). Read it, and serve it from here.
   const readTicket = new tasks.DynamoGetItem(scope, names.readTicket, {
     table,
     key: ticketItemKeyMap,
     consistentRead: true,
-    // No item: the waiter was woken and its item deleted since; the ticket is passed already.
+    // No item: deleted by the sweep since it marked it.
     resultPath: ticketPath,
   }).addRetry(retry);
   serveTicket.addCatch(readTicket, { errors: [CONDITIONAL_CHECK_FAILED], resultPath: sfn.JsonPath.DISCARD });
 
   const waiterId = sfn.JsonPath.stringAt(`${ticketAttributes}.${TICKET_WAITER}.S`);
-  // Drop a ticket whose waiter already holds a permit (it found one by polling), then look again.
-  const dropTicket = new tasks.DynamoUpdateItem(scope, names.dropTicket, {
-    table,
-    key,
-    conditionExpression: DROP_TICKET_CONDITION,
-    updateExpression: PASS_TICKET_UPDATE,
-    expressionAttributeNames: { [QUEUE_NAMES.head]: QUEUE_HEAD, [QUEUE_NAMES.next]: waiterId },
-    expressionAttributeValues: { [QUEUE_VALUES.head]: headValue, [QUEUE_VALUES.nextTicket]: nextTicketValue },
-    resultPath: sfn.JsonPath.DISCARD,
-  })
-    .addRetry(retry)
-    .addCatch(peek, { errors: [CONDITIONAL_CHECK_FAILED], resultPath: sfn.JsonPath.DISCARD })
-    .next(peek);
-
   // The hand-off's id, with the run that uses it: a run redriven after the hand-off neither confirms
   // nor takes back a hand-off of the run before (its wake-up may have been delivered: the waiter uses
   // the permit). Such a permit is freed by the waiter, its cleanup or the sweep.
@@ -291,15 +254,12 @@ export function handOffChain(scope: Construct, props: HandOffProps): sfn.State {
     updateExpression: HAND_OFF_UPDATE,
     expressionAttributeNames: {
       [NAMES.holder]: holder,
-      [QUEUE_NAMES.head]: QUEUE_HEAD,
       [QUEUE_NAMES.next]: waiterId,
       [NAMES.fence]: FENCING_TOKEN,
     },
     expressionAttributeValues: {
       [VALUES.redriveCount]: redriveCount,
       [VALUES.one]: tasks.DynamoAttributeValue.fromNumber(1),
-      [QUEUE_VALUES.head]: headValue,
-      [QUEUE_VALUES.nextTicket]: nextTicketValue,
       [VALUES.entry]: tasks.DynamoAttributeValue.fromMap({
         [HOLDER_ACQUIRED_AT]: tasks.DynamoAttributeValue.fromString(sfn.JsonPath.stringAt('$$.State.EnteredTime')),
         [HOLDER_REDRIVE_COUNT]: tasks.DynamoAttributeValue.numberFromString(sfn.JsonPath.stringAt(`${ticketAttributes}.${HOLDER_REDRIVE_COUNT}.N`)),
@@ -317,12 +277,12 @@ export function handOffChain(scope: Construct, props: HandOffProps): sfn.State {
     // A retry after a write that landed would fail its condition and lose the wake-up: server errors
     // are confirmed instead (below).
     .addRetry(transientRetry(THROTTLING_ERRORS))
-    // The ticket was served by another releaser, or its waiter holds a permit already, or ours is
-    // gone. The waiter can be the releaser itself (a ticket from before it got its permit by polling):
-    // then DynamoDB rejects the update (its two paths overlap) and the ticket is dropped the same way.
-    .addCatch(dropTicket, { errors: [CONDITIONAL_CHECK_FAILED, VALIDATION_ERROR], resultPath: sfn.JsonPath.DISCARD });
+    // Its waiter holds a permit already (it found one by polling), or ours is gone: claim the next
+    // ticket. The waiter can be the releaser itself (a ticket from before it got its permit by
+    // polling): then DynamoDB rejects the update (its two paths overlap), and the same goes.
+    .addCatch(peek, { errors: [CONDITIONAL_CHECK_FAILED, VALIDATION_ERROR], resultPath: sfn.JsonPath.DISCARD });
 
-  const checkTicket = new sfn.Choice(scope, names.checkTicket).when(sfn.Condition.isPresent(`${ticketAttributes}.${TICKET_WAITER}`), handOff).otherwise(passTicket);
+  const checkTicket = new sfn.Choice(scope, names.checkTicket).when(sfn.Condition.isPresent(`${ticketAttributes}.${TICKET_WAITER}`), handOff).otherwise(peek);
   serveTicket.next(checkTicket);
   readTicket.next(checkTicket);
 
