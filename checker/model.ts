@@ -169,7 +169,7 @@ export interface RecordedUpdate {
 }
 
 /** The most tickets a lock may issue in a searched world (see `successors`). */
-export const MAX_TICKETS = 6;
+export const MAX_TICKETS = 4;
 
 /** The most tickets any lock of the world has issued. */
 function ticketsIssued(world: World): number {

@@ -1,7 +1,7 @@
 import type { AttributeValue } from '@aws-sdk/client-dynamodb';
 import { itemSizeBytes } from './dynamodb';
 import { Execution, Simulator } from './simulator';
-import { HOLDER_ACQUIRED_AT, LOCK_KEY, PERMITS_IN_USE } from '../src/private/lock-schema';
+import { HOLDER_ACQUIRED_AT, LOCK_KEY, PERMITS_IN_USE, isTicketKey } from '../src/private/lock-schema';
 import { STATE } from '../src/private/state-names';
 
 /*
@@ -42,7 +42,8 @@ export interface LockState {
 
 /** Every lock item of a table (by logical ID prefix), as plain objects. */
 export async function lockStates(sim: Simulator, table: string, layout: LockLayout = LOCK_LAYOUT): Promise<LockState[]> {
-  return (await sim.scan(table)).map((item) => lockStateOf(item, layout));
+  // The queue's ticket items share the table: they are not locks.
+  return (await sim.scan(table)).filter((item) => !isTicketKey(item[layout.key]?.S ?? '')).map((item) => lockStateOf(item, layout));
 }
 
 function lockStateOf(item: Record<string, AttributeValue>, layout: LockLayout): LockState {
