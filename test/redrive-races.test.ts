@@ -2,7 +2,7 @@ import { Duration } from 'aws-cdk-lib';
 import { ApiError, Simulator, TaskContext, TaskError } from '../simulator';
 import { WaitStrategy } from '../src';
 import { lockState, stateMachineLogicalId, WorkTracker, workflowStack } from './helpers';
-import { HOLDER_REDRIVE_COUNT } from '../src/private/lock-schema';
+import { HOLDER_REDRIVE_COUNT, isTicketKey, LOCK_KEY } from '../src/private/lock-schema';
 import { STATE } from '../src/private/state-names';
 
 /*
@@ -27,7 +27,8 @@ function loseRedriveEvents(sim: Simulator): void {
 
 /** The holder entry of an execution, as the lock item has it now. */
 async function entryOf(sim: Simulator, arn: string) {
-  return (await sim.scan(TABLE))[0]?.[arn]?.M;
+  // The lock item, not one of its queue's ticket items.
+  return (await sim.scan(TABLE)).find((item) => !isTicketKey(item[LOCK_KEY]?.S ?? ''))?.[arn]?.M;
 }
 
 /** A work function that records the redrive count of its execution's entry when it starts. */
