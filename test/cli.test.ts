@@ -9,7 +9,7 @@ import { stateMachineLogicalId, WorkTracker, workflowStack } from './helpers';
 import { defaultOwner, main, parseDuration } from '../client/cli';
 import { SemaphoreClient } from '../client/semaphore-client';
 import { Simulator } from '../simulator';
-import { DROP_HEAD_UPDATE, HAND_OFF_UPDATE, PEEK_UPDATE, RELEASE_UPDATE, waitTokenAttribute } from '../src/private/lock-schema';
+import { DELETE_SERVED_CONDITION, HAND_OFF_UPDATE, PEEK_UPDATE, RELEASE_UPDATE, SERVE_TICKET_UPDATE, ticketKey } from '../src/private/lock-schema';
 
 /*
  * The CLI and the client against dynalite, on the very lock item a workflow executing in the simulator
@@ -301,12 +301,12 @@ describe('CLI holders and workflow executions share one lock', () => {
     expect(released.stderr.trim()).toMatch(
       new RegExp(`^cdk-sfn-semaphore: ${LOCK}: warning: handed the permit to the queued execution ${execution.arn} but could not wake it \\(.*\\); it finds the permit when its queueCheckInterval ends .*SemaphoreTable.grantClient\\)$`),
     );
-    // Its wait times out (5 simulated minutes); sleeping again is refused, as it holds a permit; it
-    // claims the permit handed to it and goes in.
+    // Its wait times out (5 simulated minutes); it claims the permit handed to it and goes in.
     await execution.done;
     expect(execution.status).toBe('SUCCEEDED');
-    expect(execution.stateTransitions.get('Wait In Queue Again')).toBe(1);
+    expect(execution.stateTransitions.get('Poll For Permit Again')).toBe(1);
     expect(execution.stateTransitions.get('Check Handed-Off Permit Again')).toBe(1);
+    expect(execution.stateTransitions.has('Wait In Queue Again')).toBe(false);
   });
 
   test('an acquire whose write landed but whose response was lost finds its own lease and a fencing token', async () => {
@@ -518,14 +518,21 @@ describe('run', () => {
 });
 
 describe('the client\'s release', () => {
-  test('two releases read the same head: the one that loses peeks again at once and hands its permit to the next', async () => {
+  test('two releases at once claim different tickets: each serves, hands off to and wakes its own waiter', async () => {
     const lock = 'two-releases';
     const arn = (name: string) => `arn:aws:states:us-east-1:123456789012:execution:Other:${name}`;
     const config = { endpoint: sim.db.endpoint, region: 'us-east-1', credentials: { accessKeyId: 'local', secretAccessKey: 'local' } };
     const plain = new DynamoDBClient(config);
     const lease = { M: { acquiredAt: { S: new Date().toISOString() }, leaseExpiresAt: { N: String(Date.now() + 600_000) } } };
-    const waiter = (name: string) => ({ M: { id: { S: arn(name) }, redriveCount: { N: '0' }, leaseSeconds: { N: '0' } } });
-    // Two leases hold both permits; executions c and d are queued, c first.
+    const ticket = (n: number, name: string) => ({
+      lockName: { S: ticketKey(lock, n) },
+      waiter: { S: arn(name) },
+      redriveCount: { N: '0' },
+      leaseSeconds: { N: '0' },
+      concurrencyLimit: { N: '2' },
+      waitToken: { S: `token-${name}` },
+    });
+    // Two leases hold both permits; executions c and d wait on tickets 1 and 2.
     await plain.send(
       new PutItemCommand({
         TableName: table,
@@ -536,12 +543,13 @@ describe('the client\'s release', () => {
           'fencingToken': { N: '7' },
           'lease-a': lease,
           'lease-b': lease,
-          'waiters': { L: [waiter('c'), waiter('d')] },
-          [waitTokenAttribute(arn('c'), 0)]: { S: 'token-c' },
-          [waitTokenAttribute(arn('d'), 0)]: { S: 'token-d' },
+          'queueHead': { N: '0' },
+          'queueTail': { N: '2' },
         },
       }),
     );
+    await plain.send(new PutItemCommand({ TableName: table, Item: ticket(1, 'c') }));
+    await plain.send(new PutItemCommand({ TableName: table, Item: ticket(2, 'd') }));
     const woken: Array<[string | undefined, unknown]> = [];
     const stepFunctions = {
       send: async (command: SendTaskSuccessCommand) => {
@@ -550,16 +558,17 @@ describe('the client\'s release', () => {
       },
     } as unknown as SFNClient;
     const a = new SemaphoreClient({ tableName: table, dynamodb: plain, stepFunctions });
-    // b's writes are recorded, and a's whole release runs just before b's first hand-off: both read c.
-    const names = new Map([[RELEASE_UPDATE, 'release'], [PEEK_UPDATE, 'peek'], [HAND_OFF_UPDATE, 'hand off'], [DROP_HEAD_UPDATE, 'drop']]);
+    // b's writes are recorded, and a's whole release runs just after b claimed its ticket.
+    const names = new Map([[RELEASE_UPDATE, 'release'], [PEEK_UPDATE, 'peek'], [SERVE_TICKET_UPDATE, 'serve'], [HAND_OFF_UPDATE, 'hand off']]);
     const writes: string[] = [];
     const bDynamo = new DynamoDBClient(config);
     bDynamo.middlewareStack.add(
       (next) => async (args) => {
-        const update = (args.input as { UpdateExpression?: string }).UpdateExpression;
-        if (update !== undefined) {
-          writes.push(names.get(update) ?? update);
-          if (update === HAND_OFF_UPDATE && !writes.slice(0, -1).includes('hand off')) expect(await a.release(lock, 'lease-a')).toBe(true);
+        const input = args.input as { UpdateExpression?: string; ConditionExpression?: string };
+        const write = input.UpdateExpression !== undefined ? names.get(input.UpdateExpression) ?? input.UpdateExpression : input.ConditionExpression === DELETE_SERVED_CONDITION ? 'delete' : undefined;
+        if (write !== undefined) {
+          writes.push(write);
+          if (write === 'serve' && !writes.slice(0, -1).includes('serve')) expect(await a.release(lock, 'lease-a')).toBe(true);
         }
         return next(args);
       },
@@ -569,20 +578,24 @@ describe('the client\'s release', () => {
     try {
       expect(await b.release(lock, 'lease-b')).toBe(true);
 
-      // Refused give-back, peek (c), hand-off refused (a served c), drop refused (d is a live waiter),
-      // then straight to a second peek (d) and its hand-off: no second give-back the queue refuses.
-      expect(writes).toEqual(['release', 'peek', 'hand off', 'drop', 'peek', 'hand off']);
-      // Each waiter woken once, with the token its hand-off drew.
+      // Refused give-back (tickets wait), claim of ticket 1 (c), then its serve, hand-off and delete:
+      // a claimed ticket 2 meanwhile, so neither release raced the other for a waiter.
+      expect(writes).toEqual(['release', 'peek', 'serve', 'hand off', 'delete']);
+      // Each waiter woken once, with the token its hand-off drew (in the order of the grants).
       expect(woken).toEqual([
-        ['token-c', { fencingToken: 8 }],
-        ['token-d', { fencingToken: 9 }],
+        ['token-d', { fencingToken: 8 }],
+        ['token-c', { fencingToken: 9 }],
       ]);
       const item = (await plain.send(new GetItemCommand({ TableName: table, Key: { lockName: { S: lock } }, ConsistentRead: true }))).Item!;
       expect(item.permitsInUse.N).toBe('2');
-      expect(item.waiters.L).toEqual([]);
-      expect(Object.keys(item).filter((k) => k.startsWith('lease-') || k.startsWith('waitToken:'))).toEqual([]);
+      expect([item.queueHead.N, item.queueTail.N]).toEqual(['2', '2']);
+      expect(Object.keys(item).filter((k) => k.startsWith('lease-'))).toEqual([]);
       expect(item[arn('c')]?.M).toBeDefined();
       expect(item[arn('d')]?.M).toBeDefined();
+      // Both served tickets' items are gone.
+      for (const n of [1, 2]) {
+        expect((await plain.send(new GetItemCommand({ TableName: table, Key: { lockName: { S: ticketKey(lock, n) } }, ConsistentRead: true }))).Item).toBeUndefined();
+      }
     } finally {
       await plain.send(new DeleteItemCommand({ TableName: table, Key: { lockName: { S: lock } } }));
     }

@@ -143,7 +143,7 @@ describe('definition', () => {
       Next: 'Run Protected Body',
       Parameters: {
         ConditionExpression: 'attribute_exists(#holder) AND (attribute_not_exists(#holder.redriveCount) OR #holder.redriveCount <= :redriveCount)',
-        UpdateExpression: 'SET #fence = if_not_exists(#fence, :zero) + :one, #holder.claimed = :claimed, #holder.acquiredAt = :acquiredAt, #holder.redriveCount = :redriveCount REMOVE #token',
+        UpdateExpression: 'SET #fence = if_not_exists(#fence, :zero) + :one, #holder.claimed = :claimed, #holder.acquiredAt = :acquiredAt, #holder.redriveCount = :redriveCount',
       },
       Catch: [{ ErrorEquals: ['DynamoDB.ConditionalCheckFailedException'], ResultPath: null, Next: 'Wait For Permit' }, expect.anything()],
     });
@@ -162,40 +162,55 @@ describe('definition', () => {
       Catch: [{ ErrorEquals: ['DynamoDB.ConditionalCheckFailedException'], ResultPath: null, Next: 'Peek At Next Waiter' }],
     });
     expect(def.States['Release Permit'].Parameters).toMatchObject({
-      ConditionExpression: expect.stringContaining('AND (attribute_not_exists(#waiters) OR size(#waiters) = :zero)'),
+      // No ticket waiting: the lock item's two counters say so.
+      ConditionExpression: expect.stringContaining('AND (attribute_not_exists(#tail) OR #head >= #tail)'),
       UpdateExpression: 'SET #permits = #permits - :one REMOVE #holder',
-      ExpressionAttributeNames: { '#holder.$': '$.handoff.holder' },
+      ExpressionAttributeNames: { '#holder.$': '$.handoff.holder', '#tail': 'queueTail', '#head': 'queueHead' },
     });
-    // Waiters: the permit moves to the oldest, which is woken with its fencing token.
+    // Waiters: the releaser claims the next ticket (head + 1) while it still holds the permit.
     expect(def.States['Peek At Next Waiter']).toMatchObject({
-      Next: 'Hand Off Permit',
+      Next: 'Serve Ticket',
       ResultPath: '$.handoff.next',
-      Parameters: { UpdateExpression: 'SET #next = #waiters[0]' },
-      ResultSelector: { 'handoffId.$': 'States.UUID()' },
+      Parameters: { UpdateExpression: 'SET #head = #head + :one', ConditionExpression: expect.stringContaining('AND #head < #tail'), ReturnValues: 'UPDATED_NEW' },
+      ResultSelector: { 'ticket.$': 'States.StringToJson($.Attributes.queueHead.N)', 'handoffId.$': 'States.UUID()' },
+    });
+    // Its ticket item (key: lock name, unit separator, ticket) is marked served, which returns the waiter and its token.
+    const ticketKey = { 'S.$': "States.Format('{}\u001f{}', 'db-migrations', $.handoff.next.ticket)" };
+    expect(def.States['Serve Ticket']).toMatchObject({
+      Next: 'Check Ticket',
+      ResultPath: '$.handoff.ticket',
+      Parameters: { Key: { lockName: ticketKey }, UpdateExpression: 'SET #servedBy = :servedBy', ConditionExpression: 'attribute_not_exists(#servedBy)', ReturnValues: 'ALL_NEW' },
+      Catch: [{ ErrorEquals: ['DynamoDB.ConditionalCheckFailedException'], ResultPath: null, Next: 'Read Served Ticket' }],
+    });
+    expect(def.States['Read Served Ticket']).toMatchObject({ Resource: expect.stringContaining(':states:::dynamodb:getItem'), Parameters: { Key: { lockName: ticketKey }, ConsistentRead: true } });
+    // A ticket without a waiter (skipped) sends the releaser to the next one.
+    expect(def.States['Check Ticket']).toEqual({
+      Type: 'Choice',
+      Choices: [{ Variable: '$.handoff.ticket.Item.waiter', IsPresent: true, Next: 'Hand Off Permit' }],
+      Default: 'Peek At Next Waiter',
     });
     expect(def.States['Hand Off Permit']).toMatchObject({
       Parameters: {
-        // The hand-off draws the head's fencing token itself: tokens follow the order permits are granted in.
-        UpdateExpression: 'SET #head = :entry, #fence = #fence + :one REMOVE #holder, #waiters[0], #headToken',
-        ExpressionAttributeNames: { '#headToken.$': "States.Format('waitToken:{}:{}', $.handoff.next.redriveCount, $.handoff.next.id)" },
+        Key: { lockName: { S: 'db-migrations' } },
+        // The hand-off draws the waiter's fencing token itself: tokens follow the order permits are granted in.
+        UpdateExpression: 'SET #next = :entry, #fence = #fence + :one REMOVE #holder',
+        ConditionExpression: expect.stringContaining('AND attribute_not_exists(#next)'),
+        ExpressionAttributeNames: { '#next.$': '$.handoff.ticket.Item.waiter.S' },
         ReturnValues: 'UPDATED_OLD',
       },
-      // The head's token is the one string among the old values the hand-off returns; its fencing
-      // token is the counter before the update, plus one.
-      ResultSelector: {
-        'tokens.$': '$.Attributes.*.S',
-        'wake': { 'fencingToken.$': 'States.MathAdd(States.StringToJson($.Attributes.fencingToken.N), 1)' },
-      },
+      // Its fencing token is the counter before the update, plus one.
+      ResultSelector: { 'fencingToken.$': 'States.MathAdd(States.StringToJson($.Attributes.fencingToken.N), 1)' },
+      ResultPath: '$.handoff.wake',
     });
     // The hand-off id names the releaser's run: a redriven releaser never takes back a permit its stopped run handed over.
     expect(def.States['Hand Off Permit'].Parameters.ExpressionAttributeValues[':entry'].M.handoffId).toEqual({
       'S.$': "States.Format('{}/{}', $.handoff.next.handoffId, $$.Execution.RedriveCount)",
     });
-    expect(def.States['Wake Next Waiter'].Parameters['Output.$']).toBe('States.JsonToString($.handoff.head.wake)');
-    expect(def.States['Wake Next Waiter'].Parameters['TaskToken.$']).toBe('States.ArrayGetItem($.handoff.head.tokens, 0)');
+    expect(def.States['Wake Next Waiter'].Parameters['Output.$']).toBe('States.JsonToString($.handoff.wake)');
+    expect(def.States['Wake Next Waiter'].Parameters['TaskToken.$']).toBe('$.handoff.ticket.Item.waitToken.S');
     expect(def.States['Wake Next Waiter']).toMatchObject({
       Resource: expect.stringContaining(':states:::aws-sdk:sfn:sendTaskSuccess'),
-      OutputPath: '$.output',
+      Next: 'Delete Served Ticket',
       Catch: [
         { ErrorEquals: ['Sfn.TaskTimedOutException', 'Sfn.TaskDoesNotExistException', 'Sfn.InvalidTokenException'], ResultPath: null, Next: 'Take Back Permit' },
         { ErrorEquals: ['States.ALL'], ResultPath: null, Next: 'Wake-Up Lost' },
@@ -203,13 +218,25 @@ describe('definition', () => {
     });
     // Only throttling is retried: a retried call that did wake the waiter would hear TaskTimedOut and take the permit back.
     expect(def.States['Wake Next Waiter'].Retry.map((r: any) => r.ErrorEquals)).toEqual([['Sfn.ThrottlingException']]);
-    // A hand-off hidden by a server error, confirmed by its fencing token, is taken back and handed on.
-    expect(def.States['Hand Off Permit'].Catch).toContainEqual(expect.objectContaining({ Next: 'Confirm Hand-Off' }));
-    expect(def.States['Confirm Hand-Off'].Next).toBe('Take Back Permit');
-    expect(def.States['Hand Off Permit'].Parameters.ConditionExpression).toContain('attribute_exists(#headToken)');
+    // The woken waiter never waits on its ticket again: its item goes, unless a sweep took it first.
+    expect(def.States['Delete Served Ticket']).toMatchObject({
+      Resource: expect.stringContaining(':states:::dynamodb:deleteItem'),
+      OutputPath: '$.output',
+      End: true,
+      Parameters: { Key: { lockName: ticketKey }, ConditionExpression: '#servedBy = :servedBy' },
+      Catch: [{ ErrorEquals: ['DynamoDB.ConditionalCheckFailedException'], ResultPath: null, Next: 'Served Ticket Gone' }],
+    });
+    // A hand-off hidden by a server error, confirmed by its id, is woken; one refused goes to the next ticket.
+    expect(def.States['Hand Off Permit'].Catch).toEqual([
+      { ErrorEquals: ['DynamoDB.ConditionalCheckFailedException', 'DynamoDB.AmazonDynamoDBException'], ResultPath: null, Next: 'Peek At Next Waiter' },
+      { ErrorEquals: ['DynamoDB.InternalServerErrorException'], ResultPath: null, Next: 'Confirm Hand-Off' },
+    ]);
+    expect(def.States['Confirm Hand-Off'].Next).toBe('Wake Next Waiter');
     // Confirm and take back know the hand-off by its id.
-    expect(def.States['Confirm Hand-Off'].Parameters.ConditionExpression).toBe('#head.handoffId = :handoffId');
-    expect(def.States['Take Back Permit'].Parameters.ConditionExpression).toContain('#head.handoffId = :handoffId');
+    expect(def.States['Confirm Hand-Off'].Parameters.ConditionExpression).toBe('#next.handoffId = :handoffId');
+    expect(def.States['Take Back Permit'].Parameters.ConditionExpression).toContain('#next.handoffId = :handoffId');
+    // No write anywhere changes two items at once.
+    expect(JSON.stringify(def)).not.toContain('transactWriteItems');
     expect(def.States['Fail With Original Error']).toEqual({ Type: 'Fail', ErrorPath: '$.Error', CausePath: '$.Cause' });
   });
 
@@ -223,61 +250,79 @@ describe('definition', () => {
     expect(branch.States['Poll For Permit'].End).toBe(true);
   });
 
-  test('queue: enqueues with its task token while the lock is full, and checks for a lost wake-up after queueCheckInterval', () => {
-    const props = { waitStrategy: WaitStrategy.QUEUE, queueCheckInterval: Duration.minutes(2), leaseDuration: Duration.minutes(30) };
+  test('queue: takes a ticket while the lock is full, waits on its ticket item with its task token, and checks for a lost wake-up after queueCheckInterval', () => {
+    const props = { waitStrategy: WaitStrategy.QUEUE, queueCheckInterval: Duration.minutes(2), leaseDuration: Duration.minutes(30), lockName: 'jobs' };
     const { stack, workflow: w } = workflow(props);
     const def = definitionOf(stack, w.stateMachine);
-    const wait = def.States['Wait In Queue'];
+    // The queue's states run in the Wait For Permit Parallel: the ticket stays out of the body's input.
+    expect(def.States['Acquire Permit'].Catch[0]).toMatchObject({ ErrorEquals: ['DynamoDB.ConditionalCheckFailedException'], Next: 'Wait For Permit' });
+    expect(def.States['Wait For Permit']).toMatchObject({ Type: 'Parallel', ResultPath: null, Next: 'Run Protected Body' });
+    const branch = def.States['Wait For Permit'].Branches[0];
+    expect(branch.StartAt).toBe('Take Ticket');
+    const states = branch.States;
 
+    // The ticket: the lock item's tail, one more, only while the lock is full and the execution holds nothing.
+    expect(states['Take Ticket']).toMatchObject({
+      Next: 'Wait In Queue',
+      ResultPath: '$.semaphoreTicket',
+      ResultSelector: { 'ticket.$': 'States.StringToJson($.Attributes.queueTail.N)' },
+      Parameters: {
+        Key: { lockName: { S: 'jobs' } },
+        UpdateExpression: 'SET #tail = if_not_exists(#tail, :zero) + :one, #head = if_not_exists(#head, :zero)',
+        ConditionExpression: '#permits >= :limit AND attribute_not_exists(#holder)',
+        ReturnValues: 'UPDATED_NEW',
+      },
+      Catch: [{ ErrorEquals: ['DynamoDB.ConditionalCheckFailedException'], ResultPath: null, Next: 'Check Handed-Off Permit' }],
+    });
+    const wait = states['Wait In Queue'];
     expect(wait).toMatchObject({
       Resource: expect.stringContaining(':states:::aws-sdk:dynamodb:updateItem.waitForTaskToken'),
       TimeoutSeconds: 120,
-      Next: 'Run Protected Body',
+      End: true,
       Parameters: {
-        UpdateExpression: 'SET #waiters = list_append(if_not_exists(#waiters, :emptyList), :me), #token = :token',
-        ConditionExpression: expect.stringContaining('#permits >= :limit AND attribute_not_exists(#holder) AND attribute_not_exists(#token)'),
-        ExpressionAttributeNames: { '#token.$': "States.Format('waitToken:{}:{}', $$.Execution.RedriveCount, $$.Execution.Id)" },
-        ExpressionAttributeValues: { ':token': { 'S.$': '$$.Task.Token' } },
+        Key: { lockName: { 'S.$': "States.Format('{}\u001f{}', 'jobs', $.semaphoreTicket.ticket)" } },
+        UpdateExpression: 'SET #waiter = :me, #run = :redriveCount, #lease = :lease, #limit = :limit, #token = :token',
+        // A ticket skipped while its waiter was on its way has an item marked served: refused.
+        ConditionExpression: 'attribute_not_exists(#servedBy) AND attribute_not_exists(#waiter)',
+        ExpressionAttributeValues: {
+          ':me': { 'S.$': '$$.Execution.Id' },
+          ':redriveCount': { 'N.$': 'States.JsonToString($$.Execution.RedriveCount)' },
+          ':lease': { N: '1800' },
+          ':limit': { N: '1' }, // its own limit, for the reconciler's admissions
+          ':token': { 'S.$': '$$.Task.Token' },
+        },
       },
     });
-    const me = wait.Parameters.ExpressionAttributeValues[':me'].L[0].M;
-    expect(me).toEqual({
-      id: { 'S.$': '$$.Execution.Id' },
-      redriveCount: { 'N.$': 'States.JsonToString($$.Execution.RedriveCount)' },
-      leaseSeconds: { N: '1800' },
-      concurrencyLimit: { N: '1' }, // its own limit, for the reconciler's admissions
-    });
-    // Timed out: sleep again in its place (the write's condition is the check for a lost wake-up).
-    expect(wait.Catch[0]).toMatchObject({ ErrorEquals: ['States.Timeout'], Next: 'Wait In Queue Again' });
+    // Timed out: poll once (the check for a lost wake-up), then sleep again on the same ticket.
+    expect(wait.Catch[0]).toMatchObject({ ErrorEquals: ['States.Timeout'], Next: 'Poll For Permit Again' });
     // Refused, or uncertain: look for a handed-off permit, then try to take a free one.
     expect(wait.Catch[1]).toMatchObject({ ErrorEquals: ['DynamoDb.ConditionalCheckFailedException', 'DynamoDb.InternalServerErrorException'], Next: 'Check Handed-Off Permit' });
-    expect(def.States['Check Handed-Off Permit'].Catch[0]).toMatchObject({ Next: 'Poll For Permit' });
-    // Still full: sleep again in its place, with a new token; without a place any more, queue anew.
-    expect(def.States['Poll For Permit'].Catch[0]).toMatchObject({ Next: 'Wait In Queue Again' });
-    // A waiter that gets in by polling, or finds a permit handed to it, gives up its wait token: an entry
-    // it still has in the queue is then dropped, never handed a second permit.
-    for (const name of ['Poll For Permit', 'Check Handed-Off Permit']) {
-      expect(def.States[name].Parameters.UpdateExpression).toMatch(/ REMOVE #token$/);
-      expect(def.States[name].Parameters.ExpressionAttributeNames['#token.$']).toBe("States.Format('waitToken:{}:{}', $$.Execution.RedriveCount, $$.Execution.Id)");
+    expect(states['Check Handed-Off Permit'].Catch[0]).toMatchObject({ Next: 'Poll For Permit' });
+    // Still full: a new ticket.
+    expect(states['Poll For Permit'].Catch[0]).toMatchObject({ Next: 'Take Ticket' });
+    expect(states['Poll For Permit Again'].Catch[0]).toMatchObject({ Next: 'Wait In Queue Again' });
+    // The acquire of a waiter finds a permit handed to it through the validation error (see ACQUIRE_CONDITION).
+    for (const name of ['Poll For Permit', 'Poll For Permit Again']) {
+      expect(states[name].Catch[1]).toMatchObject({ ErrorEquals: ['DynamoDB.AmazonDynamoDBException'], Next: 'Check Handed-Off Permit Again' });
     }
-    expect(def.States['Acquire Permit'].Parameters.UpdateExpression).not.toContain('REMOVE');
-    const again = def.States['Wait In Queue Again'];
+    const again = states['Wait In Queue Again'];
     expect(again).toMatchObject({
       Resource: expect.stringContaining(':states:::aws-sdk:dynamodb:updateItem.waitForTaskToken'),
       TimeoutSeconds: 120,
-      Next: 'Run Protected Body',
+      End: true,
       Parameters: {
-        UpdateExpression: 'SET #token = :token',
-        ConditionExpression: '#permits >= :limit AND attribute_not_exists(#holder) AND attribute_exists(#token)',
+        UpdateExpression: wait.Parameters.UpdateExpression,
+        // Only the ticket item this run wrote, not served yet: a redriven run never waits on its stopped run's ticket.
+        ConditionExpression: 'attribute_not_exists(#servedBy) AND #waiter = :me AND #run = :redriveCount',
       },
     });
-    // Timed out again: again in place; one transition and one write per check interval.
-    expect(again.Catch[0]).toMatchObject({ ErrorEquals: ['States.Timeout'], Next: 'Wait In Queue Again' });
-    // Refused: handed a permit (a lost wake-up), a permit free, or no place any more.
+    // Timed out again: poll again; one wait, one poll and one write per check interval.
+    expect(again.Catch[0]).toMatchObject({ ErrorEquals: ['States.Timeout'], Next: 'Poll For Permit Again' });
+    // Refused: served (a lost wake-up: the permit is its), or its ticket is gone.
     expect(again.Catch[1]).toMatchObject({ ErrorEquals: ['DynamoDb.ConditionalCheckFailedException'], Next: 'Check Handed-Off Permit Again' });
-    expect(def.States['Check Handed-Off Permit Again']).toMatchObject({ Next: 'Run Protected Body', Catch: [{ Next: 'Wait Before Next Poll' }, expect.anything()] });
+    expect(states['Check Handed-Off Permit Again']).toMatchObject({ End: true, Catch: [{ Next: 'Wait Before Next Poll' }] });
     expect(again.Catch[2]).toMatchObject({ ErrorEquals: ['DynamoDb.InternalServerErrorException'], Next: 'Check Handed-Off Permit' });
-    expect(def.States['Wait Before Next Poll'].Next).toBe('Wait In Queue');
+    expect(states['Wait Before Next Poll'].Next).toBe('Take Ticket');
   });
 
   test('rejects a permitPath that is not a field path', () => {
@@ -359,7 +404,7 @@ describe('cleanup', () => {
         // Only a permit taken by the run that stopped (or an earlier one), not by a later redrive; and
         // only while nobody waits (else it is handed to the oldest waiter).
         ConditionExpression:
-          'attribute_exists(#holder) AND (attribute_not_exists(#holder.redriveCount) OR #holder.redriveCount <= :redriveCount) AND (attribute_not_exists(#waiters) OR size(#waiters) = :zero)',
+          'attribute_exists(#holder) AND (attribute_not_exists(#holder.redriveCount) OR #holder.redriveCount <= :redriveCount) AND (attribute_not_exists(#tail) OR #head >= #tail)',
         ExpressionAttributeNames: { '#holder.$': '$.handoff.holder' },
         ExpressionAttributeValues: { ':one': { N: '1' }, ':redriveCount': { 'N.$': 'States.JsonToString($.handoff.redriveCount)' } },
       },
@@ -367,7 +412,7 @@ describe('cleanup', () => {
     });
     // After a peek that found no waiter: still only if nobody waits; refused, is it still held (look at the queue again) or not.
     expect(def.States['Release Permit Without Hand-Off Of Stopped Execution']).toMatchObject({
-      Parameters: { ConditionExpression: expect.stringContaining('size(#waiters) = :zero') },
+      Parameters: { ConditionExpression: expect.stringContaining('(attribute_not_exists(#tail) OR #head >= #tail)') },
       Catch: [{ ErrorEquals: ['DynamoDB.ConditionalCheckFailedException'], Next: 'Is Permit Still Held Of Stopped Execution', ResultPath: null }],
     });
     expect(def.States['Is Permit Still Held Of Stopped Execution']).toMatchObject({
@@ -437,6 +482,7 @@ describe('reconciler, leases and metrics', () => {
     const statements = policyStatements(template, 'WorkflowReconcilerRole');
     const actions = statements.flatMap((s) => [s.Action].flat()).sort();
     expect(actions).toEqual([
+      'dynamodb:DeleteItem', // served tickets the head has passed
       'dynamodb:GetItem',
       'dynamodb:Scan',
       'dynamodb:UpdateItem',
@@ -592,39 +638,43 @@ describe('reconciler, leases and metrics', () => {
 });
 
 describe('least privilege', () => {
-  test('the workflow may only UpdateItem, on its table, and wake waiters (SendTaskSuccess)', () => {
+  test('the workflow may only UpdateItem, read and delete (the queue\'s tickets), on its table, and wake waiters (SendTaskSuccess)', () => {
     const { template, workflow: w } = workflow();
     const tableId = logicalId(w.table.table.node.defaultChild as any);
 
     const dynamo = policyStatements(template, 'WorkflowStateMachineRole').filter((s) => JSON.stringify(s.Action).includes('dynamodb:'));
-    expect(dynamo).toEqual([
-      {
-        Action: 'dynamodb:UpdateItem',
-        Effect: 'Allow',
-        Resource: {
-          'Fn::Join': ['', ['arn:', { Ref: 'AWS::Partition' }, ':dynamodb:', { Ref: 'AWS::Region' }, ':', { Ref: 'AWS::AccountId' }, ':table/', { Ref: tableId }]],
-        },
-      },
-    ]);
+    const onTable = {
+      'Fn::Join': ['', ['arn:', { Ref: 'AWS::Partition' }, ':dynamodb:', { Ref: 'AWS::Region' }, ':', { Ref: 'AWS::AccountId' }, ':table/', { Ref: tableId }]],
+    };
+    // UpdateItem everywhere; GetItem to read a ticket another releaser served; DeleteItem for a ticket once its waiter is woken.
+    expect(dynamo.map((s) => s.Action).sort()).toEqual(['dynamodb:DeleteItem', 'dynamodb:GetItem', 'dynamodb:UpdateItem']);
+    for (const statement of dynamo) expect(statement).toEqual({ Action: statement.Action, Effect: 'Allow', Resource: onTable });
     const actions = policyStatements(template, 'WorkflowStateMachineRole').flatMap((s) => [s.Action].flat());
-    expect(actions.filter((a) => !a.startsWith('xray:') && !a.startsWith('logs:')).sort()).toEqual(['dynamodb:UpdateItem', 'states:SendTaskSuccess']);
+    expect(actions.filter((a) => !a.startsWith('xray:') && !a.startsWith('logs:')).sort()).toEqual([
+      'dynamodb:DeleteItem',
+      'dynamodb:GetItem',
+      'dynamodb:UpdateItem',
+      'states:SendTaskSuccess',
+    ]);
     // Waiters of a shared lock can be executions of any workflow: state machines of this account and Region.
     const wake = policyStatements(template, 'WorkflowStateMachineRole').find((s) => s.Action === 'states:SendTaskSuccess');
     expect(JSON.stringify(wake.Resource)).toMatch(/:stateMachine:\*"\]\]\}$/);
   });
 
-  test('the cleanup may only UpdateItem on the table, and DescribeExecution on this workflow when the lock name is in the input', () => {
+  test('the cleanup may only update, read and delete on the table, and DescribeExecution on this workflow when the lock name is in the input', () => {
     const fixed = workflow();
     const fixedActions = policyStatements(fixed.template, 'WorkflowCleanupStateMachineRole')
       .flatMap((s) => [s.Action].flat())
       .filter((a) => !a.startsWith('xray:') && !a.startsWith('logs:'));
-    expect(fixedActions.sort()).toEqual(['dynamodb:UpdateItem', 'states:SendTaskSuccess']);
+    expect(fixedActions.sort()).toEqual(['dynamodb:DeleteItem', 'dynamodb:GetItem', 'dynamodb:UpdateItem', 'states:SendTaskSuccess']);
 
     const runtime = workflow({ lockName: sfn.JsonPath.stringAt('$.tenant') });
     const statements = policyStatements(runtime.template, 'WorkflowCleanupStateMachineRole');
     const describe = statements.find((s) => s.Action === 'states:DescribeExecution');
     expect(JSON.stringify(describe.Resource)).toMatch(/:execution:/);
     expect(statements.flatMap((s) => [s.Action].flat()).filter((a) => !a.startsWith('xray:') && !a.startsWith('logs:')).sort()).toEqual([
+      'dynamodb:DeleteItem',
+      'dynamodb:GetItem',
       'dynamodb:UpdateItem',
       'states:DescribeExecution',
       'states:SendTaskSuccess',

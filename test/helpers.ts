@@ -3,6 +3,7 @@ import * as lambda from 'aws-cdk-lib/aws-lambda';
 import * as sfn from 'aws-cdk-lib/aws-stepfunctions';
 import * as tasks from 'aws-cdk-lib/aws-stepfunctions-tasks';
 import { Execution, lockStates, Simulator, TaskContext } from '../simulator';
+import { TICKET_KEY_SEPARATOR } from '../src/private/lock-schema';
 import { ConcurrencyControlledWorkflow, ConcurrencyControlledWorkflowProps } from '../src';
 
 /** A stack with one workflow whose body is a Lambda task ("Do Work") the simulator runs locally. */
@@ -77,4 +78,18 @@ export function statuses(executions: Execution[]): Record<string, number> {
   const result: Record<string, number> = {};
   for (const e of executions) result[e.status] = (result[e.status] ?? 0) + 1;
   return result;
+}
+
+/**
+ * The waiters of a lock's queue in ticket order: each unserved ticket item past the lock's head, with
+ * the waiter on it and the run that waits.
+ */
+export async function queuedWaiters(sim: Simulator, lockName: string, table = 'WorkflowLockTable'): Promise<Array<[string, string]>> {
+  const items = await sim.scan(table);
+  const head = Number(items.find((i) => i.lockName.S === lockName)?.queueHead?.N ?? '0');
+  const prefix = `${lockName}${TICKET_KEY_SEPARATOR}`;
+  return items
+    .filter((i) => i.lockName.S!.startsWith(prefix) && Number(i.lockName.S!.slice(prefix.length)) > head && i.servedBy === undefined && i.waiter !== undefined)
+    .sort((x, y) => Number(x.lockName.S!.slice(prefix.length)) - Number(y.lockName.S!.slice(prefix.length)))
+    .map((i) => [i.waiter.S!, i.redriveCount.N!]);
 }

@@ -43,7 +43,7 @@ describe('the checker finds the races of issue 14 when they are planted back', (
         const p = state.Parameters;
         if (p?.UpdateExpression !== CLAIM_UPDATE) return;
         p.ConditionExpression = RELEASE_CONDITION;
-        p.UpdateExpression = 'SET #fence = if_not_exists(#fence, :zero) + :one, #holder.claimed = :claimed REMOVE #token';
+        p.UpdateExpression = 'SET #fence = if_not_exists(#fence, :zero) + :one, #holder.claimed = :claimed';
         delete p.ExpressionAttributeValues[':acquiredAt'];
         delete p.ExpressionAttributeValues[':redriveCount.$'];
         delete p.ExpressionAttributeValues[':acquiredAt.$'];

@@ -1,6 +1,6 @@
 import { CreateTableCommand } from '@aws-sdk/client-dynamodb';
 import { configNamed } from '../checker/configs';
-import { Item, ModelDynamoDb, stableStringify, UpdateItemInput } from '../checker/dynamodb-model';
+import { DeleteItemInput, Item, ModelDynamoDb, stableStringify, UpdateItemInput } from '../checker/dynamodb-model';
 import { RecordedUpdate } from '../checker/model';
 import { checkConfig } from '../checker/run';
 import { LocalDynamoDb } from '../simulator';
@@ -14,10 +14,23 @@ import {
   LOCK_KEY,
   NAMES,
   PERMITS_IN_USE,
+  DELETE_SERVED_CONDITION,
+  FIRST_WAIT_CONDITION,
+  QUEUE_HEAD,
   QUEUE_NAMES,
+  QUEUE_TAIL,
   QUEUE_VALUES,
+  SERVE_TICKET_CONDITION,
+  SERVE_TICKET_UPDATE,
+  TAKE_TICKET_CONDITION,
+  TAKE_TICKET_UPDATE,
+  ticketKey,
+  TICKET_SERVED_BY,
+  TICKET_WAIT_TOKEN,
+  TICKET_WAITER,
   VALUES,
-  waitTokenAttribute,
+  WAIT_AGAIN_CONDITION,
+  WAIT_ON_TICKET_UPDATE,
 } from '../src/private/lock-schema';
 
 /*
@@ -58,8 +71,12 @@ async function ensureTable(name: string, attempt = 1): Promise<void> {
   created.add(name);
 }
 
+/** A request, and which call it is (UpdateItem unless told). */
+type Request = UpdateItemInput | (DeleteItemInput & { UpdateExpression?: undefined });
+const callOf = (input: Request) => (input.UpdateExpression === undefined ? 'DeleteItem' : 'UpdateItem');
+
 /** The outcome of a request on dynalite, from the item `before`. */
-async function onDynalite(before: Item | undefined, input: UpdateItemInput): Promise<Omit<RecordedUpdate, 'input' | 'before'>> {
+async function onDynalite(before: Item | undefined, input: Request): Promise<Omit<RecordedUpdate, 'input' | 'before'>> {
   await ensureTable(input.TableName);
   const db = await started!;
   if (before) await db.call('PutItem', { TableName: input.TableName, Item: before });
@@ -67,7 +84,7 @@ async function onDynalite(before: Item | undefined, input: UpdateItemInput): Pro
   let error: string | undefined;
   let attributes: Item | undefined;
   try {
-    attributes = (await db.call('UpdateItem', input)).Attributes as Item | undefined;
+    attributes = (await db.call(callOf(input), input)).Attributes as Item | undefined;
   } catch (e) {
     error = (e as Error).name;
   }
@@ -76,14 +93,14 @@ async function onDynalite(before: Item | undefined, input: UpdateItemInput): Pro
 }
 
 /** The outcome of a request on the model, from the item `before`. */
-function onModel(before: Item | undefined, input: UpdateItemInput): Omit<RecordedUpdate, 'input' | 'before'> {
+function onModel(before: Item | undefined, input: Request): Omit<RecordedUpdate, 'input' | 'before'> {
   const key = stableStringify([input.Key[LOCK_KEY]]);
   const tables = { [input.TableName]: before ? { [key]: JSON.parse(JSON.stringify(before)) } : {} };
   const model = new ModelDynamoDb(tables, { [input.TableName]: [LOCK_KEY] });
   let error: string | undefined;
   let attributes: Item | undefined;
   try {
-    attributes = model.updateItem(input).Attributes;
+    attributes = (input.UpdateExpression === undefined ? model.deleteItem(input) : model.updateItem(input)).Attributes;
   } catch (e) {
     error = (e as Error).name;
   }
@@ -120,7 +137,7 @@ const claim = (run: number): UpdateItemInput => ({
   Key: key,
   ConditionExpression: CLAIM_CONDITION,
   UpdateExpression: CLAIM_UPDATE,
-  ExpressionAttributeNames: { [NAMES.holder]: holder, [NAMES.fence]: FENCING_TOKEN, [QUEUE_NAMES.token]: waitTokenAttribute(holder, run) },
+  ExpressionAttributeNames: { [NAMES.holder]: holder, [NAMES.fence]: FENCING_TOKEN },
   ExpressionAttributeValues: {
     [VALUES.zero]: { N: '0' },
     [VALUES.one]: { N: '1' },
@@ -131,14 +148,70 @@ const claim = (run: number): UpdateItemInput => ({
   ReturnValues: 'UPDATED_NEW',
 });
 
+const takeTicket = (): UpdateItemInput => ({
+  TableName: TABLE,
+  Key: key,
+  ConditionExpression: TAKE_TICKET_CONDITION,
+  UpdateExpression: TAKE_TICKET_UPDATE,
+  ExpressionAttributeNames: { [NAMES.permits]: PERMITS_IN_USE, [NAMES.holder]: holder, [QUEUE_NAMES.tail]: QUEUE_TAIL, [QUEUE_NAMES.head]: QUEUE_HEAD },
+  ExpressionAttributeValues: { [VALUES.limit]: { N: '1' }, [VALUES.zero]: { N: '0' }, [VALUES.one]: { N: '1' } },
+  ReturnValues: 'UPDATED_NEW',
+});
+const ticketItemKey = { [LOCK_KEY]: { S: ticketKey('lock', 4) } };
+const ticket = (extra: Item = {}): Item => ({ ...ticketItemKey, ...extra });
+const mine = (run: number): Item => ({
+  [TICKET_WAITER]: { S: holder },
+  redriveCount: { N: String(run) },
+  leaseSeconds: { N: '0' },
+  [CONCURRENCY_LIMIT]: { N: '1' },
+  [TICKET_WAIT_TOKEN]: { S: 'token-0' },
+});
+const waitOnTicket = (condition: string, run: number): UpdateItemInput => ({
+  TableName: TABLE,
+  Key: ticketItemKey,
+  ConditionExpression: condition,
+  UpdateExpression: WAIT_ON_TICKET_UPDATE,
+  ExpressionAttributeNames: {
+    [QUEUE_NAMES.servedBy]: TICKET_SERVED_BY,
+    [QUEUE_NAMES.waiter]: TICKET_WAITER,
+    [QUEUE_NAMES.run]: 'redriveCount',
+    [QUEUE_NAMES.lease]: 'leaseSeconds',
+    [QUEUE_NAMES.token]: TICKET_WAIT_TOKEN,
+    [NAMES.limit]: CONCURRENCY_LIMIT,
+  },
+  ExpressionAttributeValues: {
+    [QUEUE_VALUES.me]: { S: holder },
+    [VALUES.redriveCount]: { N: String(run) },
+    [QUEUE_VALUES.lease]: { N: '0' },
+    [VALUES.limit]: { N: '1' },
+    [QUEUE_VALUES.token]: { S: `token-${run}-renewed` },
+  },
+});
+const serve = (servedBy: string): UpdateItemInput => ({
+  TableName: TABLE,
+  Key: ticketItemKey,
+  ConditionExpression: SERVE_TICKET_CONDITION,
+  UpdateExpression: SERVE_TICKET_UPDATE,
+  ExpressionAttributeNames: { [QUEUE_NAMES.servedBy]: TICKET_SERVED_BY },
+  ExpressionAttributeValues: { [QUEUE_VALUES.servedBy]: { S: servedBy } },
+  ReturnValues: 'ALL_NEW',
+});
+const deleteServed = (servedBy: string): Request => ({
+  TableName: TABLE,
+  Key: ticketItemKey,
+  ConditionExpression: DELETE_SERVED_CONDITION,
+  ExpressionAttributeNames: { [QUEUE_NAMES.servedBy]: TICKET_SERVED_BY },
+  ExpressionAttributeValues: { [QUEUE_VALUES.servedBy]: { S: servedBy } },
+});
+
 describe('edge cases the protocol relies on, on the model and on dynalite alike', () => {
   const lock = (extra: Item = {}): Item => ({ ...key, [PERMITS_IN_USE]: { N: '1' }, [CONCURRENCY_LIMIT]: { N: '1' }, [FENCING_TOKEN]: { N: '4' }, ...extra });
-  test.each<[string, Item | undefined, UpdateItemInput, string | undefined]>([
+  test.each<[string, Item | undefined, Request, string | undefined]>([
     ['the first acquire creates the lock item', undefined, acquire(1), undefined],
     ['an acquire on a full lock is refused', lock({ other: entry(0) }), acquire(1), 'ConditionalCheckFailedException'],
     ['an acquire that finds its own entry fails on it (ValidationException), whether the lock is full or not', lock({ [holder]: entry(0) }), acquire(1), 'ValidationException'],
     ['... also below the limit', lock({ [holder]: entry(0) }), acquire(5), 'ValidationException'],
-    ['a claim stamps the run on an entry of an earlier run', lock({ [holder]: entry(0), [waitTokenAttribute(holder, 1)]: { S: 'token' } }), claim(1), undefined],
+    ['a claim stamps the run on an entry of an earlier run', lock({ [holder]: entry(0) }), claim(1), undefined],
     ['a claim is refused on an entry of a later run', lock({ [holder]: entry(2) }), claim(1), 'ConditionalCheckFailedException'],
     ['a claim is refused without an entry', lock(), claim(1), 'ConditionalCheckFailedException'],
     [
@@ -153,20 +226,22 @@ describe('edge cases the protocol relies on, on the model and on dynalite alike'
       },
       'ValidationException',
     ],
-    [
-      'a list element removed, another appended, UPDATED_OLD',
-      lock({ waiters: { L: [{ M: { id: { S: 'x' } } }, { M: { id: { S: 'y' } } }] } }),
-      {
-        TableName: TABLE,
-        Key: key,
-        ConditionExpression: '#w[0].id = :x AND size(#w) > :one',
-        UpdateExpression: 'SET #n = #w[0], #p = list_append(#p2, :l) REMOVE #w[0]',
-        ExpressionAttributeNames: { '#w': 'waiters', '#n': 'next', '#p': 'other', '#p2': 'waiters' },
-        ExpressionAttributeValues: { ':x': { S: 'x' }, ':one': { N: '1' }, ':l': { L: [{ S: 'z' }] } },
-        ReturnValues: 'UPDATED_OLD',
-      },
-      undefined,
-    ],
+    ['a ticket is taken on a full lock: the first creates both counters', lock({ other: entry(0) }), takeTicket(), undefined],
+    ['... and the next is the tail plus one', lock({ other: entry(0), [QUEUE_HEAD]: { N: '3' }, [QUEUE_TAIL]: { N: '5' } }), takeTicket(), undefined],
+    ['a ticket is refused below the limit', lock({ [PERMITS_IN_USE]: { N: '0' } }), takeTicket(), 'ConditionalCheckFailedException'],
+    ['a ticket is refused to a holder', lock({ [holder]: entry(0) }), takeTicket(), 'ConditionalCheckFailedException'],
+    ['the first wait writes an unwritten ticket item', undefined, waitOnTicket(FIRST_WAIT_CONDITION, 0), undefined],
+    ['the first wait is refused on a ticket skipped meanwhile (served, no waiter)', ticket({ [TICKET_SERVED_BY]: { S: 'h/0' } }), waitOnTicket(FIRST_WAIT_CONDITION, 0), 'ConditionalCheckFailedException'],
+    ['a wait again renews the token of its own run', ticket(mine(0)), waitOnTicket(WAIT_AGAIN_CONDITION, 0), undefined],
+    ['a wait again is refused on the ticket of another run', ticket(mine(0)), waitOnTicket(WAIT_AGAIN_CONDITION, 1), 'ConditionalCheckFailedException'],
+    ['a wait again is refused once served', ticket({ ...mine(0), [TICKET_SERVED_BY]: { S: 'h/0' } }), waitOnTicket(WAIT_AGAIN_CONDITION, 0), 'ConditionalCheckFailedException'],
+    ['a wait again is refused once the item is gone', undefined, waitOnTicket(WAIT_AGAIN_CONDITION, 0), 'ConditionalCheckFailedException'],
+    ['serving returns the whole ticket (ALL_NEW)', ticket(mine(0)), serve('h/0'), undefined],
+    ['serving a missing ticket creates it marked and without a waiter', undefined, serve('h/0'), undefined],
+    ['serving a ticket served already is refused', ticket({ ...mine(0), [TICKET_SERVED_BY]: { S: 'h/0' } }), serve('h/1'), 'ConditionalCheckFailedException'],
+    ['the releaser deletes the ticket it served', ticket({ ...mine(0), [TICKET_SERVED_BY]: { S: 'h/0' } }), deleteServed('h/0'), undefined],
+    ['... and not one another releaser served', ticket({ ...mine(0), [TICKET_SERVED_BY]: { S: 'h/1' } }), deleteServed('h/0'), 'ConditionalCheckFailedException'],
+    ['... nor a missing one', undefined, deleteServed('h/0'), 'ConditionalCheckFailedException'],
     [
       'an unused expression attribute value is a ValidationException',
       lock(),

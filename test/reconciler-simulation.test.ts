@@ -3,8 +3,8 @@ import { CfnElement, Duration } from 'aws-cdk-lib';
 import { GRACE_MS } from '../lambda/reconciler-flows';
 import { LockMonitor, seededRandom, Simulator } from '../simulator';
 import { WaitStrategy } from '../src';
-import { lockState, logicalId, stateMachineLogicalId, statuses, WorkTracker, workflowStack } from './helpers';
-import { ACQUIRE_CONDITION, ACQUIRE_UPDATE, CONCURRENCY_LIMIT, FENCING_TOKEN, LOCK_KEY, NAMES, PERMITS_IN_USE, VALUES, WAITERS } from '../src/private/lock-schema';
+import { lockState, logicalId, queuedWaiters, stateMachineLogicalId, statuses, WorkTracker, workflowStack } from './helpers';
+import { ACQUIRE_CONDITION, ACQUIRE_UPDATE, CONCURRENCY_LIMIT, FENCING_TOKEN, LOCK_KEY, NAMES, PERMITS_IN_USE, VALUES } from '../src/private/lock-schema';
 
 /*
  * The reconciler, run from its bundled code in the simulator against the synthesized workflow: it
@@ -145,8 +145,8 @@ test('the queue: the sweep drops a waiter stopped while queued and hands the per
     expect(waiters.every((e) => e.status === 'RUNNING' && e.stateTransitions.get('Wait In Queue') === 1)).toBe(true);
     b.abort('Test.Stop', 'stopped while queued');
     await sim.sleep(5);
-    const queued = async () => ((await sim.scan('WorkflowLockTable'))[0][WAITERS].L ?? []).map((w) => w.M!.id.S);
-    expect(await queued()).toEqual([a.arn, b.arn, c.arn]); // its cleanup found nothing held; its entry stays
+    const queued = async () => (await queuedWaiters(sim, 'TestStack/Workflow')).map(([waiter]) => waiter);
+    expect(await queued()).toEqual([a.arn, b.arn, c.arn]); // its cleanup found nothing held; its ticket stays
     await sim.sleep(GRACE_MS / 1000); // the sweep leaves an entry younger than its grace period
 
     const result = await sweep(sim);
@@ -363,7 +363,7 @@ describe('redrive guard', () => {
     const sim: Simulator = await Simulator.start(stack, {
       lambdaHandlers: {
         [workFunctionId]: async (input, context) => {
-          if (input.name === 'waiter') entryInBody = (await sim.scan('WorkflowLockTable'))[0][context.execution.arn];
+          if (input.name === 'waiter') entryInBody = (await sim.scan('WorkflowLockTable')).find((i) => i.lockName.S === 'TestStack/Workflow')![context.execution.arn];
           return work.handler(input, context);
         },
       },
@@ -377,12 +377,12 @@ describe('redrive guard', () => {
       expect(waiter.stateTransitions.get('Wait In Queue')).toBe(1);
       waiter.abort('Test.Stop', 'stopped while queued');
       await sim.sleep(5);
-      const queue = async () => ((await sim.scan('WorkflowLockTable'))[0][WAITERS].L ?? []).map((w) => [w.M!.id.S, w.M!.redriveCount.N]);
-      expect(await queue()).toEqual([[waiter.arn, '0']]); // its cleanup found nothing held; the entry stays
+      const queue = () => queuedWaiters(sim, 'TestStack/Workflow');
+      expect(await queue()).toEqual([[waiter.arn, '0']]); // its cleanup found nothing held; the ticket stays
 
       const redriven = sim.redriveExecution(waiter.arn); // resolves when the new run ends
-      // Redriven before the body, the guard leaves it to the workflow. The new run's wait token is named
-      // by its run, so it never renews the stopped run's entry: it queues behind it, on one of its own.
+      // Redriven before the body, the guard leaves it to the workflow. The new run's wait on the stopped
+      // run's ticket is refused (written by another run): it takes a ticket of its own, behind it.
       await sim.sleep(5);
       expect(await queue()).toEqual([
         [waiter.arn, '0'],

@@ -84,7 +84,7 @@ describe('SemaphoreTable', () => {
     expect(stmts[1].Action).not.toContain('dynamodb:UpdateItem');
   });
 
-  test('grants a client (the CLI) UpdateItem and GetItem on this table, the key, and SendTaskSuccess to wake queued executions', () => {
+  test('grants a client (the CLI) UpdateItem, GetItem and DeleteItem on this table, the key, and SendTaskSuccess to wake queued executions', () => {
     const stack = newStack();
     const role = new iam.Role(stack, 'Role', { assumedBy: new iam.AccountRootPrincipal() });
     const key = new kms.Key(stack, 'Key');
@@ -94,7 +94,7 @@ describe('SemaphoreTable', () => {
     const [policy] = Object.values(Template.fromStack(stack).findResources('AWS::IAM::Policy')) as any[];
     const stmts = policy.Properties.PolicyDocument.Statement;
     expect(stmts).toContainEqual({
-      Action: ['dynamodb:UpdateItem', 'dynamodb:GetItem'],
+      Action: ['dynamodb:UpdateItem', 'dynamodb:GetItem', 'dynamodb:DeleteItem'],
       Effect: 'Allow',
       Resource: [{ 'Fn::GetAtt': [expect.stringMatching(/^LocksTable/), 'Arn'] }, { Ref: 'AWS::NoValue' }],
     });
@@ -104,8 +104,9 @@ describe('SemaphoreTable', () => {
       Resource: { 'Fn::Join': ['', ['arn:', { Ref: 'AWS::Partition' }, ':states:', { Ref: 'AWS::Region' }, ':', { Ref: 'AWS::AccountId' }, ':stateMachine:*']] },
     });
     expect(stmts).toContainEqual(expect.objectContaining({ Action: expect.arrayContaining(['kms:Decrypt', 'kms:Encrypt']) }));
-    // Nothing else: no Scan, no DeleteItem, no other service.
+    // Nothing else: no Scan, no other service (DeleteItem: a served ticket once its waiter is woken).
     expect(stmts.flatMap((st: any) => [st.Action].flat()).filter((a: string) => !a.startsWith('kms:')).sort()).toEqual([
+      'dynamodb:DeleteItem',
       'dynamodb:GetItem',
       'dynamodb:UpdateItem',
       'states:SendTaskSuccess',

@@ -6,7 +6,7 @@ import * as tasks from 'aws-cdk-lib/aws-stepfunctions-tasks';
 import { ConcurrencyControlledWorkflow, SemaphoreTable, WaitStrategy } from '../src';
 import { lockState, logicalId, stateMachineLogicalId, statuses, WorkTracker, workflowStack } from './helpers';
 import { Execution, LockMonitor, seededRandom, Simulator, SimulatorOptions, TaskContext } from '../simulator';
-import { waitTokenAttribute } from '../src/private/lock-schema';
+import { isTicketKey, ticketKey } from '../src/private/lock-schema';
 
 /*
  * Executed behaviour: the synthesized workflow and cleanup state machines run in the local simulator
@@ -389,10 +389,12 @@ function heldBodies(names: string[]) {
 
 /** Questions on the workflow's lock item about the execution named `name`, and a wait until one holds. */
 function lockProbes(sim: () => Simulator) {
-  const item = async () => (await sim().scan('WorkflowLockTable'))[0];
+  const items = async () => sim().scan('WorkflowLockTable');
+  const item = async () => (await items()).find((i) => i.lockName.S === 'TestStack/Workflow');
   return {
     holds: async (name: string) => (await item())?.[`${ARN_PREFIX}${name}`] !== undefined,
-    queued: async (name: string) => ((await item())?.waiters?.L ?? []).some((w) => w.M!.id.S === `${ARN_PREFIX}${name}`),
+    // Waiting on a ticket: its ticket item names it and is not served yet.
+    queued: async (name: string) => (await items()).some((i) => isTicketKey(i.lockName.S!) && i.waiter?.S === `${ARN_PREFIX}${name}` && i.servedBy === undefined),
     until: async (condition: () => Promise<boolean>) => {
       for (let i = 0; i < 600 && !(await condition()); i++) await sim().sleep(0.5);
     },
@@ -560,23 +562,22 @@ describe('the queue', () => {
     }
   });
 
-  test('two releases peek at the same head: the one that loses looks again at once and hands its permit to the next', async () => {
-    // A and B hold both permits, C and D wait. Both releases read C as the head; A's hand-off lands
-    // first, so B's is refused. B must not start over with a give-back the queue refuses anyway.
+  test('two releases at once claim different tickets: each hands its permit to its own waiter, neither retries', async () => {
+    // A and B hold both permits, C and D wait. Both releases claim a ticket before either hands off:
+    // each claim moves the head, so they serve different waiters instead of racing for C.
     const { stack, workflow, workFunctionId } = workflowStack({ concurrencyLimit: 2, waitStrategy: WaitStrategy.QUEUE });
     const { finish, body } = heldBodies(['A', 'B', 'C']);
     let sim!: Simulator;
-    const { holds, queued, until } = lockProbes(() => sim);
-    const peeked: string[] = [];
+    const { queued, until } = lockProbes(() => sim);
+    const claimed: string[] = [];
     const taskHandlers = {
       'Peek At Next Waiter': async (input: any, context: TaskContext) => {
         const out: any = await updateItem(input, context);
-        peeked.push(`${context.execution.name}:${out.Attributes.nextWaiter.M.id.S.slice(ARN_PREFIX.length)}`);
+        claimed.push(`${context.execution.name}:${out.Attributes.queueHead.N}`);
         return out;
       },
-      'Hand Off Permit': async (input: any, context: TaskContext) => {
-        if (context.execution.name === 'A') await until(async () => peeked.includes('B:C'));
-        if (context.execution.name === 'B' && !(await holds('C'))) await until(() => holds('C'));
+      'Serve Ticket': async (input: any, context: TaskContext) => {
+        await until(async () => claimed.length === 2);
         return updateItem(input, context);
       },
     };
@@ -593,34 +594,36 @@ describe('the queue', () => {
       finish.get('A')!();
       finish.get('B')!();
       await Promise.all([a.done, b.done, d.done]);
-      // C, served by A, holds its permit until now.
       finish.get('C')!();
       await c.done;
       await sim.idle();
 
       expect([a, b, c, d].map((e) => e.status)).toEqual(['SUCCEEDED', 'SUCCEEDED', 'SUCCEEDED', 'SUCCEEDED']);
-      expect(peeked.slice(0, 3).sort()).toEqual(['A:C', 'B:C', 'B:D']);
-      // B's hand-off to C was refused; the head was not a served waiter of its own, so nothing was
-      // dropped; B peeked again straight away (no second Release Permit) and handed its permit to D.
-      expect(b.stateTransitions.get('Hand Off Permit')).toBe(2);
-      expect(b.stateTransitions.get('Drop Served Waiter')).toBe(1);
-      expect(b.stateTransitions.get('Release Permit')).toBe(1);
-      expect(b.stateTransitions.get('Peek At Next Waiter')).toBe(2);
-      expect(b.stateTransitions.get('Wake Next Waiter')).toBe(1);
+      // Tickets 1 (C) and 2 (D), one to each releaser.
+      expect(claimed.map((x) => x.split(':')[1]).sort()).toEqual(['1', '2']);
+      expect(new Set(claimed.map((x) => x.split(':')[0]))).toEqual(new Set(['A', 'B']));
+      for (const releaser of [a, b]) {
+        // One give-back refused (tickets wait), one claim, one serve, one hand-off, one wake-up, one delete.
+        for (const state of ['Release Permit', 'Peek At Next Waiter', 'Serve Ticket', 'Hand Off Permit', 'Wake Next Waiter', 'Delete Served Ticket']) {
+          expect([releaser.name, state, releaser.stateTransitions.get(state)]).toEqual([releaser.name, state, 1]);
+        }
+      }
       // Both waiters were woken, not left to find their permit when their wait timed out.
       expect([c, d].every((e) => e.stateTransitions.get('Wait In Queue') === 1 && !e.stateTransitions.has('Wait In Queue Again'))).toBe(true);
       expect(await lockState(sim)).toEqual([{ lockName: 'TestStack/Workflow', permitsInUse: 0, holders: [] }]);
+      // Served tickets leave nothing behind: the lock item is all the table holds.
+      expect((await sim.scan('WorkflowLockTable')).map((i) => i.lockName.S)).toEqual(['TestStack/Workflow']);
     } finally {
       await sim.stop();
     }
   });
 
-  test('a waiter that gets in by polling gives up its wait token: its entry left in the queue is dropped, not handed a permit', async () => {
+  test('a waiter that gets in by polling: its ticket, served later by its own release, is never handed a second permit', async () => {
     const props = { concurrencyLimit: 1, waitStrategy: WaitStrategy.QUEUE, queueCheckInterval: Duration.seconds(30) };
     const { stack, workflow, workFunctionId } = workflowStack(props);
-    let itemInBody: Record<string, any> | undefined;
+    let itemsInBody: Array<Record<string, any>> | undefined;
     const body = async (input: any, context: TaskContext) => {
-      if (context.execution.name === 'waiter') itemInBody = (await context.simulator.scan('WorkflowLockTable'))[0];
+      if (context.execution.name === 'waiter') itemsInBody = await context.simulator.scan('WorkflowLockTable');
       await context.simulator.sleep(input.seconds, context.signal);
       return {};
     };
@@ -645,13 +648,17 @@ describe('the queue', () => {
       await waiter.done;
 
       expect(waiter.status).toBe('SUCCEEDED');
-      expect(waiter.stateTransitions.get('Poll For Permit')).toBe(1);
-      // Inside, it held the permit; its entry was still queued, but without a token.
-      expect(itemInBody![waiter.arn]).toBeDefined();
-      expect(itemInBody!.waiters.L.map((w: any) => w.M.id.S)).toEqual([waiter.arn]);
-      expect(itemInBody![waitTokenAttribute(waiter.arn, 0)]).toBeUndefined();
-      // Its own release dropped the entry (it could never be served) and gave the permit back.
-      expect(waiter.stateTransitions.get('Drop Served Waiter')).toBe(1);
+      expect(waiter.stateTransitions.get('Poll For Permit Again')).toBe(1);
+      // Inside, it held the permit, and its ticket still waited.
+      const lockInBody = itemsInBody!.find((i) => i.lockName.S === 'TestStack/Workflow')!;
+      expect(lockInBody[waiter.arn]).toBeDefined();
+      expect([lockInBody.queueHead.N, lockInBody.queueTail.N]).toEqual(['0', '1']);
+      expect(itemsInBody!.find((i) => i.lockName.S === ticketKey('TestStack/Workflow', 1))).toMatchObject({ waiter: { S: waiter.arn } });
+      // Its own release claimed that ticket, and the hand-off to itself was refused: no wake-up, and
+      // the permit was given back.
+      expect(waiter.stateTransitions.get('Hand Off Permit')).toBe(1);
+      expect(waiter.stateTransitions.has('Wake Next Waiter')).toBe(false);
+      expect(waiter.stateTransitions.get('Release Permit Without Hand-Off')).toBe(1);
       holder.abort('Test.Stop', 'done with it');
       await holder.done;
       await sim.idle();
