@@ -12,6 +12,7 @@ import {
   HOLDER_LEASE_SECONDS,
   isExecutionHolder,
   LOCK_KEY,
+  MAX_LOCK_NAME_LENGTH,
   NAMES,
   PERMITS_IN_USE,
   RELEASE_CONDITION,
@@ -37,6 +38,7 @@ import {
   TICKET_SERVED_BY,
   TICKET_WAIT_TOKEN,
   TICKET_WAITER,
+  TICKET_KEY_SEPARATOR,
 } from '../src/private/lock-schema';
 import { deleteServedTicket, readTicket, serveTicket, waitingTickets } from './ticket-queue';
 
@@ -181,6 +183,7 @@ export class SemaphoreClient {
 
   /** Take a permit; undefined when none became free within the wait. */
   public async acquire(lockName: string, options: AcquireOptions = {}): Promise<Lease | undefined> {
+    validLockName(lockName);
     const leaseSeconds = options.leaseSeconds ?? 900;
     positive('leaseSeconds', leaseSeconds);
     const waitSeconds = options.waitSeconds ?? 0;
@@ -218,6 +221,7 @@ export class SemaphoreClient {
 
   /** Extend a lease to `leaseSeconds` from now: its new end (epoch ms), or undefined when it is not held (any more). */
   public async renew(lockName: string, leaseId: string, leaseSeconds = 900): Promise<number | undefined> {
+    validLockName(lockName);
     positive('leaseSeconds', leaseSeconds);
     notAnExecution(leaseId);
     const expiresAt = Date.now() + leaseSeconds * 1000;
@@ -231,6 +235,7 @@ export class SemaphoreClient {
 
   /** Give a lease's permit back; false when it is not held (any more). An execution's permit needs forceRelease. */
   public async release(lockName: string, leaseId: string): Promise<boolean> {
+    validLockName(lockName);
     notAnExecution(leaseId);
     return this.run(releaseHolder(this.protocol(), lockName, leaseId));
   }
@@ -240,11 +245,13 @@ export class SemaphoreClient {
    * For operators; false when the holder holds nothing.
    */
   public async forceRelease(lockName: string, holder: string): Promise<boolean> {
+    validLockName(lockName);
     return this.run(releaseHolder(this.protocol(), lockName, holder));
   }
 
   /** The lock's holders, their ages and leases, the count and the last limit. */
   public async status(lockName: string): Promise<LockStatus> {
+    validLockName(lockName);
     const item = await this.run(getItem(this.tableName, lockName));
     const now = Date.now();
     const holders: HolderStatus[] = [];
@@ -576,6 +583,16 @@ function limits(own: number, item: Record<string, AttributeValue> | undefined): 
 function notAnExecution(holder: string): void {
   if (isExecutionHolder(holder)) {
     throw new Error(`${holder} is an execution, not a lease: its permit lasts as long as it runs (forceRelease frees it)`);
+  }
+}
+
+/** A lock name the table can key: 1 to MAX_LOCK_NAME_LENGTH characters, without the ticket key separator. */
+function validLockName(lockName: string): void {
+  if (typeof lockName !== 'string' || lockName.length === 0 || lockName.length > MAX_LOCK_NAME_LENGTH) {
+    throw new Error(`the lock name must be 1 to ${MAX_LOCK_NAME_LENGTH} characters long, got: ${JSON.stringify(String(lockName).slice(0, 40))}`);
+  }
+  if (lockName.includes(TICKET_KEY_SEPARATOR)) {
+    throw new Error(`the lock name must not contain the character U+001F (it keys the queue's ticket items), got: ${JSON.stringify(lockName.slice(0, 40))}`);
   }
 }
 

@@ -14,7 +14,7 @@ import { numberValue, stringValue } from './private/runtime-value';
 import { stateMachineLogs } from './private/state-machine-defaults';
 import { STATE } from './private/state-names';
 import { validateConcurrencyLimit, validateLockName, validatePermitPath, validateWholeSeconds } from './private/validation';
-import { ACQUIRE_TIMEOUT_ERROR, INVALID_LIMIT_ERROR, renderDefinition } from './private/workflow-definition';
+import { ACQUIRE_TIMEOUT_ERROR, INVALID_LIMIT_ERROR, INVALID_LOCK_NAME_ERROR, renderDefinition } from './private/workflow-definition';
 import { SemaphoreReconciler } from './semaphore-reconciler';
 import { ISemaphoreTable, SemaphoreTable } from './semaphore-table';
 import { WaitStrategy } from './wait-strategy';
@@ -251,6 +251,12 @@ export class ConcurrencyControlledWorkflow extends Construct {
    * Error of an execution whose `concurrencyLimit`, read from its input, is not a number of at least 1.
    */
   public static readonly INVALID_LIMIT_ERROR: string = INVALID_LIMIT_ERROR;
+
+  /**
+   * Error of an execution whose `lockName`, read from its input, is missing, not a string, empty, or
+   * contains the character U+001F (which keys the queue's ticket items).
+   */
+  public static readonly INVALID_LOCK_NAME_ERROR: string = INVALID_LOCK_NAME_ERROR;
 
   /**
    * The protected state machine.

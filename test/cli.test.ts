@@ -517,6 +517,14 @@ describe('run', () => {
   });
 });
 
+describe('lock names', () => {
+  test('the client refuses a lock name it cannot key: empty, too long, or with the ticket key separator (U+001F)', async () => {
+    await expect(client().acquire('')).rejects.toThrow('the lock name must be 1 to 255 characters long, got: ""');
+    await expect(client().status('x'.repeat(256))).rejects.toThrow(/the lock name must be 1 to 255 characters long/);
+    await expect(client().release('jobs\u001f1', 'lease-x')).rejects.toThrow('the lock name must not contain the character U+001F (it keys the queue\'s ticket items), got: "jobs\\u001f1"');
+  });
+});
+
 describe('the client\'s release', () => {
   test('two releases at once claim different tickets: each serves, hands off to and wakes its own waiter', async () => {
     const lock = 'two-releases';

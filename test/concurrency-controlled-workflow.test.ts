@@ -343,8 +343,11 @@ describe('definition', () => {
     });
     // After the body the state data is the body's output, so the release must read the context too.
     expect(def.States['Release Permit'].Parameters.Key).toEqual({ lockName: { 'S.$': '$$.Execution.Input.tenant' } });
-    // A runtime limit is checked once, before the first acquire.
-    expect(def.StartAt).toBe('Check Runtime Limit');
+    // A runtime lock name, then a runtime limit, are checked once, before the first acquire.
+    expect(def.StartAt).toBe('Check Runtime Lock Name');
+    expect(def.States['Check Runtime Lock Name']).toMatchObject({ Type: 'Choice', Default: 'Check Runtime Limit' });
+    expect(def.States['Check Runtime Lock Name'].Choices).toContainEqual({ Variable: '$.tenant', StringMatches: '*\u001f*', Next: 'Runtime Lock Name Invalid' });
+    expect(def.States['Runtime Lock Name Invalid']).toMatchObject({ Type: 'Fail', Error: 'SemaphoreInvalidLockName' });
     expect(def.States['Check Runtime Limit']).toMatchObject({ Type: 'Choice', Default: 'Acquire Permit' });
     expect(def.States['Runtime Limit Invalid']).toMatchObject({ Type: 'Fail', Error: 'SemaphoreInvalidLimit' });
   });
@@ -709,6 +712,10 @@ describe('bad input fails at synth with the prop, the value and what is allowed'
 
   test('fails for an over-long lock name', () => {
     expect(() => workflow({ lockName: 'x'.repeat(256) })).toThrow(/`lockName` must be 1 to 255 characters long, got: 'x{37}\.\.\.' \(256 characters\)/);
+  });
+
+  test('fails for a lock name with the ticket key separator (U+001F)', () => {
+    expect(() => workflow({ lockName: 'jobs\u001f1' })).toThrow('`lockName` must not contain the character U+001F (the unit separator, which keys the queue\'s ticket items), got: "jobs\\u001f1"');
   });
 
   test('fails for a poll interval under 1 second', () => {

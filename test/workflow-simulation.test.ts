@@ -278,6 +278,24 @@ describe('lock name and limit from the execution input', () => {
       });
     },
   );
+  test.each([[{ tenant: 'a\u001f1' }], [{ tenant: '' }], [{ tenant: 7 }], [{}]])(
+    'a runtime lock name that is missing, not a string, empty or has U+001F fails with SemaphoreInvalidLockName: %j',
+    async (input) => {
+      const { stack, workflow, workFunctionId } = workflowStack({ lockName: sfn.JsonPath.stringAt('$.tenant') });
+      const work = new WorkTracker();
+      await simulate(stack, { lambdaHandlers: { [workFunctionId]: work.handler } }, async (sim) => {
+        const e = await sim.startExecution(sim.stateMachine(stateMachineLogicalId(workflow.stateMachine)), input).done;
+
+        expect([e.status, e.error]).toEqual(['FAILED', ConcurrencyControlledWorkflow.INVALID_LOCK_NAME_ERROR]);
+        expect(e.dynamoCalls).toBe(0);
+        expect(work.runs).toBe(0);
+        // A valid name passes the check: one transition more, only for a lock name from the input.
+        const ok = await sim.startExecution(sim.stateMachine(stateMachineLogicalId(workflow.stateMachine)), { tenant: 'a' }).done;
+        expect(ok.status).toBe('SUCCEEDED');
+        expect(ok.stateTransitions.get('Check Runtime Lock Name')).toBe(1);
+      });
+    },
+  );
 });
 
 test('the acquire timeout fails a waiting execution with SemaphoreAcquireTimeout', async () => {

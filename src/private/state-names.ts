@@ -4,6 +4,8 @@
  * they are defined here, once.
  */
 export const STATE = {
+  checkRuntimeLockName: 'Check Runtime Lock Name',
+  runtimeLockNameInvalid: 'Runtime Lock Name Invalid',
   checkRuntimeLimit: 'Check Runtime Limit',
   runtimeLimitInvalid: 'Runtime Limit Invalid',
   acquire: 'Acquire Permit',

@@ -1,6 +1,6 @@
 import { Duration, Token } from 'aws-cdk-lib';
 import { parseFieldPath } from './idempotency-key';
-import { MAX_LOCK_NAME_LENGTH } from './lock-schema';
+import { MAX_LOCK_NAME_LENGTH, TICKET_KEY_SEPARATOR } from './lock-schema';
 
 /*
  * Synth-time checks of user input. Each message names the prop, shows the value and says what is
@@ -14,6 +14,11 @@ export function validateLockName(lockName: string): void {
   if (lockName.length === 0 || lockName.length > MAX_LOCK_NAME_LENGTH) {
     throw new Error(
       `\`lockName\` must be 1 to ${MAX_LOCK_NAME_LENGTH} characters long, got: '${abbreviate(lockName)}' (${lockName.length} characters)`,
+    );
+  }
+  if (lockName.includes(TICKET_KEY_SEPARATOR)) {
+    throw new Error(
+      `\`lockName\` must not contain the character U+001F (the unit separator, which keys the queue's ticket items), got: ${JSON.stringify(abbreviate(lockName))}`,
     );
   }
 }

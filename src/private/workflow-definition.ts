@@ -10,6 +10,7 @@ import {
   OUTPUT_PATH as IDEMPOTENT_OUTPUT_PATH,
 } from './idempotency-states';
 import { acquireTask, LockTaskProps } from './lock-tasks';
+import { TICKET_KEY_SEPARATOR } from './lock-schema';
 import {
   fencingTokenTask,
   HANDOFF_PATH,
@@ -132,23 +133,47 @@ export function renderDefinition(scope: Construct, table: ISemaphoreTable, spec:
     .addCatch(claimOwn, { errors: [VALIDATION_ERROR], resultPath: sfn.JsonPath.DISCARD })
     .next(runBody);
   const start = (head: sfn.IChainable) => (idem ? idem.start(head) : head);
-  if (spec.limit.inputPath === undefined) {
-    return start(acquire);
-  }
+  // With idempotency too, the checks come first: an invalid input never claims a record.
+  return checkRuntimeLockName(scope, spec, checkRuntimeLimit(scope, spec, start(acquire)));
+}
 
-  // A limit read from the input is checked before the first acquire: on a lock nobody holds yet the
-  // condition `attribute_not_exists(permits)` would let one execution in whatever the limit, and a
-  // limit below 1 would make every other execution wait forever. One more transition, only here.
+/**
+ * A limit read from the input is checked before the first acquire: on a lock nobody holds yet the
+ * condition `attribute_not_exists(permits)` would let one execution in whatever the limit, and a
+ * limit below 1 would make every other execution wait forever. One more transition, only here.
+ */
+function checkRuntimeLimit(scope: Construct, spec: DefinitionSpec, next: sfn.IChainable): sfn.IChainable {
+  if (spec.limit.inputPath === undefined) return next;
   const invalidLimit = new sfn.Fail(scope, STATE.runtimeLimitInvalid, {
     error: INVALID_LIMIT_ERROR,
     cause: `The concurrency limit read from the execution input at ${spec.limit.inputPath} must be a number of at least 1`,
   });
-  // With idempotency too, the check comes first: an invalid input never claims a record.
   return new sfn.Choice(scope, STATE.checkRuntimeLimit)
     .when(sfn.Condition.not(sfn.Condition.isPresent(spec.limit.inputPath)), invalidLimit)
     .when(sfn.Condition.not(sfn.Condition.isNumeric(spec.limit.inputPath)), invalidLimit)
     .when(sfn.Condition.numberLessThan(spec.limit.inputPath, 1), invalidLimit)
-    .otherwise(start(acquire));
+    .otherwise(next);
+}
+
+/**
+ * A lock name read from the input is checked too: a name with the ticket key separator could name
+ * another lock's ticket item (lock `a` + U+001F + `1` is ticket 1 of lock `a`), and an empty one is
+ * no DynamoDB key. One more transition, only here. (Its length is not checked: a Choice cannot; a
+ * name over DynamoDB's 2,048-byte key limit fails the acquire with a ValidationException.)
+ */
+function checkRuntimeLockName(scope: Construct, spec: DefinitionSpec, next: sfn.IChainable): sfn.IChainable {
+  const path = spec.lockName.inputPath;
+  if (path === undefined) return next;
+  const invalidName = new sfn.Fail(scope, STATE.runtimeLockNameInvalid, {
+    error: INVALID_LOCK_NAME_ERROR,
+    cause: `The lock name read from the execution input at ${path} must be a non-empty string without the character U+001F`,
+  });
+  return new sfn.Choice(scope, STATE.checkRuntimeLockName)
+    .when(sfn.Condition.not(sfn.Condition.isPresent(path)), invalidName)
+    .when(sfn.Condition.not(sfn.Condition.isString(path)), invalidName)
+    .when(sfn.Condition.stringEquals(path, ''), invalidName)
+    .when(sfn.Condition.stringMatches(path, `*${TICKET_KEY_SEPARATOR}*`), invalidName)
+    .otherwise(next);
 }
 
 /**
@@ -330,6 +355,9 @@ export const ACQUIRE_TIMEOUT_ERROR = 'SemaphoreAcquireTimeout';
 
 /** ConcurrencyControlledWorkflow.INVALID_LIMIT_ERROR: a limit from the input that is not a number of at least 1. */
 export const INVALID_LIMIT_ERROR = 'SemaphoreInvalidLimit';
+
+/** ConcurrencyControlledWorkflow.INVALID_LOCK_NAME_ERROR: a lock name from the input that is missing, empty or has U+001F. */
+export const INVALID_LOCK_NAME_ERROR = 'SemaphoreInvalidLockName';
 
 /** Marker error that ends the "Wait For Permit" Parallel once the polling branch holds a permit. */
 const PERMIT_ACQUIRED = 'SemaphorePermitAcquired';
