@@ -6,7 +6,7 @@ import { Effect, Flow } from '../client/effects';
 import { acquireAttempt, ClientProtocolOptions, releaseHolder } from '../client/semaphore-client';
 import { guardRedrive, sweep } from '../lambda/reconciler-flows';
 import { stepFunctionsDynamoErrorName } from '../simulator/dynamodb';
-import { HOLDER_ACQUIRED_AT, HOLDER_HANDOFF_ID, HOLDER_REDRIVE_COUNT, LOCK_KEY, PERMITS_IN_USE, QUEUE_TAIL } from '../src/private/lock-schema';
+import { HOLDER_ACQUIRED_AT, HOLDER_HANDOFF_ID, HOLDER_REDRIVE_COUNT, LOCK_KEY, PERMITS_IN_USE } from '../src/private/lock-schema';
 import { STATE } from '../src/private/state-names';
 
 /*
@@ -156,6 +156,8 @@ export interface ModelOptions {
   readonly budget: Budget;
   /** Told of every UpdateItem the model evaluates (for the conformance test against dynalite). */
   readonly onUpdateItem?: (call: RecordedUpdate) => void;
+  /** The widest window of ticket numbers a world may name (default DEFAULT_TICKET_WINDOW). */
+  readonly ticketWindow?: number;
 }
 
 /** An UpdateItem as the model evaluated it: the item before, the request, the outcome, the item after. */
@@ -168,19 +170,41 @@ export interface RecordedUpdate {
   readonly after?: Item;
 }
 
-/** The most tickets a lock may issue in a searched world (see `successors`). */
-export const MAX_TICKETS = 4;
+/**
+ * The widest window of ticket numbers a searched world may refer to, by default (see `successors`):
+ * from the oldest ticket anything still names (a ticket item, an execution's state, a flow's answers)
+ * to the newest the lock issued. One: the ticket that waits, and the one before it (a skipped or
+ * served ticket whose item is still there). The configurations for the queue's own races widen it to
+ * two (an orphan or a skipped ticket beside a waiting one); `--tickets N` sets it for a run.
+ */
+export const DEFAULT_TICKET_WINDOW = 1;
 
-/** The most tickets any lock of the world has issued. */
-function ticketsIssued(world: World): number {
-  let most = 0;
-  for (const table of Object.values(world.tables)) {
-    for (const item of Object.values(table)) {
-      const tail = item[QUEUE_TAIL];
-      if (tail !== undefined && 'N' in tail) most = Math.max(most, Number(tail.N));
-    }
+/**
+ * Where a world's key names a ticket number: the lock item's counters (also in the answers flows
+ * replay), a ticket item's key (lock name, U+001F, ticket; JSON writes U+001F as `\u001f`), and the
+ * `ticket` field of an execution's state data.
+ */
+const TICKET_REFERENCES = /("queue(?:Head|Tail)":\{"N":")(\d+)("\})|(\\u001f)(\d+)|("ticket":)(\d+)/g;
+
+/**
+ * A key with its ticket numbers shifted so that the oldest it names is 0, and the window they span.
+ * The protocol only ever compares tickets with each other and adds one to them, so a world and the
+ * world with every ticket number shifted alike behave alike: they share a key (as names do, below).
+ */
+export function canonicalTickets(text: string): { text: string; span: number } {
+  let min = Infinity;
+  let max = -Infinity;
+  for (const m of text.matchAll(TICKET_REFERENCES)) {
+    const n = Number(m[2] ?? m[5] ?? m[7]);
+    if (n < min) min = n;
+    if (n > max) max = n;
   }
-  return most;
+  if (min === Infinity) return { text, span: 0 };
+  if (min === 0) return { text, span: max };
+  const shifted = text.replace(TICKET_REFERENCES, (_m, counter?: string, c?: string, close?: string, separator?: string, k?: string, field?: string, t?: string) =>
+    counter !== undefined ? `${counter}${Number(c) - min}${close}` : separator !== undefined ? `${separator}${Number(k) - min}` : `${field}${Number(t) - min}`,
+  );
+  return { text: shifted, span: max - min };
 }
 
 const BASE_TIME = Date.parse('2026-01-01T00:00:00.000Z');
@@ -197,6 +221,7 @@ export class Model {
 
   /** Every world's key but its budget, by world (a world is keyed as a successor, then for its fair run). */
   private readonly partsCache = new WeakMap<World, string>();
+  private readonly spanCache = new WeakMap<World, number>();
 
   constructor(private readonly options: ModelOptions) {
     this.s = options.system;
@@ -286,8 +311,10 @@ export class Model {
       steps.push(this.mutate(world, 'time passes', (w) => this.tick(w)));
     }
     // Tickets only ever grow: a waiter skipped while on its way takes a new one, which a releaser may
-    // skip again, without end when the scheduler wants it. The search stays within MAX_TICKETS per lock.
-    return steps.flatMap((step) => this.deliverEvents(step)).filter((step) => ticketsIssued(step.world) <= MAX_TICKETS);
+    // skip again, without end when the scheduler wants it. The search stays within a window of
+    // ticket numbers (keys shift them: see canonicalTickets).
+    const window = this.options.ticketWindow ?? DEFAULT_TICKET_WINDOW;
+    return steps.flatMap((step) => this.deliverEvents(step)).filter((step) => this.ticketSpan(step.world) <= window);
   }
 
   /**
@@ -1048,6 +1075,12 @@ export class Model {
     return `${this.keyParts(w)}|${FAIR_BUDGET_TEXT}|true`;
   }
 
+  /** The window of ticket numbers a world names (see canonicalTickets). */
+  private ticketSpan(w: World): number {
+    this.keyParts(w);
+    return this.spanCache.get(w)!;
+  }
+
   /** Everything of a world's key but its budget (cached: a world is keyed as a successor, then for its fair run). */
   private keyParts(w: World): string {
     let parts = this.partsCache.get(w);
@@ -1065,6 +1098,9 @@ export class Model {
       w.clock,
       stableStringify(w.ghost, rename),
     ].join('|');
+    const canonical = canonicalTickets(parts);
+    parts = canonical.text;
+    this.spanCache.set(w, canonical.span);
     this.partsCache.set(w, parts);
     return parts;
   }

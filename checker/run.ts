@@ -15,6 +15,7 @@ import { buildSystem, System } from './system';
  *   npm run check-protocol -- queue-stops polling    some of them
  *   npm run check-protocol -- queue-stops --budget '{"stops":2}' --executions 3   larger bounds
  *   npm run check-protocol -- --list
+ *   npm run check-protocol -- queue-stops --tickets 4     a wider window of ticket numbers (default 1, or the configuration's)
  *   npm run check-protocol -- --jobs 1                one process (by default, two: one per shard)
  */
 
@@ -23,13 +24,16 @@ export interface CheckOptions extends SearchOptions {
   readonly onUpdateItem?: (call: RecordedUpdate) => void;
   /** Change the synthesized system before the search (to check that the checker finds a planted bug). */
   readonly mutate?: (system: System) => System;
+  /** The widest window of ticket numbers a world may name (checker/model.ts, DEFAULT_TICKET_WINDOW). */
+  readonly ticketWindow?: number;
 }
 
 export function checkConfig(config: CheckerConfig, options: CheckOptions = {}): SearchResult {
   const built = buildSystem(config.workflow);
   const system = options.mutate ? options.mutate(built) : built;
   const { executions, clients, budget } = config;
-  const model = new Model({ system, executions, clients, budget, onUpdateItem: options.onUpdateItem });
+  const ticketWindow = options.ticketWindow ?? config.ticketWindow;
+  const model = new Model({ system, executions, clients, budget, onUpdateItem: options.onUpdateItem, ticketWindow });
   return search(model, options);
 }
 
@@ -53,7 +57,7 @@ export function report(config: CheckerConfig, result: SearchResult): string {
 
 function main(argv: string[]): number | Promise<number> {
   if (argv.includes('--help')) {
-    console.log('usage: npm run check-protocol -- [config ...] [--list] [--budget JSON] [--executions N] [--max-states N] [--no-liveness] [--jobs N]');
+    console.log('usage: npm run check-protocol -- [config ...] [--list] [--budget JSON] [--executions N] [--max-states N] [--tickets N] [--no-liveness] [--jobs N]');
     return 0;
   }
   if (argv.includes('--list')) {
@@ -64,7 +68,7 @@ function main(argv: string[]): number | Promise<number> {
     const i = argv.indexOf(flag);
     return i >= 0 ? argv[i + 1] : undefined;
   };
-  const flagged = new Set(['--budget', '--executions', '--max-states'].flatMap((f) => [f, value(f)]));
+  const flagged = new Set(['--budget', '--executions', '--max-states', '--jobs', '--tickets'].flatMap((f) => [f, value(f)]));
   const names = argv.filter((a) => !a.startsWith('--') && !flagged.has(a));
   const budget = value('--budget') ? (JSON.parse(value('--budget')!) as Partial<Budget>) : {};
   const executions = value('--executions') ? Number(value('--executions')) : undefined;
@@ -81,6 +85,7 @@ function main(argv: string[]): number | Promise<number> {
   for (const config of configs) {
     const result = checkConfig(config, {
       maxStates: value('--max-states') ? Number(value('--max-states')) : undefined,
+      ticketWindow: value('--tickets') ? Number(value('--tickets')) : undefined,
       liveness: !argv.includes('--no-liveness'),
       progress: argv.includes('--worker') ? undefined : (n, d) => process.stderr.write(`  ${config.name}: ${n.toLocaleString('en-US')} states, depth ${d}\r`),
     });

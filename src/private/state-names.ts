@@ -29,7 +29,6 @@ export const STATE = {
 
   // The queue (wait strategy QUEUE).
   takeTicket: 'Take Ticket',
-  takeTicketAgain: 'Take Ticket Again',
   pollAgain: 'Poll For Permit Again',
   waitInQueue: 'Wait In Queue',
   waitInQueueAgain: 'Wait In Queue Again',
@@ -44,7 +43,6 @@ export const STATE = {
   readTicket: 'Read Served Ticket',
   checkTicket: 'Check Ticket',
   handOff: 'Hand Off Permit',
-  dropServedWaiter: 'Drop Served Waiter',
   wakeNextWaiter: 'Wake Next Waiter',
   deleteTicket: 'Delete Served Ticket',
   ticketGone: 'Served Ticket Gone',
@@ -58,7 +56,6 @@ export const STATE = {
   readTicketAfterFailure: 'Read Served Ticket After Failure',
   checkTicketAfterFailure: 'Check Ticket After Failure',
   handOffAfterFailure: 'Hand Off Permit After Failure',
-  dropServedWaiterAfterFailure: 'Drop Served Waiter After Failure',
   wakeNextWaiterAfterFailure: 'Wake Next Waiter After Failure',
   deleteTicketAfterFailure: 'Delete Served Ticket After Failure',
   ticketGoneAfterFailure: 'Served Ticket Gone After Failure',
