@@ -3,9 +3,9 @@ import { Budget, NO_FAULTS } from './model';
 import { ConcurrencyControlledWorkflowProps, WaitStrategy } from '../src';
 
 /*
- * The bounded configurations the checker searches exhaustively. Each is small enough to finish in
- * seconds to a minute on one core, and together they cover every kind of non-determinism the model
- * has. The test command runs all of them (test/protocol-checker.test.ts); `npm run check-protocol`
+ * The bounded configurations the checker searches exhaustively. Each finishes in seconds to a few
+ * minutes on one core (about 13 minutes of one core in all), and together they cover every kind of
+ * non-determinism the model has. The test command runs all of them (test/protocol-checker.test.ts); `npm run check-protocol`
  * runs them with a report, or one of them, or larger bounds.
  */
 

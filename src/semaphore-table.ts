@@ -33,7 +33,9 @@ export interface ISemaphoreTable extends IConstruct {
 
   /**
    * Permit the principal to take and give back permits (`dynamodb:UpdateItem` on this table), for
-   * example a script that shares a lock with the workflows.
+   * example a script that shares a lock with the workflows by its own conditional writes. A release
+   * that hands its permit to executions waiting in the lock's queue also reads and deletes their
+   * ticket items and wakes them: give such a principal `grantClient` instead.
    */
   grantAcquireRelease(grantee: iam.IGrantable): iam.Grant;
 
@@ -46,8 +48,9 @@ export interface ISemaphoreTable extends IConstruct {
   /**
    * Permit the principal everything the `cdk-sfn-semaphore` CLI and `SemaphoreClient` call:
    * `dynamodb:UpdateItem`, `dynamodb:GetItem` and `dynamodb:DeleteItem` on this table (take, renew,
-   * give back, status, reclaim expired leases, and the queue's ticket items), and `states:SendTaskSuccess` on the state machines of the table's
-   * account and Region, to wake a workflow's queued execution when a release hands it the permit.
+   * give back, status, reclaim expired leases, and serve and delete the queue's ticket items), and
+   * `states:SendTaskSuccess` on the state machines of the table's account and Region, to wake a
+   * workflow's queued execution when a release hands it the permit.
    */
   grantClient(grantee: iam.IGrantable): iam.Grant;
 }
