@@ -201,8 +201,8 @@ export function canonicalTickets(text: string): { text: string; span: number } {
   }
   if (min === Infinity) return { text, span: 0 };
   if (min === 0) return { text, span: max };
-  const shifted = text.replace(TICKET_REFERENCES, (_m, counter?: string, c?: string, close?: string, separator?: string, k?: string, field?: string, t?: string) =>
-    counter !== undefined ? `${counter}${Number(c) - min}${close}` : separator !== undefined ? `${separator}${Number(k) - min}` : `${field}${Number(t) - min}`,
+  const shifted = text.replace(TICKET_REFERENCES, (...m: Array<string | undefined>) =>
+    m[1] !== undefined ? `${m[1]}${Number(m[2]) - min}${m[3]}` : m[4] !== undefined ? `${m[4]}${Number(m[5]) - min}` : `${m[6]}${Number(m[7]) - min}`,
   );
   return { text: shifted, span: max - min };
 }

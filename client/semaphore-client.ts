@@ -3,6 +3,7 @@ import { AttributeValue, DynamoDBClient } from '@aws-sdk/client-dynamodb';
 import { SFNClient } from '@aws-sdk/client-sfn';
 import { clock, dynamodb, errorName, Flow, runFlow, stepFunctions, uuid } from './effects';
 import { serveQueue } from './queue-service';
+import { deleteServedTicket, readTicket, serveTicket, waitingTickets } from './ticket-queue';
 import {
   CLIENT_ACQUIRE_CONDITION,
   CLIENT_ACQUIRE_UPDATE,
@@ -40,7 +41,6 @@ import {
   TICKET_WAITER,
   TICKET_KEY_SEPARATOR,
 } from '../src/private/lock-schema';
-import { deleteServedTicket, readTicket, serveTicket, waitingTickets } from './ticket-queue';
 
 /*
  * The client side of the semaphore: scripts, CI jobs and operators take and give back the very same

@@ -602,7 +602,8 @@ describe('the client\'s release', () => {
       expect(item[arn('d')]?.M).toBeDefined();
       // Both served tickets' items are gone.
       for (const n of [1, 2]) {
-        expect((await plain.send(new GetItemCommand({ TableName: table, Key: { lockName: { S: ticketKey(lock, n) } }, ConsistentRead: true }))).Item).toBeUndefined();
+        const gone = await plain.send(new GetItemCommand({ TableName: table, Key: { lockName: { S: ticketKey(lock, n) } }, ConsistentRead: true }));
+        expect(gone.Item).toBeUndefined();
       }
     } finally {
       await plain.send(new DeleteItemCommand({ TableName: table, Key: { lockName: { S: lock } } }));

@@ -3,8 +3,8 @@ import * as lambda from 'aws-cdk-lib/aws-lambda';
 import * as sfn from 'aws-cdk-lib/aws-stepfunctions';
 import * as tasks from 'aws-cdk-lib/aws-stepfunctions-tasks';
 import { Execution, lockStates, Simulator, TaskContext } from '../simulator';
-import { TICKET_KEY_SEPARATOR } from '../src/private/lock-schema';
 import { ConcurrencyControlledWorkflow, ConcurrencyControlledWorkflowProps } from '../src';
+import { TICKET_KEY_SEPARATOR } from '../src/private/lock-schema';
 
 /** A stack with one workflow whose body is a Lambda task ("Do Work") the simulator runs locally. */
 export function workflowStack(props: Partial<ConcurrencyControlledWorkflowProps> = {}) {
@@ -89,7 +89,8 @@ export async function queuedWaiters(sim: Simulator, lockName: string, table = 'W
   const head = Number(items.find((i) => i.lockName.S === lockName)?.queueHead?.N ?? '0');
   const prefix = `${lockName}${TICKET_KEY_SEPARATOR}`;
   return items
-    .filter((i) => i.lockName.S!.startsWith(prefix) && Number(i.lockName.S!.slice(prefix.length)) > head && i.servedBy === undefined && i.waiter !== undefined)
+    .filter((i) => i.lockName.S!.startsWith(prefix) && Number(i.lockName.S!.slice(prefix.length)) > head)
+    .filter((i) => i.servedBy === undefined && i.waiter !== undefined)
     .sort((x, y) => Number(x.lockName.S!.slice(prefix.length)) - Number(y.lockName.S!.slice(prefix.length)))
     .map((i) => [i.waiter.S!, i.redriveCount.N!]);
 }

@@ -153,7 +153,12 @@ const takeTicket = (): UpdateItemInput => ({
   Key: key,
   ConditionExpression: TAKE_TICKET_CONDITION,
   UpdateExpression: TAKE_TICKET_UPDATE,
-  ExpressionAttributeNames: { [NAMES.permits]: PERMITS_IN_USE, [NAMES.holder]: holder, [QUEUE_NAMES.tail]: QUEUE_TAIL, [QUEUE_NAMES.head]: QUEUE_HEAD },
+  ExpressionAttributeNames: {
+    [NAMES.permits]: PERMITS_IN_USE,
+    [NAMES.holder]: holder,
+    [QUEUE_NAMES.tail]: QUEUE_TAIL,
+    [QUEUE_NAMES.head]: QUEUE_HEAD,
+  },
   ExpressionAttributeValues: { [VALUES.limit]: { N: '1' }, [VALUES.zero]: { N: '0' }, [VALUES.one]: { N: '1' } },
   ReturnValues: 'UPDATED_NEW',
 });

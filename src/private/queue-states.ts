@@ -161,7 +161,12 @@ export function handOffChain(scope: Construct, props: HandOffProps): sfn.State {
         key,
         conditionExpression: RELEASE_IF_NO_WAITERS_CONDITION,
         updateExpression: RELEASE_UPDATE,
-        expressionAttributeNames: { [NAMES.permits]: PERMITS_IN_USE, [NAMES.holder]: holder, [QUEUE_NAMES.tail]: QUEUE_TAIL, [QUEUE_NAMES.head]: QUEUE_HEAD },
+        expressionAttributeNames: {
+          [NAMES.permits]: PERMITS_IN_USE,
+          [NAMES.holder]: holder,
+          [QUEUE_NAMES.tail]: QUEUE_TAIL,
+          [QUEUE_NAMES.head]: QUEUE_HEAD,
+        },
         expressionAttributeValues: {
           [VALUES.one]: tasks.DynamoAttributeValue.fromNumber(1),
           [VALUES.redriveCount]: redriveCount,

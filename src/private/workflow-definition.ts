@@ -9,8 +9,8 @@ import {
   INPUT_PATH as IDEMPOTENT_INPUT_PATH,
   OUTPUT_PATH as IDEMPOTENT_OUTPUT_PATH,
 } from './idempotency-states';
-import { acquireTask, LockTaskProps } from './lock-tasks';
 import { TICKET_KEY_SEPARATOR } from './lock-schema';
+import { acquireTask, LockTaskProps } from './lock-tasks';
 import {
   fencingTokenTask,
   HANDOFF_PATH,
@@ -45,7 +45,8 @@ import { WaitStrategy } from '../wait-strategy';
  */
 export function renderDefinition(scope: Construct, table: ISemaphoreTable, spec: DefinitionSpec): sfn.IChainable {
   // The lock name, literal or a JSONPath string (the keys of the queue's ticket items start with it).
-  const lockNameText = spec.lockName.inputPath === undefined ? spec.lockName.fixed! : sfn.JsonPath.stringAt(pathFromExecutionInput(spec.lockName.inputPath));
+  const lockNameText =
+    spec.lockName.inputPath === undefined ? spec.lockName.fixed! : sfn.JsonPath.stringAt(pathFromExecutionInput(spec.lockName.inputPath));
   const lockName = tasks.DynamoAttributeValue.fromString(lockNameText);
   const lockTask: LockTaskProps = { table: table, lockName, holder: sfn.JsonPath.stringAt('$$.Execution.Id') };
   const limit =
