@@ -78,17 +78,21 @@ export function* serveQueue(options: QueueServiceOptions, lockName: string): Flo
     if (!item || head >= tail) break;
     const permits = Number(item[PERMITS_IN_USE]?.N ?? '0');
     const lockLimit = item[CONCURRENCY_LIMIT]?.N;
-    // Serving a ticket refuses its waiter's next wait: serve only when there is a permit to give,
-    // or when the ticket can be passed.
     const free = lockLimit !== undefined && permits < Number(lockLimit);
     const ticket = head + 1;
     const handoffId = yield* uuid();
-    const served = free ? yield* serveTicket(options.tableName, lockName, ticket, handoffId) : yield* readTicket(options.tableName, lockName, ticket);
+    // Serving a ticket refuses its waiter's next wait: read it first, and serve it only to pass it
+    // (an item nobody wrote yet: its waiter, perhaps on its way, is refused and takes a new ticket)
+    // or right before it is admitted.
+    let served = yield* readTicket(options.tableName, lockName, ticket);
+    if (served === undefined) {
+      if (!free) break; // on its way, perhaps: the next release serves it
+      served = yield* serveTicket(options.tableName, lockName, ticket, handoffId);
+    }
     const waiter = served?.[TICKET_WAITER]?.S;
     const names = { '#head': QUEUE_HEAD };
     const pass = { ':head': { N: String(head) }, ':nextTicket': { N: String(ticket) } };
     if (waiter === undefined) {
-      if (served === undefined && !free) break; // on its way, perhaps: the next release serves it
       if (yield* update(PASS_TICKET_UPDATE, PASS_TICKET_CONDITION, names, pass)) result.removed++;
       continue;
     }
@@ -107,6 +111,8 @@ export function* serveQueue(options: QueueServiceOptions, lockName: string): Flo
     // Below the lock's limit and the waiter's own (limits read from the input differ per execution).
     const limits = [lockLimit, served?.[CONCURRENCY_LIMIT]?.N].filter((n): n is string => n !== undefined).map(Number);
     if (!free || permits >= Math.min(...limits)) break;
+    // Its turn: mark it served, so that no wait renews its token any more, and take the token it has.
+    if (served?.[TICKET_SERVED_BY] === undefined) served = yield* serveTicket(options.tableName, lockName, ticket, handoffId);
     const token = served?.[TICKET_WAIT_TOKEN]?.S;
     if (token === undefined) break;
     const fence = Number(item[FENCING_TOKEN]?.N ?? '0') + 1;

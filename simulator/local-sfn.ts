@@ -23,6 +23,10 @@ import type { Random } from './random';
  *    string containing a quote gives text that is not JSON (`{"q":"a"b"}`). We leave results intact.
  *    Escapes in quoted literal arguments (`'it\'s'`) stay escaped now: asl-validator rejects such
  *    literals, and no definition we synthesize has one.
+ * 8. `$$.Execution.Input` and `$$.Execution.StartTime` are the input and start of each run of the
+ *    module's interpreter: inside a Parallel branch, the branch's input (its Parameters) and start; in
+ *    a redriven run, the input of the state it resumes. On AWS both are the execution's. The
+ *    simulator passes the execution's own in the context, and they win.
  *
  * Each patch must apply exactly once, so an upgrade of the module that moves the code fails loudly
  * here instead of silently running at full speed.
@@ -58,6 +62,10 @@ const PATCHES: Array<[string, string]> = [
     'waitTimeBeforeRetry = getRandomNumber(0, waitTimeBeforeRetry, __RANDOM__);',
   ],
   ['      result = result.replaceAll("\\\\", "");\n', ''],
+  [
+    '        Input: input,\n        StartTime: (/* @__PURE__ */ new Date()).toISOString()\n',
+    '        Input: options.runOptions?.context?.Execution?.Input ?? input,\n        StartTime: options.runOptions?.context?.Execution?.StartTime ?? (/* @__PURE__ */ new Date()).toISOString()\n',
+  ],
 ];
 
 export type LocalStepFunctions = typeof LocalSfn;

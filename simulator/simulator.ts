@@ -645,6 +645,7 @@ export class Simulator {
       context: {
         Execution: {
           Id: execution.arn,
+          Input: execution.input as any,
           Name: execution.name,
           RoleArn: `arn:aws:iam::${ACCOUNT}:role/${execution.stateMachine.logicalId}Role`,
           StartTime: new Date(execution.startDate).toISOString(),

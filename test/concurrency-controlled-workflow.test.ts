@@ -714,6 +714,10 @@ describe('bad input fails at synth with the prop, the value and what is allowed'
     expect(() => workflow({ lockName: 'x'.repeat(256) })).toThrow(/`lockName` must be 1 to 255 characters long, got: 'x{37}\.\.\.' \(256 characters\)/);
   });
 
+  test('fails for a lock name with curly braces, which intrinsic functions reserve', () => {
+    expect(() => workflow({ lockName: 'jobs-{prod}' })).toThrow("`lockName` must not contain '{' or '}' (the state machines use it in an intrinsic function), got: 'jobs-{prod}'");
+  });
+
   test('fails for a lock name with the ticket key separator (U+001F)', () => {
     expect(() => workflow({ lockName: 'jobs\u001f1' })).toThrow('`lockName` must not contain the character U+001F (the unit separator, which keys the queue\'s ticket items), got: "jobs\\u001f1"');
   });

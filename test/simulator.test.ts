@@ -169,6 +169,39 @@ describe('state machines', () => {
     }
   });
 
+  test('$$.Execution.Input is the execution\'s input inside a Parallel branch whose input is its Parameters, and in a redriven run', async () => {
+    const seen: unknown[] = [];
+    const { stack, sm } = machineStack((s) => {
+      const read = new sfn.CustomState(s, 'Read Input', {
+        stateJson: { Type: 'Task', Resource: 'arn:aws:states:::readInput', Parameters: { 'input.$': '$$.Execution.Input', 'own.$': '$' }, ResultPath: null },
+      });
+      const branch = new sfn.Parallel(s, 'Branch', { resultPath: sfn.JsonPath.DISCARD, parameters: { inside: true } } as sfn.ParallelProps).branch(read);
+      return branch;
+    });
+    const sim = await Simulator.start(stack, {
+      taskHandlers: {
+        'Read Input': (input: unknown) => {
+          seen.push(input);
+          if (seen.length === 1) throw Object.assign(new Error('first run'), { name: 'FirstRun' });
+          return 'ok';
+        },
+      },
+    });
+    try {
+      const first = await sim.startExecution(sim.stateMachine(logicalId(sm.node.defaultChild as any)), { job: 'a' }).done;
+      expect(first.status).toBe('FAILED');
+      const again = await sim.redriveExecution(first.arn);
+
+      expect(again.status).toBe('SUCCEEDED');
+      expect(seen).toEqual([
+        { input: { job: 'a' }, own: { inside: true } },
+        { input: { job: 'a' }, own: { inside: true } },
+      ]);
+    } finally {
+      await sim.stop();
+    }
+  });
+
   test('a redrive inside a Parallel branch runs the unsuccessful state again with its own input, as AWS does', async () => {
     const inputs: unknown[] = [];
     const { stack, sm } = machineStack((s) => {

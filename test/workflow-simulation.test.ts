@@ -461,6 +461,29 @@ describe('the queue', () => {
     });
   });
 
+  test('waiters whose input is not an object (a string, an array) wait and run with their input unchanged', async () => {
+    const { stack, workflow, workFunctionId } = workflowStack({ concurrencyLimit: 1, waitStrategy: WaitStrategy.QUEUE });
+    const inputs: unknown[] = [];
+    const body = async (input: any, context: TaskContext) => {
+      inputs.push(input);
+      await context.simulator.sleep(5, context.signal);
+      return { ok: true };
+    };
+    await simulate(stack, { lambdaHandlers: { [workFunctionId]: body } }, async (sim) => {
+      const sm = sim.stateMachine(stateMachineLogicalId(workflow.stateMachine));
+      const holder = sim.startExecution(sm, 'first');
+      await sim.sleep(1);
+      const waiters = [sim.startExecution(sm, 'a string'), sim.startExecution(sm, [1, 2])];
+      await Promise.all([holder.done, ...waiters.map((w) => w.done)]);
+
+      expect([holder, ...waiters].map((e) => e.status)).toEqual(['SUCCEEDED', 'SUCCEEDED', 'SUCCEEDED']);
+      expect(waiters.every((w) => w.stateTransitions.get('Wait In Queue') === 1)).toBe(true);
+      // The ticket lived in the Parallel's own state: the bodies saw their input as it came.
+      expect(inputs.slice(1)).toEqual(expect.arrayContaining(['a string', [1, 2]]));
+      expect(await lockState(sim)).toEqual([{ lockName: 'TestStack/Workflow', permitsInUse: 0, holders: [] }]);
+    });
+  });
+
   test('lost wake-ups: every waiter finds its handed-off permit when its wait times out, and nothing leaks', async () => {
     const props = { concurrencyLimit: 2, waitStrategy: WaitStrategy.QUEUE, queueCheckInterval: Duration.seconds(30) };
     const { stack, workflow, workFunctionId } = workflowStack(props);

@@ -12,7 +12,10 @@
  *                                    workflow, the execution ARN): { acquiredAt: S (ISO-8601),
  *                                    redriveCount?: N (executions: the run that took it),
  *                                    leaseSeconds?: N (workflow leases), leaseExpiresAt?: N (epoch
- *                                    ms, leases of holders that are not executions), owner?: S }
+ *                                    ms, leases of holders that are not executions), owner?: S,
+ *                                    handoffId?: S, claimed?: BOOL, fencingToken?: N (below) }
+ *   fencingToken (N)                 one more on every acquisition (below)
+ *   queueHead, queueTail (N)         the queue's counters; its waiters have items of their own (below)
  *
  * Holders are top-level attributes rather than entries of a map because `SET holders.#h = ...` fails
  * when the map does not exist yet, which would need a separate "initialize the item" step (the AWS
@@ -140,9 +143,10 @@ export const RELEASE_SEEN_HOLDER_CONDITION = `attribute_exists(${NAMES.holder}) 
  * late, or by one whose response was lost), or the one the redrive guard takes again. The entry gets
  * the run's stamp and a new acquire time, so that nothing that judged an earlier run (its late
  * cleanup, a sweep that read the entry before, a releaser that handed it over) frees it any more; it
- * is marked claimed (a releaser no longer takes it back); a fresh fencing token is drawn; and the
- * waiter's token goes, so that an entry it may still have in the queue can only be dropped, never
- * handed a second permit. Refused when the holder has no entry, or one stamped by a later run.
+ * is marked claimed (a releaser no longer takes it back); and a fresh fencing token is drawn. A ticket
+ * it may still have in the queue is never handed a second permit: the hand-off is refused while the
+ * execution holds an entry (HAND_OFF_CONDITION). Refused when the holder has no entry, or one stamped
+ * by a later run.
  */
 export const CLAIM_CONDITION = `attribute_exists(${NAMES.holder}) AND ${STAMPED_AT_MOST}`;
 

@@ -69,7 +69,7 @@ import { ISemaphoreTable } from '../semaphore-table';
  *           just then) gets its permit taken back and passed on, by the same states.
  */
 
-/** DynamoDB errors of the AWS SDK integration (`DynamoDb.` prefix), which the enqueue task uses. */
+/** DynamoDB errors of the AWS SDK integration (`DynamoDb.` prefix), which the waits on a ticket use. */
 const SDK_CONDITIONAL_CHECK_FAILED = 'DynamoDb.ConditionalCheckFailedException';
 const SDK_THROTTLING_ERRORS = THROTTLING_ERRORS.map((e) => e.replace(/^DynamoDB\./, 'DynamoDb.'));
 const SDK_SERVER_ERRORS = SERVER_ERRORS.map((e) => e.replace(/^DynamoDB\./, 'DynamoDb.'));

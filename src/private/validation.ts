@@ -16,6 +16,10 @@ export function validateLockName(lockName: string): void {
       `\`lockName\` must be 1 to ${MAX_LOCK_NAME_LENGTH} characters long, got: '${abbreviate(lockName)}' (${lockName.length} characters)`,
     );
   }
+  // The state machines build ticket keys with States.Format, whose string literals reserve { and }.
+  if (/[{}]/.test(lockName)) {
+    throw new Error(`\`lockName\` must not contain '{' or '}' (the state machines use it in an intrinsic function), got: '${abbreviate(lockName)}'`);
+  }
   if (lockName.includes(TICKET_KEY_SEPARATOR)) {
     throw new Error(
       `\`lockName\` must not contain the character U+001F (the unit separator, which keys the queue's ticket items), got: ${JSON.stringify(abbreviate(lockName))}`,

@@ -37,11 +37,12 @@ import { WaitStrategy } from '../wait-strategy';
  *   Acquire Permit ──ok──▶ Run Protected Body ──ok──▶ Release Permit (hands off to a waiter if any)
  *     │ lock full                │ error                  (body output is the execution output)
  *     ▼                          ▼
- *   Wait In Queue ──▶ …        Prepare Release After Failure ──▶ Release Permit After Failure ──▶ Fail
- *   (or Wait For Permit: polling)
+ *   Wait For Permit ──▶ …      Prepare Release After Failure ──▶ Release Permit After Failure ──▶ Fail
+ *   (Take Ticket, Wait In Queue; or polling)
  *
- * The uncontended path is three transitions and two writes. A waiter adds one transition and one
- * write (the enqueue); a release that hands off adds three transitions, two writes and a call.
+ * The uncontended path is three transitions and two writes. A waiter adds three transitions and two
+ * writes (the Parallel, its ticket, the wait on it); a release that hands off adds six transitions,
+ * four writes and a call (claim, serve, check, hand off, wake, delete).
  */
 export function renderDefinition(scope: Construct, table: ISemaphoreTable, spec: DefinitionSpec): sfn.IChainable {
   // The lock name, literal or a JSONPath string (the keys of the queue's ticket items start with it).
@@ -270,11 +271,17 @@ function renderQueueWait(
   waitAgain.addCatch(checkAgain, { errors: WAIT_REFUSED, resultPath: sfn.JsonPath.DISCARD });
   waitAgain.addCatch(check, { errors: WAIT_UNCERTAIN, resultPath: sfn.JsonPath.DISCARD });
 
-  const waitForPermit = new sfn.Parallel(scope, STATE.waitForPermit, {
+  // The branches start from an empty object, not the execution's data: they write the ticket into
+  // their state, which an input that is not an object (a string, a number, an array) cannot hold.
+  // `parameters` is rendered for every state by aws-cdk-lib 2.95.1 (State.renderInputOutput), but
+  // ParallelProps declares it only in later versions.
+  const props: sfn.ParallelProps & { readonly parameters?: object } = {
+    parameters: {},
     ...(withTimer || !permitPath
       ? { resultPath: sfn.JsonPath.DISCARD }
       : { resultSelector: { fencingToken: sfn.JsonPath.objectAt('$[0].fencingToken') }, resultPath: permitPath }),
-  });
+  };
+  const waitForPermit = new sfn.Parallel(scope, STATE.waitForPermit, props);
   if (!withTimer) {
     return waitForPermit.branch(takeTicket);
   }
