@@ -521,6 +521,24 @@ export const MAX_ITEM_BYTES = 400 * 1024;
  * Tables in memory. Items are plain JSON, so a table's contents can be part of a model state,
  * copied, compared and hashed.
  */
+/**
+ * Request validation both writes share: the condition parsed (undefined without one), then every
+ * expression attribute name and value used somewhere, as DynamoDB requires.
+ */
+function parseConditionAndCheckUsage(conditionExpression: string | undefined, scope: Scope): Condition | undefined {
+  let condition: Condition | undefined;
+  if (conditionExpression !== undefined) {
+    const parser = new Parser(tokenize(conditionExpression), scope);
+    condition = parser.condition();
+    if (!parser.done()) throw validation('Invalid ConditionExpression: Syntax error');
+  }
+  const unusedNames = Object.keys(scope.names).filter((n) => !scope.usedNames.has(n));
+  if (unusedNames.length) throw validation(`Value provided in ExpressionAttributeNames unused in expressions: keys: {${unusedNames.join(', ')}}`);
+  const unusedValues = Object.keys(scope.values).filter((v) => !scope.usedValues.has(v));
+  if (unusedValues.length) throw validation(`Value provided in ExpressionAttributeValues unused in expressions: keys: {${unusedValues.join(', ')}}`);
+  return condition;
+}
+
 export class ModelDynamoDb {
   /** Items by table name, then by their key (the JSON of the key attributes, in key schema order). */
   constructor(
@@ -556,16 +574,7 @@ export class ModelDynamoDb {
     const table = this.table(input.TableName);
     const key = this.keyOf(input.TableName, input.Key);
     const scope = new Scope(input.ExpressionAttributeNames ?? {}, input.ExpressionAttributeValues ?? {});
-    let condition: Condition | undefined;
-    if (input.ConditionExpression !== undefined) {
-      const parser = new Parser(tokenize(input.ConditionExpression), scope);
-      condition = parser.condition();
-      if (!parser.done()) throw validation('Invalid ConditionExpression: Syntax error');
-    }
-    const unusedNames = Object.keys(scope.names).filter((n) => !scope.usedNames.has(n));
-    if (unusedNames.length) throw validation(`Value provided in ExpressionAttributeNames unused in expressions: keys: {${unusedNames.join(', ')}}`);
-    const unusedValues = Object.keys(scope.values).filter((v) => !scope.usedValues.has(v));
-    if (unusedValues.length) throw validation(`Value provided in ExpressionAttributeValues unused in expressions: keys: {${unusedValues.join(', ')}}`);
+    const condition = parseConditionAndCheckUsage(input.ConditionExpression, scope);
     const old = table[key];
     if (condition && !holds(condition, old ?? {}, scope)) {
       throw new DynamoDbError('ConditionalCheckFailedException', 'The conditional request failed');
@@ -583,16 +592,7 @@ export class ModelDynamoDb {
     // Request validation, before the item is read.
     const updateParser = new Parser(tokenize(input.UpdateExpression), scope);
     const actions = updateParser.update();
-    let condition: Condition | undefined;
-    if (input.ConditionExpression !== undefined) {
-      const parser = new Parser(tokenize(input.ConditionExpression), scope);
-      condition = parser.condition();
-      if (!parser.done()) throw validation('Invalid ConditionExpression: Syntax error');
-    }
-    const unusedNames = Object.keys(scope.names).filter((n) => !scope.usedNames.has(n));
-    if (unusedNames.length) throw validation(`Value provided in ExpressionAttributeNames unused in expressions: keys: {${unusedNames.join(', ')}}`);
-    const unusedValues = Object.keys(scope.values).filter((v) => !scope.usedValues.has(v));
-    if (unusedValues.length) throw validation(`Value provided in ExpressionAttributeValues unused in expressions: keys: {${unusedValues.join(', ')}}`);
+    const condition = parseConditionAndCheckUsage(input.ConditionExpression, scope);
     for (let i = 0; i < actions.length; i++) {
       for (let j = i + 1; j < actions.length; j++) {
         if (overlaps(actions[i].path, actions[j].path)) {

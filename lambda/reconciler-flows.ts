@@ -6,9 +6,9 @@ import {
   ACQUIRE_CONDITION,
   ACQUIRE_UPDATE,
   CLAIM_CONDITION,
+  CLAIM_UPDATE,
   CONCURRENCY_LIMIT,
   FENCING_TOKEN,
-  GUARD_CLAIM_UPDATE,
   HOLDER_ACQUIRED_AT,
   HOLDER_LEASE_EXPIRES_AT,
   HOLDER_LEASE_SECONDS,
@@ -509,7 +509,7 @@ function* guardRun(
         [VALUES.acquiredAt]: now,
         [VALUES.redriveCount]: redriveCount,
       };
-      if (yield* conditionalUpdate(config, lockName, executionArn, GUARD_CLAIM_UPDATE, CLAIM_CONDITION, claim)) {
+      if (yield* conditionalUpdate(config, lockName, executionArn, CLAIM_UPDATE, CLAIM_CONDITION, claim)) {
         return { executionArn, resumedAt, action: 'still holds its permit' };
       }
       continue;

@@ -4,7 +4,7 @@ import * as sfn from 'aws-cdk-lib/aws-stepfunctions';
 import * as tasks from 'aws-cdk-lib/aws-stepfunctions-tasks';
 import { Execution, lockStates, Simulator, TaskContext } from '../simulator';
 import { ConcurrencyControlledWorkflow, ConcurrencyControlledWorkflowProps } from '../src';
-import { TICKET_KEY_SEPARATOR } from '../src/private/lock-schema';
+import { ticketKey } from '../src/private/lock-schema';
 
 /** A stack with one workflow whose body is a Lambda task ("Do Work") the simulator runs locally. */
 export function workflowStack(props: Partial<ConcurrencyControlledWorkflowProps> = {}) {
@@ -87,7 +87,7 @@ export function statuses(executions: Execution[]): Record<string, number> {
 export async function queuedWaiters(sim: Simulator, lockName: string, table = 'WorkflowLockTable'): Promise<Array<[string, string]>> {
   const items = await sim.scan(table);
   const head = Number(items.find((i) => i.lockName.S === lockName)?.queueHead?.N ?? '0');
-  const prefix = `${lockName}${TICKET_KEY_SEPARATOR}`;
+  const prefix = ticketKey(lockName, '');
   return items
     .filter((i) => i.lockName.S!.startsWith(prefix) && Number(i.lockName.S!.slice(prefix.length)) > head)
     .filter((i) => i.servedBy === undefined && i.waiter !== undefined)

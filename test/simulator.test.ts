@@ -95,6 +95,22 @@ function machineStack(build: (stack: Stack, table: dynamodb.Table) => sfn.IChain
   return { stack, sm, table };
 }
 
+/** A task handler that records its inputs and fails the first time it runs. */
+function failsFirstRun(inputs: unknown[]) {
+  return (input: unknown) => {
+    inputs.push(input);
+    if (inputs.length === 1) throw Object.assign(new Error('first run'), { name: 'FirstRun' });
+    return 'ok';
+  };
+}
+
+/** Start an execution, expect it to fail, and redrive it: the redriven run, once it ended. */
+async function failThenRedrive(sim: Simulator, sm: sfn.StateMachine, input: unknown) {
+  const first = await sim.startExecution(sim.stateMachine(logicalId(sm.node.defaultChild as any)), input).done;
+  expect(first.status).toBe('FAILED');
+  return sim.redriveExecution(first.arn);
+}
+
 describe('state machines', () => {
   test('DynamoDB errors carry the names Step Functions gives them, for both integrations', async () => {
     const { stack, sm } = machineStack((s, table) => {
@@ -178,19 +194,9 @@ describe('state machines', () => {
       const branch = new sfn.Parallel(s, 'Branch', { resultPath: sfn.JsonPath.DISCARD, parameters: { inside: true } } as sfn.ParallelProps).branch(read);
       return branch;
     });
-    const sim = await Simulator.start(stack, {
-      taskHandlers: {
-        'Read Input': (input: unknown) => {
-          seen.push(input);
-          if (seen.length === 1) throw Object.assign(new Error('first run'), { name: 'FirstRun' });
-          return 'ok';
-        },
-      },
-    });
+    const sim = await Simulator.start(stack, { taskHandlers: { 'Read Input': failsFirstRun(seen) } });
     try {
-      const first = await sim.startExecution(sim.stateMachine(logicalId(sm.node.defaultChild as any)), { job: 'a' }).done;
-      expect(first.status).toBe('FAILED');
-      const again = await sim.redriveExecution(first.arn);
+      const again = await failThenRedrive(sim, sm, { job: 'a' });
 
       expect(again.status).toBe('SUCCEEDED');
       expect(seen).toEqual([
@@ -209,19 +215,9 @@ describe('state machines', () => {
       const failOnce = new sfn.CustomState(s, 'Fail Once', { stateJson: { Type: 'Task', Resource: 'arn:aws:states:::failOnce', ResultPath: '$.done' } });
       return new sfn.Parallel(s, 'Branch', { resultPath: sfn.JsonPath.DISCARD }).branch(mark.next(failOnce));
     });
-    const sim = await Simulator.start(stack, {
-      taskHandlers: {
-        'Fail Once': (input: unknown) => {
-          inputs.push(input);
-          if (inputs.length === 1) throw Object.assign(new Error('first run'), { name: 'FirstRun' });
-          return 'ok';
-        },
-      },
-    });
+    const sim = await Simulator.start(stack, { taskHandlers: { 'Fail Once': failsFirstRun(inputs) } });
     try {
-      const first = await sim.startExecution(sim.stateMachine(logicalId(sm.node.defaultChild as any)), { job: 'a' }).done;
-      expect(first.status).toBe('FAILED');
-      const again = await sim.redriveExecution(first.arn);
+      const again = await failThenRedrive(sim, sm, { job: 'a' });
 
       expect(again.status).toBe('SUCCEEDED');
       // The state's own input (with what the branch's first state added), not the Parallel's.

@@ -325,6 +325,3 @@ export const TAKE_BACK_UPDATE = `SET ${NAMES.holder} = ${VALUES.entry} REMOVE ${
 
 /** CLAIM_CONDITION's update: the run's stamp, a new acquire time, `claimed`, a fencing token. */
 export const CLAIM_UPDATE = `SET ${NAMES.fence} = if_not_exists(${NAMES.fence}, ${VALUES.zero}) + ${VALUES.one}, ${NAMES.holder}.${HOLDER_CLAIMED} = ${QUEUE_VALUES.claimed}, ${NAMES.holder}.${HOLDER_ACQUIRED_AT} = ${VALUES.acquiredAt}, ${NAMES.holder}.${HOLDER_REDRIVE_COUNT} = ${VALUES.redriveCount}`;
-
-/** The redrive guard's claim: the same write. */
-export const GUARD_CLAIM_UPDATE = CLAIM_UPDATE;

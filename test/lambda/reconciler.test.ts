@@ -4,7 +4,7 @@ import { DynamoDBDocumentClient, ScanCommand, UpdateCommand } from '@aws-sdk/lib
 import { mockClient } from 'aws-sdk-client-mock';
 import { GRACE_MS, GUARD_PATIENCE_MS } from '../../lambda/reconciler-flows';
 import { handler, ReconcilerResult, RedriveGuardResult } from '../../lambda/reconciler.lambda';
-import { ACQUIRE_CONDITION, CLAIM_CONDITION, GUARD_CLAIM_UPDATE, RELEASE_SEEN_HOLDER_CONDITION } from '../../src/private/lock-schema';
+import { ACQUIRE_CONDITION, CLAIM_CONDITION, CLAIM_UPDATE, RELEASE_SEEN_HOLDER_CONDITION } from '../../src/private/lock-schema';
 
 /*
  * The reconciler's handler with the AWS SDK mocked: the decisions it takes for each kind of holder.
@@ -316,7 +316,7 @@ describe('redrive guard', () => {
     expect(claim).toMatchObject({
       // A new acquire time and run: a sweep that read the old entry, or a late cleanup of the run
       // before the redrive, leaves it alone; claimed, so a releaser that handed it over never takes it back.
-      UpdateExpression: GUARD_CLAIM_UPDATE,
+      UpdateExpression: CLAIM_UPDATE,
       ExpressionAttributeNames: { '#holder': exec('r3') },
       ExpressionAttributeValues: { ':acquiredAt': expect.stringMatching(/^\d{4}-\d\d-\d\dT/), ':redriveCount': 1, ':claimed': true },
     });
