@@ -27,6 +27,13 @@ import type { Random } from './random';
  *    module's interpreter: inside a Parallel branch, the branch's input (its Parameters) and start; in
  *    a redriven run, the input of the state it resumes. On AWS both are the execution's. The
  *    simulator passes the execution's own in the context, and they win.
+ * 9. A Pass state whose `Result` is falsy (0, false, "", null) passes its input on instead: the module
+ *    tests `if (Result)`. AWS uses the Result whatever its value ("Result: the output of the state").
+ * 10. Error matching as AWS documents it (https://docs.aws.amazon.com/step-functions/latest/dg/concepts-error-handling.html):
+ *    `States.TaskFailed` "matches any known error name except for States.Timeout", and the module
+ *    excepts only its own timeouts, not a callback task's `States.Timeout` raised by the simulator;
+ *    `States.ALL` "can't catch the States.DataLimitExceeded terminal error type" (a catcher naming it
+ *    can). (`States.Runtime` the module already never catches nor retries, as AWS.)
  *
  * Each patch must apply exactly once, so an upgrade of the module that moves the code fails loudly
  * here instead of silently running at full speed.
@@ -65,6 +72,15 @@ const PATCHES: Array<[string, string]> = [
   [
     '        Input: input,\n        StartTime: (/* @__PURE__ */ new Date()).toISOString()\n',
     '        Input: options.runOptions?.context?.Execution?.Input ?? input,\n        StartTime: options.runOptions?.context?.Execution?.StartTime ?? (/* @__PURE__ */ new Date()).toISOString()\n',
+  ],
+  ['    if (this.stateDefinition.Result) {\n', '    if ("Result" in this.stateDefinition) {\n'],
+  [
+    '        const isErrorWildcard = catcherError === WILDCARD_ERROR;\n        const isErrorTaskWildcard = catcherError === TASK_STATE_WILDCARD_ERROR && this.stateDefinition.Type === "Task" && !(error instanceof StatesTimeoutError);\n',
+    '        const isErrorWildcard = catcherError === WILDCARD_ERROR && error.name !== "States.DataLimitExceeded";\n        const isErrorTaskWildcard = catcherError === TASK_STATE_WILDCARD_ERROR && this.stateDefinition.Type === "Task" && !(error instanceof StatesTimeoutError) && error.name !== "States.Timeout";\n',
+  ],
+  [
+    '        const isErrorTaskWildcard = retrierError === TASK_STATE_WILDCARD_ERROR && this.stateDefinition.Type === "Task" && !(error instanceof StatesTimeoutError);\n',
+    '        const isErrorTaskWildcard = retrierError === TASK_STATE_WILDCARD_ERROR && this.stateDefinition.Type === "Task" && !(error instanceof StatesTimeoutError) && error.name !== "States.Timeout";\n',
   ],
 ];
 

@@ -62,6 +62,12 @@ export interface SimulatorOptions {
    */
   readonly lostWakeUpRate?: number;
   /**
+   * Probability that a Step Functions call made by a state machine task (`aws-sdk:sfn:*`) is
+   * throttled: it does nothing and fails with `Sfn.SfnException`, "Rate exceeded", as an error the
+   * Step Functions API model does not define reaches an AWS SDK integration. @default 0
+   */
+  readonly sfnThrottleRate?: number;
+  /**
    * Lambda functions by logical ID, in place of their synthesized code, for `lambda:invoke` tasks,
    * direct function ARN tasks and rule targets.
    */
@@ -118,6 +124,13 @@ export class Execution {
   public abortRun?: () => void;
   /** @internal A state whose output passed the payload quota: the execution fails with States.DataLimitExceeded. */
   public dataLimitExceeded?: string;
+  /**
+   * Events in its history as Step Functions counts them (see `historyEventsOf`), all its runs together:
+   * at HISTORY_EVENT_LIMIT it fails with States.Runtime.
+   */
+  public historyEvents = 1; // ExecutionStarted
+  /** @internal The history reached HISTORY_EVENT_LIMIT: the execution fails with States.Runtime. */
+  public historyLimitExceeded?: string;
   private resolveDone!: (e: Execution) => void;
 
   constructor(
@@ -152,6 +165,50 @@ export class Execution {
     this.stopped = new AbortController();
     this.done = new Promise((done) => (this.resolveDone = done));
     this.history.push({ type: 'ExecutionRedriven', timestamp: now });
+    this.historyEvents++;
+  }
+}
+
+/**
+ * Step Functions' quota of history events per execution. "When an execution reaches 24,999 events, it
+ * waits for the next event to happen. If the event number 25,000 is ExecutionSucceeded, the execution
+ * finishes successfully. If the event number 25,000 isn't ExecutionSucceeded, the ExecutionFailed event
+ * is logged and the state machine execution fails because of reaching the history limit."
+ * https://docs.aws.amazon.com/step-functions/latest/dg/bp-history-limit.html
+ * The error is not documented; executions that reached the limit report `States.Runtime` with this
+ * cause (github.com/loads/ardere/issues/86), and cannot be redriven ("Execution history event limit
+ * exceeded", a RedriveStatusReason of DescribeExecution).
+ */
+export const HISTORY_EVENT_LIMIT = 25_000;
+const HISTORY_LIMIT_CAUSE = `The execution reached the maximum number of history events (${HISTORY_EVENT_LIMIT}).`;
+
+/**
+ * How many history events an event of the interpreter stands for, as Step Functions logs a Standard
+ * execution (HistoryEvent types, https://docs.aws.amazon.com/step-functions/latest/apireference/API_HistoryEvent.html):
+ * a Pass, Choice, Wait or Succeed state is entered and exited (2); a Task is entered, scheduled,
+ * started, (submitted, with a callback,) ends (succeeded, failed or timed out) and is exited (5, 6),
+ * and each retry schedules and starts it again after the failure (3, 4); a Parallel or Map is
+ * entered, started, ends and is exited (4), each Map iteration starting and ending (2); a Fail state
+ * is entered, and the execution's end follows. A failure caught still exits the state.
+ */
+function historyEventsOf(event: { type: string; state?: { name: string; type: string } }, state: any, caught: boolean): number {
+  const type = event.state?.type;
+  const callback = type === 'Task' && typeof state?.Resource === 'string' && state.Resource.endsWith(WAIT_FOR_TASK_TOKEN) ? 1 : 0;
+  switch (event.type) {
+    case 'StateEntered':
+      return 1 + (type === 'Task' ? 2 + callback : type === 'Parallel' || type === 'Map' ? 1 : 0);
+    case 'StateFailed':
+      return type === 'Task' || type === 'Parallel' || type === 'Map' ? 1 : 0;
+    case 'StateRetried':
+      return type === 'Task' ? 2 + callback : type === 'Parallel' ? 1 : 0;
+    case 'StateExited':
+      return 1 + ((type === 'Task' || type === 'Parallel' || type === 'Map') && !caught ? 1 : 0);
+    case 'MapIterationStarted':
+    case 'MapIterationSucceeded':
+    case 'MapIterationFailed':
+      return 1;
+    default:
+      return 0;
   }
 }
 
@@ -202,6 +259,8 @@ export class Simulator {
   public readonly events: Array<Record<string, any>> = [];
   /** Wake-ups (SendTaskSuccess from tasks) lost by injected faults. */
   public lostWakeUps = 0;
+  /** Step Functions calls of tasks that were throttled (`sfnThrottleRate`). */
+  public throttledSfnCalls = 0;
   /** Events lost by injected faults. */
   public lostEvents = 0;
   /** Lambda invocations, by logical ID. */
@@ -258,6 +317,7 @@ export class Simulator {
           for (const [k, v] of Object.entries(subs)) text = text.split('${' + k + '}').join(v);
           definition = JSON.parse(text);
         }
+        refuseWhatItCannotRun(logicalId, definition, props.StateMachineType);
         this.stateMachines.set(logicalId, { logicalId, name: physical.attributes.Name, arn: physical.ref, definition });
       } else if (resource.Type === 'AWS::Events::Rule' && props.State !== 'DISABLED') {
         this.rules.push({
@@ -456,6 +516,9 @@ export class Simulator {
     if (!e) throw new ApiError('ExecutionDoesNotExist', `Execution Does Not Exist: '${executionArn}'`);
     if (!['FAILED', 'ABORTED', 'TIMED_OUT'].includes(e.status)) {
       throw new ApiError('ExecutionNotRedrivable', `Execution is ${e.status}: '${executionArn}'`);
+    }
+    if (e.historyLimitExceeded !== undefined) {
+      throw new ApiError('ExecutionNotRedrivable', `Execution history event limit exceeded: '${executionArn}'`);
     }
     const last = [...e.history].reverse().find((h) => h.name !== undefined)!;
     const definition = JSON.parse(JSON.stringify(e.stateMachine.definition));
@@ -662,10 +725,25 @@ export class Simulator {
     execution.abortRun = run.abort;
     this.emitStatusChange(execution);
 
+    const definitionStates = new Map(allStates(execution.stateMachine.definition));
+    const caught = new Set<string>();
     const counting = (async () => {
       for await (const event of run.eventLogs) {
         // The state a redrive starts a branch with is the simulator's, not the definition's: no transition, no history.
         if ('state' in event && (event as { state: { name: string } }).state.name === REDRIVE_RESUME) continue;
+        const key = 'state' in event ? `${event.state.name}#${(event as { index?: number }).index ?? ''}` : '';
+        const events = historyEventsOf(event, 'state' in event ? definitionStates.get(event.state.name) : undefined, caught.has(key));
+        if (event.type === 'StateCaught') caught.add(key);
+        else if (event.type === 'StateEntered') caught.delete(key);
+        // Only the execution's success may be the 25,000th event (it is counted when the run ends).
+        if (execution.historyEvents + events > HISTORY_EVENT_LIMIT - 1) {
+          if (execution.historyLimitExceeded === undefined) {
+            execution.historyLimitExceeded = HISTORY_LIMIT_CAUSE;
+            execution.abortRun?.();
+          }
+        } else {
+          execution.historyEvents += events;
+        }
         if (event.type === 'StateEntered' || event.type === 'StateRetried') {
           execution.transitions++;
           const name = event.state.name;
@@ -684,12 +762,25 @@ export class Simulator {
       }
     })();
 
+    type RunError = Error & { cause?: Error };
+    let outcome: { output: unknown } | { error: RunError };
     try {
-      execution.output = await run.result;
-      execution.status = 'SUCCEEDED';
+      outcome = { output: await run.result };
     } catch (e) {
-      const err = e as Error & { cause?: Error };
-      if (execution.dataLimitExceeded !== undefined) {
+      outcome = { error: e as RunError };
+    }
+    // Every event of the run counted (the interpreter hands them over a moment late): was the limit passed?
+    await counting;
+    if ('output' in outcome && execution.historyLimitExceeded === undefined && execution.dataLimitExceeded === undefined) {
+      execution.output = outcome.output;
+      execution.status = 'SUCCEEDED';
+    } else {
+      const err: RunError = 'error' in outcome ? outcome.error : (new Error() as RunError);
+      if (execution.historyLimitExceeded !== undefined) {
+        execution.status = 'FAILED';
+        execution.error = 'States.Runtime';
+        execution.cause = execution.historyLimitExceeded;
+      } else if (execution.dataLimitExceeded !== undefined) {
         execution.status = 'FAILED';
         execution.error = 'States.DataLimitExceeded';
         execution.cause = execution.dataLimitExceeded;
@@ -709,10 +800,10 @@ export class Simulator {
       }
     }
     execution.stopDate = this.now();
+    execution.historyEvents++;
     execution.history.push({ type: `Execution${{ SUCCEEDED: 'Succeeded', FAILED: 'Failed', ABORTED: 'Aborted', TIMED_OUT: 'TimedOut', RUNNING: '' }[execution.status]}`, timestamp: execution.stopDate });
     execution.stopped.abort();
     this.stopListeners.forEach((l) => l(execution));
-    await counting;
     this.emitStatusChange(execution);
     execution.finish();
   }
@@ -742,7 +833,7 @@ export class Simulator {
         // keep the process alive, and it runs no state after the abort whatever the task's outcome.
         if (execution.stopped.signal.aborted) return Promise.reject(executionStopped());
         try {
-          return await this.runTask(execution, stateName, state.Resource, input);
+          return checkTaskResultSize(stateName, await this.runTask(execution, stateName, state.Resource, input));
         } finally {
           this.taskEndListeners.forEach((l) => l(execution, stateName));
         }
@@ -800,6 +891,12 @@ export class Simulator {
       return this.dynamo.run(resource, input, (units) => {
         execution.writeUnits += units.write;
         execution.readUnits += units.read;
+      });
+    }
+    if (resource.startsWith('arn:aws:states:::aws-sdk:sfn:') && chance(this.random, this.options.sfnThrottleRate ?? 0)) {
+      this.throttledSfnCalls++;
+      return sdkIntegrationCall('Sfn', () => {
+        throw new ApiError('ThrottlingException', 'Rate exceeded');
       });
     }
     if (resource === 'arn:aws:states:::aws-sdk:sfn:describeExecution') {
@@ -936,6 +1033,46 @@ export class Simulator {
   }
 }
 
+/**
+ * The DynamoDB actions dynalite, the simulator's DynamoDB, lacks (it serves the item, batch, query and
+ * scan actions only).
+ */
+const DYNALITE_LACKS = ['transactWriteItems', 'transactGetItems', 'executeStatement', 'executeTransaction', 'batchExecuteStatement'];
+
+/**
+ * What the simulator cannot run, or what AWS refuses at creation, refused when the simulator starts,
+ * naming the state machine and the state, rather than run differently from AWS:
+ * - JSONata (aws-local-stepfunctions interprets JSONPath only);
+ * - DynamoDB actions and parameters dynalite lacks (transactions, PartiQL, `ReturnValuesOnConditionCheckFailure`);
+ * - `.waitForTaskToken` on the optimized DynamoDB integration, which supports Request Response only
+ *   (https://docs.aws.amazon.com/step-functions/latest/dg/connect-ddb.html);
+ * - `.waitForTaskToken` and `.sync` in an Express state machine, which supports neither
+ *   (https://docs.aws.amazon.com/step-functions/latest/dg/choosing-workflow-type.html).
+ */
+export function refuseWhatItCannotRun(logicalId: string, definition: any, type?: string): void {
+  const refuse = (state: string | undefined, what: string) => {
+    throw new Error(`the simulator cannot run state machine ${logicalId}${state === undefined ? '' : `, state '${state}'`}: ${what}`);
+  };
+  if (definition.QueryLanguage === 'JSONata') refuse(undefined, 'it uses JSONata, and the simulator interprets JSONPath only');
+  for (const [name, state] of allStates(definition)) {
+    if (state.QueryLanguage === 'JSONata') refuse(name, 'it uses JSONata, and the simulator interprets JSONPath only');
+    if (state.Type !== 'Task' || typeof state.Resource !== 'string') continue;
+    const dynamo = /^arn:aws:states:::(aws-sdk:)?dynamodb:([A-Za-z]+)(\.[A-Za-z]+)?$/.exec(state.Resource);
+    if (dynamo && DYNALITE_LACKS.includes(dynamo[2])) {
+      refuse(name, `DynamoDB ${dynamo[2]}: dynalite, the simulator's DynamoDB, has no such action (it has the item, batch, query and scan actions)`);
+    }
+    if (dynamo && JSON.stringify(state.Parameters ?? {}).includes('"ReturnValuesOnConditionCheckFailure')) {
+      refuse(name, 'ReturnValuesOnConditionCheckFailure: dynalite, the simulator\'s DynamoDB, would ignore it');
+    }
+    if (dynamo && !dynamo[1] && dynamo[3] !== undefined) {
+      refuse(name, `the optimized DynamoDB integration supports Request Response only, not ${dynamo[3]} (AWS refuses the definition)`);
+    }
+    if (type === 'EXPRESS' && /\.(waitForTaskToken|sync)(:2)?$/.test(state.Resource)) {
+      refuse(name, 'an Express state machine supports neither .waitForTaskToken nor .sync (AWS refuses the definition)');
+    }
+  }
+}
+
 /** Every state of a definition, nested Parallel branches and Map iterators included. */
 export function allStates(definition: any): Array<[string, any]> {
   const result: Array<[string, any]> = [];
@@ -975,9 +1112,8 @@ const PAYLOAD_QUOTA_BYTES = 256 * 1024;
 
 /**
  * A task whose effective input (after Parameters) exceeds the quota fails with `States.DataLimitExceeded`
- * before it calls anything, as Step Functions does. In AWS that error is terminal and `States.ALL` does
- * not catch it (only a catcher naming it does); the interpreter has no such distinction, so here a
- * `States.ALL` catcher catches it too. It is never retried.
+ * before it calls anything, as Step Functions does. That error is terminal: `States.ALL` does not catch
+ * it (only a catcher naming it does; local-sfn.ts patch 10), and it is never retried.
  * A state whose output exceeds the quota fails the execution with that error too, a moment late: the
  * interpreter reports the output once the state has exited, so the next state may have begun.
  * https://docs.aws.amazon.com/step-functions/latest/dg/concepts-error-handling.html
@@ -991,19 +1127,59 @@ function checkPayloadSize(stateName: string, input: unknown): void {
   }
 }
 
+/**
+ * A task result above the quota (before ResultSelector: a DescribeExecution of a large input, a Lambda
+ * that returns too much) fails the task with `States.DataLimitExceeded`, never retried.
+ * https://docs.aws.amazon.com/step-functions/latest/dg/service-quotas.html#service-limits-task-executions
+ */
+function checkTaskResultSize(stateName: string, result: unknown): unknown {
+  const exceeded = payloadOverQuota(stateName, 'a task result', result);
+  if (exceeded) {
+    const error = new TaskError('States.DataLimitExceeded', exceeded);
+    Object.defineProperty(error, 'isRetryable', { value: false });
+    throw error;
+  }
+  return result;
+}
+
 /** Why a state's payload passes the quota, or undefined when it does not. */
 function payloadOverQuota(stateName: string, what: string, payload: unknown): string | undefined {
   const bytes = Buffer.byteLength(JSON.stringify(payload ?? null), 'utf8');
   return bytes > PAYLOAD_QUOTA_BYTES ? `The state '${stateName}' has ${what} of ${bytes} bytes, above the quota of ${PAYLOAD_QUOTA_BYTES} bytes` : undefined;
 }
 
+/**
+ * Errors the Step Functions API model defines (its shapes). An AWS SDK integration names an error
+ * `ServiceName.ErrorName` ("the resulting Error field will be composed of the service name and the
+ * error name"); one the model does not define, such as ThrottlingException (a common error of every
+ * AWS API, not a shape of this one), reaches the task as the service's base exception, `Sfn.SfnException`,
+ * as AWS SDK integrations report `DynamoDb.DynamoDbException` for a DynamoDB error outside its model.
+ * https://docs.aws.amazon.com/step-functions/latest/dg/supported-services-awssdk.html
+ */
+const SFN_MODELED_ERRORS = new Set([
+  'ExecutionAlreadyExists',
+  'ExecutionDoesNotExist',
+  'ExecutionLimitExceeded',
+  'ExecutionNotRedrivable',
+  'InvalidArn',
+  'InvalidExecutionInput',
+  'InvalidName',
+  'InvalidOutput',
+  'InvalidToken',
+  'StateMachineDoesNotExist',
+  'TaskDoesNotExist',
+  'TaskTimedOut',
+  'ValidationException',
+]);
+
 /** An AWS SDK integration's result: API field names in PascalCase; its errors prefixed by the service. */
-function sdkIntegrationCall(service: string, call: () => unknown): unknown {
+function sdkIntegrationCall(service: 'Sfn', call: () => unknown): unknown {
   try {
     return call();
   } catch (e) {
     const err = e as Error;
-    throw new TaskError(`${service}.${err.name}Exception`.replace(/ExceptionException$/, 'Exception'), err.message);
+    const name = SFN_MODELED_ERRORS.has(err.name) ? `${err.name}Exception`.replace(/ExceptionException$/, 'Exception') : `${service}Exception`;
+    throw new TaskError(`${service}.${name}`, err.message);
   }
 }
 

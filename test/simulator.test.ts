@@ -10,7 +10,7 @@ import * as targets from 'aws-cdk-lib/aws-events-targets';
 import * as lambda from 'aws-cdk-lib/aws-lambda';
 import * as sfn from 'aws-cdk-lib/aws-stepfunctions';
 import * as tasks from 'aws-cdk-lib/aws-stepfunctions-tasks';
-import { DynamoTaskRunner, jsonPath, LocalDynamoDb, matchesPattern, REDRIVE_RESUME, seededRandom, Simulator, targetInput } from '../simulator';
+import { DynamoTaskRunner, jsonPath, LocalDynamoDb, matchesPattern, REDRIVE_RESUME, refuseWhatItCannotRun, seededRandom, Simulator, targetInput } from '../simulator';
 import { logicalId, workflowStack } from './helpers';
 
 /*
@@ -156,6 +156,23 @@ describe('state machines', () => {
     }
   });
 
+  test.each<[string, Record<string, unknown>, string | undefined, RegExp]>([
+    ['JSONata', { QueryLanguage: 'JSONata', Type: 'Pass' }, undefined, /state 'S': it uses JSONata, and the simulator interprets JSONPath only/],
+    ['a transaction', { Type: 'Task', Resource: 'arn:aws:states:::aws-sdk:dynamodb:transactWriteItems', Parameters: {} }, undefined, /state 'S': DynamoDB transactWriteItems: dynalite/],
+    [
+      'ReturnValuesOnConditionCheckFailure',
+      { Type: 'Task', Resource: 'arn:aws:states:::dynamodb:updateItem', Parameters: { ReturnValuesOnConditionCheckFailure: 'ALL_OLD' } },
+      undefined,
+      /state 'S': ReturnValuesOnConditionCheckFailure: dynalite, the simulator's DynamoDB, would ignore it/,
+    ],
+    ['the optimized DynamoDB integration with a callback', { Type: 'Task', Resource: 'arn:aws:states:::dynamodb:putItem.waitForTaskToken' }, undefined, /supports Request Response only/],
+    ['a callback in Express', { Type: 'Task', Resource: 'arn:aws:states:::sqs:sendMessage.waitForTaskToken' }, 'EXPRESS', /an Express state machine supports neither/],
+  ])('refuses to run what it cannot run, or AWS refuses, naming the state: %s', (_, state, type, message) => {
+    const definition = { StartAt: 'Start', States: { Start: { Type: 'Parallel', Branches: [{ StartAt: 'S', States: { S: { ...state, End: true } } }], End: true } } };
+    expect(() => refuseWhatItCannotRun('Machine', definition, type)).toThrow(message);
+    expect(() => refuseWhatItCannotRun('Machine', { StartAt: 'S', States: { S: { Type: 'Pass', End: true } } }, type)).not.toThrow();
+  });
+
   test('counts retries as billed transitions', async () => {
     let calls = 0;
     const { stack, sm } = machineStack((s) => {
@@ -180,6 +197,32 @@ describe('state machines', () => {
       expect(e.output).toEqual({ flaky: 'ok' });
       expect(e.stateTransitions.get('Flaky')).toBe(3); // entered once, retried twice
       expect(e.transitions).toBe(4);
+      // Started; the task entered, scheduled, started, failed, scheduled and started twice more, succeeded,
+      // exited; the Pass entered and exited; the execution succeeded.
+      expect(e.historyEvents).toBe(1 + (4 + 3 + 3 + 1) + 2 + 1);
+    } finally {
+      await sim.stop();
+    }
+  });
+
+  test('history: the 25,000th event may only be the execution\'s success; past it the execution fails with States.Runtime and cannot be redriven', async () => {
+    // Count ⇄ Done?: four events per round, beside ExecutionStarted, the Succeed state's two and ExecutionSucceeded.
+    const { stack, sm } = machineStack((s) => {
+      const count = new sfn.Pass(s, 'Count', { parameters: { 'n.$': 'States.MathAdd($.n, 1)', 'rounds.$': '$.rounds' } });
+      return count.next(new sfn.Choice(s, 'Done?').when(sfn.Condition.numberLessThanJsonPath('$.n', '$.rounds'), count).otherwise(new sfn.Succeed(s, 'Done')));
+    });
+    const sim = await Simulator.start(stack, { timeScale: 0.001 });
+    try {
+      const machine = sim.stateMachine(logicalId(sm.node.defaultChild as any));
+      const small = await sim.startExecution(machine, { n: 0, rounds: 1 }).done;
+      expect([small.status, small.historyEvents]).toEqual(['SUCCEEDED', 8]);
+      const exact = await sim.startExecution(machine, { n: 0, rounds: 6249 }).done;
+      expect([exact.status, exact.historyEvents]).toEqual(['SUCCEEDED', 25_000]);
+
+      const over = await sim.startExecution(machine, { n: 0, rounds: 6250 }).done;
+      expect([over.status, over.error, over.cause]).toEqual(['FAILED', 'States.Runtime', 'The execution reached the maximum number of history events (25000).']);
+      expect(over.historyEvents).toBe(25_000);
+      expect(() => sim.redriveExecution(over.arn)).toThrow('Execution history event limit exceeded');
     } finally {
       await sim.stop();
     }
@@ -252,6 +295,22 @@ describe('state machines', () => {
     }
   });
 
+  test('a Pass state\'s Result is its output whatever its value: 0, false and "" too', async () => {
+    const results = [sfn.Result.fromNumber(0), sfn.Result.fromBoolean(false), sfn.Result.fromString(''), sfn.Result.fromNumber(7)];
+    const { stack, sm } = machineStack((s) => {
+      let chain = sfn.Chain.start(new sfn.Pass(s, 'Start'));
+      results.forEach((result, i) => (chain = chain.next(new sfn.Pass(s, `Set ${i}`, { result, resultPath: `$.r${i}` }))));
+      return chain;
+    });
+    const sim = await Simulator.start(stack);
+    try {
+      const run = await sim.startExecution(sim.stateMachine(logicalId(sm.node.defaultChild as any)), { keep: 1 }).done;
+      expect(run.output).toEqual({ keep: 1, r0: 0, r1: false, r2: '', r3: 7 });
+    } finally {
+      await sim.stop();
+    }
+  });
+
   test('States.JsonToString gives JSON text that States.StringToJson reads back, backslashes and all', async () => {
     const { stack, sm } = machineStack((s) =>
       new sfn.Pass(s, 'Encode', {
@@ -292,6 +351,35 @@ describe('state machines', () => {
       expect(calls).toBe(0);
       const fits = await sim.startExecution(machine, { q: 'x'.repeat(100_000) }).done;
       expect([fits.status, calls]).toEqual(['SUCCEEDED', 1]);
+    } finally {
+      await sim.stop();
+    }
+  });
+
+  test('States.ALL does not catch States.DataLimitExceeded; a catcher naming it does', async () => {
+    const { stack, sm } = machineStack((s) => {
+      // Any task will do: the simulator runs the handlers below in their place.
+      const task = (id: string) =>
+        new tasks.CallAwsService(s, id, {
+          service: 'sqs',
+          action: 'sendMessage',
+          iamResources: ['*'],
+          parameters: { MessageBody: sfn.JsonPath.jsonToString(sfn.JsonPath.objectAt('$')) },
+        });
+      const store = task('Store');
+      const named = task('Store Again');
+      store.addCatch(new sfn.Pass(s, 'Caught By All'), { errors: ['States.ALL'] });
+      named.addCatch(new sfn.Pass(s, 'Caught By Name'), { errors: ['States.DataLimitExceeded'] });
+      return new sfn.Choice(s, 'Which').when(sfn.Condition.isPresent('$.named'), named).otherwise(store);
+    });
+    const sim = await Simulator.start(stack, { taskHandlers: { 'Store': async () => 1, 'Store Again': async () => 1 } });
+    try {
+      const machine = sim.stateMachine(logicalId(sm.node.defaultChild as any));
+      const q = '"'.repeat(100_000);
+      const all = await sim.startExecution(machine, { q }).done;
+      expect([all.status, all.error, all.stateTransitions.has('Caught By All')]).toEqual(['FAILED', 'States.DataLimitExceeded', false]);
+      const named = await sim.startExecution(machine, { q, named: true }).done;
+      expect([named.status, named.stateTransitions.get('Caught By Name')]).toEqual(['SUCCEEDED', 1]);
     } finally {
       await sim.stop();
     }
@@ -357,6 +445,26 @@ describe('Lambda functions, schedules and the Step Functions API', () => {
 
       expect(e.output).toEqual({ stored: 'from-lambda' });
       expect((await sim.scan('Table')).map((i) => i.pk.S)).toEqual(['from-lambda']);
+    } finally {
+      await sim.stop();
+    }
+  });
+
+  test('a function a rule invokes asynchronously that fails is invoked twice more, about 1 and 2 minutes later, then reported', async () => {
+    const stack = new Stack(new App(), 'Async');
+    const fn = new lambda.Function(stack, 'Failing', {
+      runtime: lambda.Runtime.NODEJS_18_X,
+      handler: 'index.handler',
+      code: lambda.Code.fromInline("exports.handler = async () => { const e = new Error('no'); e.name = 'Boom'; throw e; };"),
+    });
+    new events.Rule(stack, 'Every5Minutes', { schedule: events.Schedule.rate(Duration.minutes(5)), targets: [new targets.LambdaFunction(fn)] });
+    const sim = await Simulator.start(stack, { schedules: false });
+    try {
+      const started = sim.now();
+      await sim.fireScheduledRules();
+      expect(sim.lambdaInvocations.get(logicalId(fn.node.defaultChild as any))).toBe(3);
+      expect((sim.now() - started) / 1000).toBeGreaterThanOrEqual(180);
+      expect(sim.asyncFailures).toEqual([expect.objectContaining({ functionLogicalId: logicalId(fn.node.defaultChild as any), error: 'Boom' })]);
     } finally {
       await sim.stop();
     }
@@ -458,7 +566,7 @@ describe('callbacks: .waitForTaskToken', () => {
    * integration and then waits, and a "Notify" machine that sends SendTaskSuccess from a task,
    * catching a closed token.
    */
-  function callbackStack(waitProps: { heartbeat?: Duration; timeout?: Duration; retry?: boolean } = {}) {
+  function callbackStack(waitProps: { heartbeat?: Duration; timeout?: Duration; retry?: boolean; catchErrors?: string[] } = {}) {
     const stack = new Stack(new App(), 'Sim');
     const table = new dynamodb.Table(stack, 'Table', { partitionKey: { name: 'pk', type: dynamodb.AttributeType.STRING } });
     const waitForCallback = new tasks.CallAwsService(stack, 'Wait For Callback', {
@@ -471,6 +579,7 @@ describe('callbacks: .waitForTaskToken', () => {
       taskTimeout: waitProps.timeout && sfn.Timeout.duration(waitProps.timeout),
     });
     if (waitProps.retry) waitForCallback.addRetry({ errors: ['States.HeartbeatTimeout'], maxAttempts: 1, interval: Duration.seconds(1) });
+    if (waitProps.catchErrors) waitForCallback.addCatch(new sfn.Pass(stack, 'Caught'), { errors: waitProps.catchErrors });
     const waiter = new sfn.StateMachine(stack, 'Waiter', { definitionBody: sfn.DefinitionBody.fromChainable(waitForCallback) });
     const notify = new tasks.CallAwsService(stack, 'Notify', {
       service: 'sfn',
@@ -572,6 +681,24 @@ describe('callbacks: .waitForTaskToken', () => {
       stopped.abort();
       await stopped.done;
       expect(() => sim.sendTaskSuccess(token, '{}')).toThrow(expect.objectContaining({ name: 'TaskTimedOut' }));
+    } finally {
+      await sim.stop();
+    }
+  });
+
+  // "States.TaskFailed ... matches any known error name except for States.Timeout"
+  // (https://docs.aws.amazon.com/step-functions/latest/dg/concepts-error-handling.html).
+  test.each([
+    [['States.TaskFailed'], 'FAILED'],
+    [['States.Timeout'], 'SUCCEEDED'],
+    [['States.ALL'], 'SUCCEEDED'],
+  ])('a callback that times out: a catcher of %j gives %s', async (catchErrors, status) => {
+    const { stack, waiter } = callbackStack({ timeout: Duration.seconds(5), catchErrors });
+    const sim = await Simulator.start(stack);
+    try {
+      const run = await sim.startExecution(sim.stateMachine(waiter)).done;
+      expect(run.status).toBe(status);
+      expect(run.stateTransitions.has('Caught')).toBe(status === 'SUCCEEDED');
     } finally {
       await sim.stop();
     }
