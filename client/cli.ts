@@ -4,7 +4,7 @@ import { parseArgs, ParseArgsConfig } from 'util';
 import { DynamoDBClient } from '@aws-sdk/client-dynamodb';
 import { SFNClient } from '@aws-sdk/client-sfn';
 import { HolderStatus, SemaphoreClient, sleep, WaitState } from './semaphore-client';
-import { isExecutionHolder } from '../src/private/lock-schema';
+import { isExecutionHolder, MAX_CONCURRENCY_LIMIT, MAX_OWNER_LENGTH } from '../src/private/lock-schema';
 
 /*
  * cdk-sfn-semaphore: flock for AWS. The same permits as the Step Functions workflows, for shell
@@ -291,7 +291,9 @@ function acquireOptions(command: string, values: Values, env: NodeJS.ProcessEnv)
   let limit: number | undefined;
   if (values.limit !== undefined) {
     limit = /^\s*\d+\s*$/.test(String(values.limit)) ? Number(values.limit) : NaN;
-    if (!Number.isSafeInteger(limit) || limit < 1) throw new CliError(`${command}: --limit must be a positive integer, got: '${values.limit}'`, EXIT.usage);
+    if (!Number.isSafeInteger(limit) || limit < 1 || limit > MAX_CONCURRENCY_LIMIT) {
+      throw new CliError(`${command}: --limit must be an integer from 1 to ${MAX_CONCURRENCY_LIMIT}, got: '${values.limit}'`, EXIT.usage);
+    }
   }
   return {
     limit,
@@ -310,7 +312,10 @@ export function defaultOwner(env: NodeJS.ProcessEnv): string {
   } catch {
     user = env.USER || env.LOGNAME || `uid-${process.getuid?.() ?? 'unknown'}`;
   }
-  return `${user}@${os.hostname()}`;
+  // At most MAX_OWNER_LENGTH bytes, as the client requires (a long host name is cut).
+  let owner = `${user}@${os.hostname()}`;
+  while (Buffer.byteLength(owner, 'utf8') > MAX_OWNER_LENGTH) owner = owner.slice(0, -1);
+  return owner;
 }
 
 /**

@@ -13,7 +13,9 @@ import {
   HOLDER_LEASE_SECONDS,
   isExecutionHolder,
   LOCK_KEY,
+  MAX_CONCURRENCY_LIMIT,
   MAX_LOCK_NAME_LENGTH,
+  MAX_OWNER_LENGTH,
   NAMES,
   PERMITS_IN_USE,
   RELEASE_CONDITION,
@@ -191,8 +193,11 @@ export class SemaphoreClient {
     const pollMillis = (options.pollSeconds ?? 2) * 1000;
     const deadline = Date.now() + waitSeconds * 1000;
     let limit = options.limit;
-    if (limit !== undefined && (!Number.isInteger(limit) || limit < 1)) {
-      throw new Error(`the limit must be a positive integer (1, 2, 3, ...), got: ${limit}`);
+    if (limit !== undefined && (!Number.isInteger(limit) || limit < 1 || limit > MAX_CONCURRENCY_LIMIT)) {
+      throw new Error(`the limit must be an integer from 1 to ${MAX_CONCURRENCY_LIMIT} (the holders share one item of at most 400 KB), got: ${limit}`);
+    }
+    if (options.owner !== undefined && Buffer.byteLength(options.owner, 'utf8') > MAX_OWNER_LENGTH) {
+      throw new Error(`the owner must be at most ${MAX_OWNER_LENGTH} bytes long (UTF-8), got ${Buffer.byteLength(options.owner, 'utf8')}`);
     }
     if (limit === undefined) {
       limit = (await this.status(lockName)).limit ?? 1;

@@ -174,7 +174,7 @@ export class CleanFromIncomplete extends Construct {
     };
 
     if (lockName.inputPath === undefined) {
-      return release('$.detail.executionArn', lockName.fixed!, '$.detail.redriveCount');
+      return this.checkEvent(release('$.detail.executionArn', lockName.fixed!, '$.detail.redriveCount'));
     }
 
     // The lock name is in the stopped execution's input. The event carries that input as a string
@@ -218,14 +218,42 @@ export class CleanFromIncomplete extends Construct {
       jitterStrategy: sfn.JitterType.FULL,
     });
 
-    return new sfn.Choice(this, 'Input In Event?')
-      .when(
-        sfn.Condition.and(
-          sfn.Condition.isPresent('$.detail.inputDetails.included'),
-          sfn.Condition.booleanEquals('$.detail.inputDetails.included', false),
-        ),
-        describe.next(fromDescription).next(checkLockName),
-      )
-      .otherwise(fromEvent.next(checkLockName));
+    // A run whose input is above what DescribeExecution may return to a task (256 KiB with the other
+    // fields): the sweep frees its permit, which reads the holders of every lock and needs no input.
+    // States.DataLimitExceeded must be named: States.ALL does not catch it.
+    describe.addCatch(new sfn.Succeed(this, 'Input Too Large: Left To The Sweep'), {
+      errors: ['States.DataLimitExceeded'],
+      resultPath: sfn.JsonPath.DISCARD,
+    });
+
+    // The event leaves the input out (`input` null, `inputDetails.included` false) above 248 KiB.
+    const readInput = describe.next(fromDescription).next(checkLockName);
+    return this.checkEvent(
+      new sfn.Choice(this, 'Input In Event?')
+        .when(sfn.Condition.not(sfn.Condition.isPresent('$.detail.input')), readInput)
+        .when(sfn.Condition.not(sfn.Condition.isString('$.detail.input')), readInput)
+        .otherwise(fromEvent.next(checkLockName)),
+    );
+  }
+
+  /**
+   * The first state: an event of another status (a rule edited by hand, an archive replayed, a status
+   * Step Functions adds later) is ignored, and an event without a numeric `redriveCount` is of the
+   * first run (events from before redrive existed carry none). The rules run in order, so that each
+   * comparison sees a field that is present and of its type.
+   */
+  private checkEvent(next: sfn.IChainable): sfn.IChainable {
+    const ignore = new sfn.Succeed(this, 'Not A Stopped Execution');
+    const status = '$.detail.status';
+    const redriveCount = '$.detail.redriveCount';
+    const firstRun = new sfn.Pass(this, 'Redrive Count Missing: First Run', { result: sfn.Result.fromNumber(0), resultPath: redriveCount });
+    firstRun.next(next);
+    return new sfn.Choice(this, 'Stopped Execution?')
+      .when(sfn.Condition.not(sfn.Condition.isPresent(status)), ignore)
+      .when(sfn.Condition.not(sfn.Condition.isString(status)), ignore)
+      .when(sfn.Condition.not(sfn.Condition.or(...CleanFromIncomplete.STOPPED_STATUSES.map((s) => sfn.Condition.stringEquals(status, s)))), ignore)
+      .when(sfn.Condition.not(sfn.Condition.isPresent(redriveCount)), firstRun)
+      .when(sfn.Condition.not(sfn.Condition.isNumeric(redriveCount)), firstRun)
+      .otherwise(next);
   }
 }

@@ -137,10 +137,23 @@ export class SemaphoreTable extends Construct implements ISemaphoreTable {
    * @param tableName name of the existing table
    */
   public static fromTableName(scope: Construct, id: string, tableName: string): ISemaphoreTable {
-    if (tableName === '') {
+    return SemaphoreTable.fromTableAttributes(scope, id, { tableName });
+  }
+
+  /**
+   * Use an existing table that has the semaphore key schema, with its customer managed key: every
+   * role that reads or writes the locks (workflow, cleanup, reconciler, `grantClient`) also gets
+   * encrypt and decrypt on that key.
+   *
+   * @param scope the scope of the imported table
+   * @param id the construct id
+   * @param attrs the table's name and key
+   */
+  public static fromTableAttributes(scope: Construct, id: string, attrs: SemaphoreTableAttributes): ISemaphoreTable {
+    if (attrs.tableName === '') {
       throw new Error('`tableName` must not be empty');
     }
-    return new ImportedSemaphoreTable(scope, id, tableName);
+    return new ImportedSemaphoreTable(scope, id, attrs);
   }
 
   public readonly table: dynamodb.ITable;
@@ -205,15 +218,32 @@ function grantClient(table: ISemaphoreTable, grantee: iam.IGrantable): iam.Grant
   return items.combine(wake);
 }
 
+/**
+ * An existing semaphore table: its name and, if it is encrypted with a customer managed key, the key.
+ */
+export interface SemaphoreTableAttributes {
+  /**
+   * Name of the table. It must have the partition key `lockName` (type String) and no sort key.
+   */
+  readonly tableName: string;
+
+  /**
+   * The customer managed key the table is encrypted with.
+   *
+   * @default - the table is encrypted with a key owned or managed by AWS, and no key grant is needed
+   */
+  readonly encryptionKey?: kms.IKey;
+}
+
 /** An existing table, seen through the semaphore interface. */
 class ImportedSemaphoreTable extends Resource implements ISemaphoreTable {
   public readonly table: dynamodb.ITable;
   public readonly tableName: string;
   public readonly tableArn: string;
 
-  constructor(scope: Construct, id: string, tableName: string) {
+  constructor(scope: Construct, id: string, attrs: SemaphoreTableAttributes) {
     super(scope, id);
-    this.table = dynamodb.Table.fromTableName(this, 'Table', tableName);
+    this.table = dynamodb.Table.fromTableAttributes(this, 'Table', { tableName: attrs.tableName, encryptionKey: attrs.encryptionKey });
     this.tableName = this.table.tableName;
     this.tableArn = this.table.tableArn;
   }

@@ -523,6 +523,16 @@ describe('lock names', () => {
     await expect(client().status('x'.repeat(256))).rejects.toThrow(/the lock name must be 1 to 255 characters long/);
     await expect(client().release('jobs\u001f1', 'lease-x')).rejects.toThrow('the lock name must not contain the character U+001F (it keys the queue\'s ticket items), got: "jobs\\u001f1"');
   });
+
+  test('the client refuses what would grow the lock item past its bound: a limit above 1000, an owner above 100 bytes', async () => {
+    await expect(client().acquire(LOCK, { limit: 1001 })).rejects.toThrow(
+      'the limit must be an integer from 1 to 1000 (the holders share one item of at most 400 KB), got: 1001',
+    );
+    await expect(client().acquire(LOCK, { limit: 1, owner: 'o'.repeat(101) })).rejects.toThrow('the owner must be at most 100 bytes long (UTF-8), got 101');
+    // Bytes, not characters: 34 three-byte characters are 102 bytes.
+    await expect(client().acquire(LOCK, { limit: 1, owner: '\u20ac'.repeat(34) })).rejects.toThrow('the owner must be at most 100 bytes long (UTF-8), got 102');
+    expect((await client().status(LOCK)).holders).toEqual([]);
+  });
 });
 
 describe('the client\'s release', () => {
@@ -725,9 +735,10 @@ describe('usage and errors', () => {
     [['acquire', LOCK, '--wait', '100ms'], 2, "cdk-sfn-semaphore: acquire: --wait takes seconds, minutes, hours or days (90s, 15m, 2h, 1d), not milliseconds, got: '100ms'"],
     [['run', LOCK, '--lease', '9s', '--', 'true'], 2, "cdk-sfn-semaphore: run: --lease must be at least 10s (it is renewed every third of it), got: '9s'"],
     [['renew', LOCK, 'lease-x', '--lease', '5'], 2, "cdk-sfn-semaphore: renew: --lease must be at least 10s (it is renewed every third of it), got: '5'"],
-    [['acquire', LOCK, '--limit', '0'], 2, "cdk-sfn-semaphore: acquire: --limit must be a positive integer, got: '0'"],
-    [['acquire', LOCK, '--limit', '0x10'], 2, "cdk-sfn-semaphore: acquire: --limit must be a positive integer, got: '0x10'"],
-    [['acquire', LOCK, '--limit', '1e1'], 2, "cdk-sfn-semaphore: acquire: --limit must be a positive integer, got: '1e1'"],
+    [['acquire', LOCK, '--limit', '1001'], 2, "cdk-sfn-semaphore: acquire: --limit must be an integer from 1 to 1000, got: '1001'"],
+    [['acquire', LOCK, '--limit', '0'], 2, "cdk-sfn-semaphore: acquire: --limit must be an integer from 1 to 1000, got: '0'"],
+    [['acquire', LOCK, '--limit', '0x10'], 2, "cdk-sfn-semaphore: acquire: --limit must be an integer from 1 to 1000, got: '0x10'"],
+    [['acquire', LOCK, '--limit', '1e1'], 2, "cdk-sfn-semaphore: acquire: --limit must be an integer from 1 to 1000, got: '1e1'"],
     [['acquire', LOCK, '--wait', '5s', '--no-wait'], 2, 'cdk-sfn-semaphore: acquire: --wait and --no-wait exclude each other'],
     [['acquire', LOCK, '--colour'], 2, /^cdk-sfn-semaphore: acquire: Unknown option '--colour'/],
     [['status', LOCK, '--clock-skew', 'a bit'], 2, "cdk-sfn-semaphore: status: --clock-skew must be a duration such as 90s, 15m or 2h, got: 'a bit'"],
@@ -773,6 +784,8 @@ describe('usage and errors', () => {
       expect(defaultOwner({ USER: 'ci', LOGNAME: 'other' })).toBe(`ci@${host}`);
       expect(defaultOwner({ LOGNAME: 'builder' })).toBe(`builder@${host}`);
       expect(defaultOwner({})).toBe(`uid-${process.getuid!()}@${host}`);
+      // Cut to the client's 100 bytes when the name is longer.
+      expect(defaultOwner({ USER: 'u'.repeat(150) })).toBe('u'.repeat(100));
       const acquired = await cliWith({ USER: 'container-job' }, 'acquire', LOCK, '--no-wait');
       expect(acquired.code).toBe(0);
       expect((await client().status(LOCK)).holders[0].owner).toBe(`container-job@${host}`);

@@ -3,7 +3,8 @@ import { Match, Template } from 'aws-cdk-lib/assertions';
 import * as dynamodb from 'aws-cdk-lib/aws-dynamodb';
 import * as iam from 'aws-cdk-lib/aws-iam';
 import * as kms from 'aws-cdk-lib/aws-kms';
-import { SemaphoreTable } from '../src';
+import * as sfn from 'aws-cdk-lib/aws-stepfunctions';
+import { ConcurrencyControlledWorkflow, SemaphoreTable } from '../src';
 
 function newStack() {
   return new Stack(new App(), 'Stack');
@@ -136,6 +137,28 @@ describe('SemaphoreTable', () => {
         ],
       },
     });
+  });
+
+  test('an imported table with a customer managed key: every role that uses the locks gets the key', () => {
+    const stack = newStack();
+    const key = new kms.Key(stack, 'Key');
+    const table = SemaphoreTable.fromTableAttributes(stack, 'Existing', { tableName: 'encrypted-locks', encryptionKey: key });
+    const body = new sfn.Pass(stack, 'Work');
+    const workflow = new ConcurrencyControlledWorkflow(stack, 'Workflow', { body, table });
+    const script = new iam.Role(stack, 'Script', { assumedBy: new iam.AccountRootPrincipal() });
+    table.grantClient(script);
+
+    const template = Template.fromStack(stack);
+    template.resourceCountIs('AWS::DynamoDB::Table', 0);
+    const keyId = stack.getLogicalId(key.node.defaultChild as kms.CfnKey);
+    const roles = [workflow.stateMachine.role, workflow.cleanupStateMachine.role, workflow.reconciler.reconcilerFunction.role!, script];
+    for (const role of roles) {
+      const roleId = stack.getLogicalId(role.node.defaultChild as iam.CfnRole);
+      const policies = Object.values(template.findResources('AWS::IAM::Policy')).filter((p: any) => JSON.stringify(p.Properties.Roles).includes(roleId));
+      const statements = policies.flatMap((p: any) => p.Properties.PolicyDocument.Statement);
+      const onKey = statements.filter((st: any) => JSON.stringify(st.Resource).includes(keyId));
+      expect([roleId, onKey.flatMap((st: any) => [st.Action].flat())]).toEqual([roleId, expect.arrayContaining(['kms:Decrypt', 'kms:Encrypt'])]);
+    }
   });
 
   test('fails to import a table without a name', () => {

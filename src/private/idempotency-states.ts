@@ -260,7 +260,9 @@ export class IdempotencyStates {
       },
       resultPath: '$.ownerState',
     })
-      .addRetry({ errors: ['Sfn.ThrottlingException', 'Sfn.SfnException'], interval: Duration.seconds(1), backoffRate: 2, maxAttempts: 6, jitterStrategy: sfn.JitterType.FULL });
+      // DescribeExecution only reads. Throttling reaches an AWS SDK integration as `Sfn.SfnException`
+      // (no ThrottlingException shape in the Step Functions API model; see queue-states.ts).
+      .addRetry({ errors: ['Sfn.SfnException', 'Sfn.ThrottlingException'], interval: Duration.seconds(1), backoffRate: 2, maxAttempts: 6, jitterStrategy: sfn.JitterType.FULL });
     checkOwner.next(isOwnerRunning);
 
     // An owner that does not exist: its history was deleted (90 days after it ended), or the record is

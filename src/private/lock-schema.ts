@@ -153,6 +153,28 @@ export const CLAIM_CONDITION = `attribute_exists(${NAMES.holder}) AND ${STAMPED_
 /** Longest lock name we accept; far below DynamoDB's 2,048-byte partition key limit. */
 export const MAX_LOCK_NAME_LENGTH = 255;
 
+/**
+ * The most bytes one holder entry takes in the lock item, attribute name included (DynamoDB counts
+ * names: "The attribute name counts towards the size limit"). An execution's: its ARN as the name, at
+ * most 221 bytes (`arn:aws-us-gov:states:`, a 14-character Region, the account, `:execution:`, two
+ * names of at most 80 ASCII characters), and a map of at most 150 bytes (acquiredAt 35, redriveCount
+ * 16, leaseSeconds 17, handoffId 49, claimed 9, fencingToken 21, 3 for the map). A client's: a
+ * 42-byte lease id and at most 220 bytes with an owner of MAX_OWNER_LENGTH.
+ * https://docs.aws.amazon.com/amazondynamodb/latest/developerguide/CapacityUnitCalculations.html
+ */
+export const MAX_HOLDER_ENTRY_BYTES = 380;
+
+/** Most bytes (UTF-8) of a client holder's `owner`, so that its entry stays within MAX_HOLDER_ENTRY_BYTES. */
+export const MAX_OWNER_LENGTH = 100;
+
+/**
+ * The largest concurrency limit: the lock item then holds at most 1,000 entries of MAX_HOLDER_ENTRY_BYTES
+ * (380,000 bytes) beside its counters and name (under 400 bytes), inside DynamoDB's 400 KB (409,600
+ * bytes) per item with a margin of 29 KB. A write that would pass 400 KB fails with a ValidationException
+ * that no catcher could tell from a bad request.
+ */
+export const MAX_CONCURRENCY_LIMIT = 1000;
+
 /*
  * The queue of waiters (the `queue` wait strategy), kept out of the lock item so that no write's cost
  * grows with the queue: the lock item keeps two counters, and each waiter has a ticket item of its own.

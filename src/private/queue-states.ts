@@ -97,6 +97,8 @@ export function releaseStateNames(suffix: string) {
     deleteTicket: `${STATE.deleteTicket}${suffix}`,
     ticketGone: `${STATE.ticketGone}${suffix}`,
     wake: `${STATE.wakeNextWaiter}${suffix}`,
+    isWaiterWaiting: `${STATE.isWaiterWaiting}${suffix}`,
+    wakeAgain: `${STATE.wakeAgain}${suffix}`,
     takeBack: `${STATE.takeBackPermit}${suffix}`,
     confirmHandOff: `${STATE.confirmHandOff}${suffix}`,
     wakeUpLost: `${STATE.wakeUpLost}${suffix}`,
@@ -350,27 +352,49 @@ export function handOffChain(scope: Construct, props: HandOffProps): sfn.State {
     errors: [CONDITIONAL_CHECK_FAILED],
     resultPath: sfn.JsonPath.DISCARD,
   });
-  const wake = (
-    new tasks.CallAwsService(scope, names.wake, {
+  const token = sfn.JsonPath.stringAt(`${ticketAttributes}.${TICKET_WAIT_TOKEN}.S`);
+  // Waiters of a shared lock can be executions of any workflow using it, in this account and Region.
+  const anyStateMachine = Stack.of(scope).formatArn({ service: 'states', resource: 'stateMachine', resourceName: '*', arnFormat: ArnFormat.COLON_RESOURCE_NAME });
+  const sendWakeUp = (id: string) =>
+    new tasks.CallAwsService(scope, id, {
       service: 'sfn',
       action: 'sendTaskSuccess',
-      parameters: {
-        TaskToken: sfn.JsonPath.stringAt(`${ticketAttributes}.${TICKET_WAIT_TOKEN}.S`),
-        Output: sfn.JsonPath.jsonToString(sfn.JsonPath.objectAt(`${HANDOFF_PATH}.wake`)),
-      },
+      parameters: { TaskToken: token, Output: sfn.JsonPath.jsonToString(sfn.JsonPath.objectAt(`${HANDOFF_PATH}.wake`)) },
       iamAction: 'states:SendTaskSuccess',
-      // Waiters of a shared lock can be executions of any workflow using it, in this account and Region.
-      iamResources: [Stack.of(scope).formatArn({ service: 'states', resource: 'stateMachine', resourceName: '*', arnFormat: ArnFormat.COLON_RESOURCE_NAME })],
+      iamResources: [anyStateMachine],
       resultPath: sfn.JsonPath.DISCARD,
-    })
-      // Only throttling is retried: after any other failure the call may have woken the waiter, and a
-      // retry would then hear TaskTimedOut and take back the permit the waiter is using.
-      .addRetry({ errors: ['Sfn.ThrottlingException'], interval: Duration.seconds(1), backoffRate: 2, maxAttempts: 5, jitterStrategy: sfn.JitterType.FULL })
-      .addCatch(takeBack, { errors: TOKEN_GONE_ERRORS, resultPath: sfn.JsonPath.DISCARD })
-      // Any other failure is a lost wake-up: the waiter finds its permit when its wait times out.
-      .addCatch(wakeUpLost, { errors: [sfn.Errors.ALL], resultPath: sfn.JsonPath.DISCARD })
-      .next(deleteTicket)
-  );
+    });
+  // The wake-up is never retried blindly: a retry of a call that did wake the waiter would hear
+  // TaskTimedOut and take back the permit the waiter is using. A throttled call fails with
+  // `Sfn.SfnException` ("Rate exceeded"): ThrottlingException is no shape of the Step Functions API
+  // model, and an AWS SDK integration names such an error after the service's base exception
+  // (https://docs.aws.amazon.com/step-functions/latest/dg/supported-services-awssdk.html). Whatever
+  // the call did, a heartbeat on the token tells: it is refused once the task has ended (woken, timed
+  // out or stopped), and succeeds only while the waiter still waits, when a second wake-up is safe.
+  const wakeAgain = sendWakeUp(names.wakeAgain)
+    // Whatever fails now, the waiter finds its permit when its wait times out (no take-back from here).
+    .addCatch(wakeUpLost, { errors: [sfn.Errors.ALL], resultPath: sfn.JsonPath.DISCARD })
+    .next(deleteTicket);
+  const isWaiterWaiting = new tasks.CallAwsService(scope, names.isWaiterWaiting, {
+    service: 'sfn',
+    action: 'sendTaskHeartbeat',
+    parameters: { TaskToken: token },
+    iamAction: 'states:SendTaskHeartbeat',
+    iamResources: [anyStateMachine],
+    resultPath: sfn.JsonPath.DISCARD,
+  })
+    // A heartbeat changes nothing but the task's heartbeat clock: any failure of it may be retried.
+    .addRetry({ errors: ['Sfn.SfnException', 'Sfn.ThrottlingException'], interval: Duration.seconds(1), backoffRate: 2, maxAttempts: 5, jitterStrategy: sfn.JitterType.FULL })
+    // The token is closed (the wake-up landed, or the wait ended): as a lost wake-up.
+    .addCatch(wakeUpLost, { errors: [sfn.Errors.ALL], resultPath: sfn.JsonPath.DISCARD })
+    .next(wakeAgain);
+  const wake = sendWakeUp(names.wake)
+    .addCatch(takeBack, { errors: TOKEN_GONE_ERRORS, resultPath: sfn.JsonPath.DISCARD })
+    // (Sfn.ThrottlingException too, in case AWS ever names it so: it costs nothing if it never does.)
+    .addCatch(isWaiterWaiting, { errors: ['Sfn.SfnException', 'Sfn.ThrottlingException'], resultPath: sfn.JsonPath.DISCARD })
+    // Any other failure is a lost wake-up: the waiter finds its permit when its wait times out.
+    .addCatch(wakeUpLost, { errors: [sfn.Errors.ALL], resultPath: sfn.JsonPath.DISCARD })
+    .next(deleteTicket);
   handOff.next(wake);
   confirmHandOff.next(wake);
   return release;

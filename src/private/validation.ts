@@ -1,6 +1,6 @@
 import { Duration, Token } from 'aws-cdk-lib';
 import { parseFieldPath } from './idempotency-key';
-import { MAX_LOCK_NAME_LENGTH, TICKET_KEY_SEPARATOR } from './lock-schema';
+import { MAX_CONCURRENCY_LIMIT, MAX_HOLDER_ENTRY_BYTES, MAX_LOCK_NAME_LENGTH, TICKET_KEY_SEPARATOR } from './lock-schema';
 
 /*
  * Synth-time checks of user input. Each message names the prop, shows the value and says what is
@@ -31,8 +31,11 @@ export function validateConcurrencyLimit(limit: number): void {
   if (Token.isUnresolved(limit)) {
     return;
   }
-  if (!Number.isInteger(limit) || limit < 1) {
-    throw new Error(`\`concurrencyLimit\` must be a positive integer (1, 2, 3, ...), got: ${limit}`);
+  if (!Number.isInteger(limit) || limit < 1 || limit > MAX_CONCURRENCY_LIMIT) {
+    throw new Error(
+      `\`concurrencyLimit\` must be an integer from 1 to ${MAX_CONCURRENCY_LIMIT} (the lock item keeps one entry per holder, ` +
+        `at most ${MAX_HOLDER_ENTRY_BYTES} bytes each, inside DynamoDB's 400 KB per item), got: ${limit}`,
+    );
   }
 }
 
@@ -75,4 +78,17 @@ export function validatePermitPath(prop: string, path: string): void {
   if (Token.isUnresolved(path) || !/^\$(\.[A-Za-z_][A-Za-z0-9_]*)+$/.test(path)) {
     throw new Error(`\`${prop}\` must be a JSONPath of a field made of \`.name\` steps after \`$\` (for example \`$.permit\`), got: '${path}'`);
   }
+}
+
+/** A whole number of seconds in words, every unit that is not zero: `4 days 3 hours 50 minutes`. */
+export function humanSeconds(seconds: number): string {
+  const units: Array<[string, number]> = [['day', 86400], ['hour', 3600], ['minute', 60], ['second', 1]];
+  const parts: string[] = [];
+  let rest = Math.round(seconds);
+  for (const [name, size] of units) {
+    const n = Math.floor(rest / size);
+    rest -= n * size;
+    if (n > 0) parts.push(`${n} ${name}${n === 1 ? '' : 's'}`);
+  }
+  return parts.length > 0 ? parts.join(' ') : '0 seconds';
 }
