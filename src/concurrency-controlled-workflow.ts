@@ -8,12 +8,19 @@ import { Construct } from 'constructs';
 import { CleanFromIncomplete } from './clean-from-incomplete';
 import { IdempotencyOptions } from './idempotency-options';
 import { IIdempotencyTable } from './idempotency-table';
+import {
+  DUPLICATE_CHECK_EVENTS,
+  POLL_ROUND_EVENTS,
+  QUEUE_CHECK_ROUND_EVENTS,
+  roundsWithin,
+  WAIT_HISTORY_EVENTS,
+} from './private/history-budget';
 import { defaultStateMachineName, renderIdempotency } from './private/idempotency-config';
 import { MAX_LOCK_NAME_LENGTH } from './private/lock-schema';
 import { numberValue, stringValue } from './private/runtime-value';
 import { stateMachineLogs } from './private/state-machine-defaults';
 import { STATE } from './private/state-names';
-import { validateConcurrencyLimit, validateLockName, validatePermitPath, validateWholeSeconds } from './private/validation';
+import { humanSeconds, validateConcurrencyLimit, validateLockName, validatePermitPath, validateWholeSeconds } from './private/validation';
 import { ACQUIRE_TIMEOUT_ERROR, INVALID_LIMIT_ERROR, INVALID_LOCK_NAME_ERROR, renderDefinition } from './private/workflow-definition';
 import { SemaphoreReconciler } from './semaphore-reconciler';
 import { ISemaphoreTable, SemaphoreTable } from './semaphore-table';
@@ -48,6 +55,10 @@ export interface ConcurrencyControlledWorkflowProps {
    * A `JsonPath.numberAt('$.path')` reads it from each execution's input. Each acquire compares the
    * permits in use with its own limit, so workflows sharing a lock should agree on it.
    *
+   * At most 1,000: the holders share the lock's DynamoDB item, at most 380 bytes each, and an item
+   * holds 400 KB. A limit read from the input above that fails the execution with
+   * `SemaphoreInvalidLimit` before it takes anything.
+   *
    * @default 1
    */
   readonly concurrencyLimit?: number;
@@ -78,8 +89,9 @@ export interface ConcurrencyControlledWorkflowProps {
    * With the queue, how long a waiter sleeps before it checks whether a permit was handed to it and
    * the wake-up lost (the releaser stopped between the hand-off and `SendTaskSuccess`, or the call
    * failed), or whether a permit is free that nobody handed over. It then takes the permit, or
-   * sleeps again in its place in the queue: the check and the new sleep are one write, so each
-   * interval a wait outlasts costs one transition and one write. Whole seconds, at least 1 second.
+   * sleeps again in its place in the queue: each interval a wait outlasts costs four transitions (the
+   * check, counting it against the history budget, the new sleep) and two writes. The longest wait is
+   * 1,198 intervals (`longestWait`). Whole seconds, at least 1 second.
    *
    * @default Duration.minutes(5)
    */
@@ -110,9 +122,13 @@ export interface ConcurrencyControlledWorkflowProps {
   /**
    * How long an execution waits for a permit before it fails with the error `SemaphoreAcquireTimeout`.
    *
-   * Whole seconds, at least 1 second.
+   * Whole seconds, at least 1 second, and at most `longestWait`: every wait has a history budget, so
+   * that it ends with this error, and gives back what it holds, long before Step Functions' limit of
+   * 25,000 history events fails the execution (`States.Runtime`, and no redrive).
    *
-   * @default - wait for as long as the execution may run
+   * @default - `longestWait`: 1,198 rounds of `queueCheckInterval` with the queue (4 days 3 hours 50
+   * minutes at 5 minutes), 2,568 of `pollInterval` polling (2 hours 8 minutes at 3 seconds); fewer with
+   * idempotency
    */
   readonly acquireTimeout?: Duration;
 
@@ -248,7 +264,7 @@ export class ConcurrencyControlledWorkflow extends Construct {
   public static readonly ACQUIRE_TIMEOUT_ERROR: string = ACQUIRE_TIMEOUT_ERROR;
 
   /**
-   * Error of an execution whose `concurrencyLimit`, read from its input, is not a number of at least 1.
+   * Error of an execution whose `concurrencyLimit`, read from its input, is not a number from 1 to 1,000.
    */
   public static readonly INVALID_LIMIT_ERROR: string = INVALID_LIMIT_ERROR;
 
@@ -257,6 +273,16 @@ export class ConcurrencyControlledWorkflow extends Construct {
    * contains the character U+001F (which keys the queue's ticket items).
    */
   public static readonly INVALID_LOCK_NAME_ERROR: string = INVALID_LOCK_NAME_ERROR;
+
+  /**
+   * The longest an execution waits for a permit before it fails with `SemaphoreAcquireTimeout`, when
+   * `acquireTimeout` does not end it sooner: as many rounds of `queueCheckInterval` (with the queue) or
+   * `pollInterval` (polling) as fit in the history budget of its wait, 18,000 of the 25,000 events
+   * Step Functions allows an execution (less what idempotency's wait for a duplicate takes). With the
+   * queue, a wait that keeps losing races for a free permit gives up sooner, after the same number of
+   * events. Undefined when the interval is a token. (A Standard execution also ends after a year.)
+   */
+  public readonly longestWait?: Duration;
 
   /**
    * The protected state machine.
@@ -328,9 +354,6 @@ export class ConcurrencyControlledWorkflow extends Construct {
     if (props.leaseDuration && props.reconcilerScheduleEnabled === false) {
       Annotations.of(this).addWarning('leaseDuration is set but the reconciler schedule is disabled: leases are enforced only by on-demand sweeps');
     }
-    if (props.acquireTimeout) {
-      validateWholeSeconds('acquireTimeout', props.acquireTimeout, 1);
-    }
     const waitStrategy = props.waitStrategy ?? WaitStrategy.QUEUE;
     const queueCheckInterval = props.queueCheckInterval ?? Duration.minutes(5);
     validateWholeSeconds('queueCheckInterval', queueCheckInterval, 1);
@@ -351,8 +374,31 @@ export class ConcurrencyControlledWorkflow extends Construct {
     // An idempotent workflow describes its own executions (the owners of records), so its name must
     // be known before the state machine exists.
     const stateMachineName = props.stateMachineName ?? (props.idempotency ? defaultStateMachineName(this) : undefined);
-    const idempotency = props.idempotency && renderIdempotency(this, props.idempotency, stateMachineName!, props.timeout);
+    // The waits' history budget (see history-budget.ts): a duplicate's wait may spend half of it, and
+    // the semaphore's wait what the duplicate's leaves.
+    const idempotency =
+      props.idempotency && renderIdempotency(this, props.idempotency, stateMachineName!, props.timeout, WAIT_HISTORY_EVENTS / 2);
     this.idempotencyTable = idempotency?.table;
+    const waitEvents = WAIT_HISTORY_EVENTS - (idempotency ? idempotency.maxWaits * DUPLICATE_CHECK_EVENTS : 0);
+    const roundSeconds = waitStrategy === WaitStrategy.QUEUE ? validateWholeSeconds('queueCheckInterval', queueCheckInterval, 1) : pollSeconds;
+    const rounds = roundsWithin(waitEvents, waitStrategy === WaitStrategy.QUEUE ? QUEUE_CHECK_ROUND_EVENTS : POLL_ROUND_EVENTS);
+    this.longestWait = roundSeconds === undefined ? undefined : Duration.seconds(rounds * roundSeconds);
+    if (waitStrategy === WaitStrategy.POLLING && roundSeconds === undefined && props.acquireTimeout === undefined) {
+      throw new Error(
+        '`pollInterval` is a token: the longest polling wait the history budget holds cannot be computed at synth; set `acquireTimeout` ' +
+          `(at most ${roundsWithin(waitEvents, POLL_ROUND_EVENTS)} times the interval)`,
+      );
+    }
+    const acquireTimeoutSeconds = props.acquireTimeout && validateWholeSeconds('acquireTimeout', props.acquireTimeout, 1);
+    if (acquireTimeoutSeconds !== undefined && roundSeconds !== undefined && acquireTimeoutSeconds > rounds * roundSeconds) {
+      const interval = waitStrategy === WaitStrategy.QUEUE ? 'queueCheckInterval' : 'pollInterval';
+      const longest = humanSeconds(rounds * roundSeconds);
+      throw new Error(
+        `\`acquireTimeout\` (${humanSeconds(acquireTimeoutSeconds)}) is longer than a wait can last: ${rounds} rounds of \`${interval}\` ` +
+          `(${humanSeconds(roundSeconds)}), ${longest}, fit in the ${waitEvents} history events the wait may spend ` +
+          `(Step Functions fails an execution at 25,000 events): make it at most ${longest}, or \`${interval}\` longer`,
+      );
+    }
 
     const definition = renderDefinition(this, this.table, {
       body: props.body,
@@ -360,7 +406,9 @@ export class ConcurrencyControlledWorkflow extends Construct {
       limit: numberValue('concurrencyLimit', limit),
       pollInterval: props.pollInterval ?? Duration.seconds(3),
       pollSeconds,
-      acquireTimeout: props.acquireTimeout,
+      // Polling always has the timer: its rounds take at least `pollInterval` each, so a time bounds them.
+      acquireTimeout: props.acquireTimeout ?? (waitStrategy === WaitStrategy.POLLING ? this.longestWait : undefined),
+      waitEvents,
       leaseSeconds,
       idempotency: idempotency?.states,
       waitStrategy,

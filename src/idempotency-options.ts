@@ -105,10 +105,12 @@ export interface IdempotencyOptions {
   /**
    * How long a duplicate waits for the first execution before it fails with
    * `IdempotencyDuplicateTimeout`. Counted in checks: the timeout over three quarters of
-   * `duplicatePollInterval` (the average wait), so the actual wait is about this long. At most 1,000
-   * checks fit in an execution's history (25,000 events).
+   * `duplicatePollInterval` (the average wait), so the actual wait is about this long. Each check
+   * spends 23 of the 25,000 history events an execution may have: at most 782 checks fit in an
+   * `IdempotentWorkflow`, and 391 in a `ConcurrencyControlledWorkflow`, whose wait for a permit needs
+   * the other half of the 18,000 events its waits may spend.
    *
-   * @default - one hour, or less when `duplicatePollInterval` is under 5 seconds (as long as 1,000 checks take)
+   * @default - one hour, or as long as the checks that fit take, when that is shorter (`duplicatePollInterval` under 7 seconds, or under 13 seconds in a `ConcurrencyControlledWorkflow`)
    */
   readonly duplicateWaitTimeout?: Duration;
 }

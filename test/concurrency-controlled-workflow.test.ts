@@ -213,11 +213,25 @@ describe('definition', () => {
       Next: 'Delete Served Ticket',
       Catch: [
         { ErrorEquals: ['Sfn.TaskTimedOutException', 'Sfn.TaskDoesNotExistException', 'Sfn.InvalidTokenException'], ResultPath: null, Next: 'Take Back Permit' },
+        { ErrorEquals: ['Sfn.SfnException', 'Sfn.ThrottlingException'], ResultPath: null, Next: 'Is Waiter Still Waiting' },
         { ErrorEquals: ['States.ALL'], ResultPath: null, Next: 'Wake-Up Lost' },
       ],
     });
-    // Only throttling is retried: a retried call that did wake the waiter would hear TaskTimedOut and take the permit back.
-    expect(def.States['Wake Next Waiter'].Retry.map((r: any) => r.ErrorEquals)).toEqual([['Sfn.ThrottlingException']]);
+    // Never retried: a retried call that did wake the waiter would hear TaskTimedOut and take the permit back.
+    // Throttled (Sfn.SfnException), a heartbeat tells whether the waiter still waits; only then is it woken again,
+    // and that second call's failure, whatever it is, is a lost wake-up (never a take-back).
+    expect(def.States['Wake Next Waiter'].Retry).toBeUndefined();
+    expect(def.States['Is Waiter Still Waiting']).toMatchObject({
+      Resource: expect.stringContaining(':states:::aws-sdk:sfn:sendTaskHeartbeat'),
+      Parameters: { 'TaskToken.$': '$.handoff.ticket.Item.waitToken.S' },
+      Next: 'Wake Next Waiter Again',
+      Catch: [{ ErrorEquals: ['States.ALL'], ResultPath: null, Next: 'Wake-Up Lost' }],
+    });
+    expect(def.States['Wake Next Waiter Again']).toMatchObject({
+      Next: 'Delete Served Ticket',
+      Catch: [{ ErrorEquals: ['States.ALL'], ResultPath: null, Next: 'Wake-Up Lost' }],
+    });
+    expect(def.States['Wake Next Waiter Again'].Retry).toBeUndefined();
     // The woken waiter never waits on its ticket again: its item goes, unless a sweep took it first.
     expect(def.States['Delete Served Ticket']).toMatchObject({
       Resource: expect.stringContaining(':states:::dynamodb:deleteItem'),
@@ -247,7 +261,12 @@ describe('definition', () => {
     expect(branch.States['Draw Poll Delay'].Parameters).toEqual({ 'delaySeconds.$': 'States.MathRandom(1, 8)' });
     expect(branch.States['Wait Before First Poll']).toMatchObject({ SecondsPath: '$.delaySeconds', Next: 'Poll For Permit' });
     expect(branch.States['Wait Before Next Poll']).toMatchObject({ Seconds: 7, Next: 'Poll For Permit' });
-    expect(branch.States['Poll For Permit'].End).toBe(true);
+    expect(branch.States['Poll For Permit'].Next).toBe('Permit Acquired');
+    // Every poll waits pollInterval, so a timer bounds the rounds: 2,568 polls of 7 events fit in the
+    // 18,000 history events of the wait (Step Functions fails an execution at 25,000).
+    const timer = definitionOf(stack, w.stateMachine).States['Wait For Permit'].Branches[1];
+    expect(timer.States['Wait Until Acquire Timeout']).toMatchObject({ Type: 'Wait', Seconds: 2568 * 7, Next: 'Acquire Timed Out' });
+    expect(w.longestWait?.toSeconds()).toBe(2568 * 7);
   });
 
   test('queue: takes a ticket while the lock is full, waits on its ticket item with its task token, and checks for a lost wake-up after queueCheckInterval', () => {
@@ -298,9 +317,27 @@ describe('definition', () => {
     // Refused, or uncertain: look for a handed-off permit, then try to take a free one.
     expect(wait.Catch[1]).toMatchObject({ ErrorEquals: ['DynamoDb.ConditionalCheckFailedException', 'DynamoDb.InternalServerErrorException'], Next: 'Check Handed-Off Permit' });
     expect(states['Check Handed-Off Permit'].Catch[0]).toMatchObject({ Next: 'Poll For Permit' });
-    // Still full: a new ticket.
-    expect(states['Poll For Permit'].Catch[0]).toMatchObject({ Next: 'Take Ticket' });
-    expect(states['Poll For Permit Again'].Catch[0]).toMatchObject({ Next: 'Wait In Queue Again' });
+    // Still full: a new ticket, after counting the round against the history budget.
+    expect(states['Poll For Permit'].Catch[0]).toMatchObject({ Next: 'Count Queue Retry' });
+    expect(states['Count Queue Retry']).toMatchObject({
+      Parameters: { 'events.$': 'States.MathAdd($.semaphoreWait.events, 32)' },
+      ResultPath: '$.semaphoreWait',
+      Next: 'Queue Retry Within Budget?',
+    });
+    expect(states['Queue Retry Within Budget?']).toMatchObject({
+      Choices: [{ Variable: '$.semaphoreWait.events', NumericGreaterThan: 17980, Next: 'Wait Budget Spent' }],
+      Default: 'Take Ticket',
+    });
+    expect(states['Wait Budget Spent']).toMatchObject({ Type: 'Fail', Error: 'SemaphoreAcquireTimeout' });
+    expect(states['Poll For Permit Again'].Catch[0]).toMatchObject({ Next: 'Count Queue Check' });
+    expect(states['Count Queue Check'].Parameters).toEqual({ 'events.$': 'States.MathAdd($.semaphoreWait.events, 15)' });
+    expect(states['Queue Check Within Budget?']).toMatchObject({
+      Choices: [{ Variable: '$.semaphoreWait.events', NumericGreaterThan: 17980, Next: 'Wait Budget Spent' }],
+      Default: 'Wait In Queue Again',
+    });
+    // The count starts at 0 in the branch's own data; 1,198 checks of 2 minutes fit.
+    expect(def.States['Wait For Permit'].Parameters).toEqual({ semaphoreWait: { events: 0 } });
+    expect(w.longestWait?.toSeconds()).toBe(1198 * 120);
     // The acquire of a waiter finds a permit handed to it through the validation error (see ACQUIRE_CONDITION).
     for (const name of ['Poll For Permit', 'Poll For Permit Again']) {
       expect(states[name].Catch[1]).toMatchObject({ ErrorEquals: ['DynamoDB.AmazonDynamoDBException'], Next: 'Check Handed-Off Permit Again' });
@@ -322,7 +359,7 @@ describe('definition', () => {
     expect(again.Catch[1]).toMatchObject({ ErrorEquals: ['DynamoDb.ConditionalCheckFailedException'], Next: 'Check Handed-Off Permit Again' });
     expect(states['Check Handed-Off Permit Again']).toMatchObject({ End: true, Catch: [{ Next: 'Wait Before Next Poll' }] });
     expect(again.Catch[2]).toMatchObject({ ErrorEquals: ['DynamoDb.InternalServerErrorException'], Next: 'Check Handed-Off Permit' });
-    expect(states['Wait Before Next Poll'].Next).toBe('Take Ticket');
+    expect(states['Wait Before Next Poll'].Next).toBe('Count Queue Retry');
   });
 
   test('rejects a permitPath that is not a field path', () => {
@@ -395,7 +432,9 @@ describe('cleanup', () => {
     const { stack, workflow: w } = workflow({ lockName: 'fixed' });
     const def = definitionOf(stack, w.cleanupStateMachine);
 
-    expect(def.StartAt).toBe('Prepare Release Of Stopped Execution');
+    // First, the event's checks (executed in workflow-simulation.test.ts): a stopped status, a redrive count.
+    expect(def.StartAt).toBe('Stopped Execution?');
+    expect(def.States['Stopped Execution?'].Default).toBe('Prepare Release Of Stopped Execution');
     expect(def.States['Prepare Release Of Stopped Execution']).toMatchObject({
       Parameters: { 'holder.$': '$.detail.executionArn', 'redriveCount.$': '$.detail.redriveCount' },
       ResultPath: '$.handoff',
@@ -641,7 +680,7 @@ describe('reconciler, leases and metrics', () => {
 });
 
 describe('least privilege', () => {
-  test('the workflow may only UpdateItem, read and delete (the queue\'s tickets), on its table, and wake waiters (SendTaskSuccess)', () => {
+  test('the workflow may only UpdateItem, read and delete (the queue\'s tickets), on its table, and wake waiters (SendTaskSuccess, SendTaskHeartbeat)', () => {
     const { template, workflow: w } = workflow();
     const tableId = logicalId(w.table.table.node.defaultChild as any);
 
@@ -657,11 +696,13 @@ describe('least privilege', () => {
       'dynamodb:DeleteItem',
       'dynamodb:GetItem',
       'dynamodb:UpdateItem',
+      'states:SendTaskHeartbeat',
       'states:SendTaskSuccess',
     ]);
     // Waiters of a shared lock can be executions of any workflow: state machines of this account and Region.
-    const wake = policyStatements(template, 'WorkflowStateMachineRole').find((s) => s.Action === 'states:SendTaskSuccess');
-    expect(JSON.stringify(wake.Resource)).toMatch(/:stateMachine:\*"\]\]\}$/);
+    const wake = policyStatements(template, 'WorkflowStateMachineRole').filter((s) => JSON.stringify(s.Action).includes('states:SendTask'));
+    expect(wake.length).toBeGreaterThan(0);
+    for (const statement of wake) expect(JSON.stringify(statement.Resource)).toMatch(/:stateMachine:\*"\]\]\}$/);
   });
 
   test('the cleanup may only update, read and delete on the table, and DescribeExecution on this workflow when the lock name is in the input', () => {
@@ -669,7 +710,7 @@ describe('least privilege', () => {
     const fixedActions = policyStatements(fixed.template, 'WorkflowCleanupStateMachineRole')
       .flatMap((s) => [s.Action].flat())
       .filter((a) => !a.startsWith('xray:') && !a.startsWith('logs:'));
-    expect(fixedActions.sort()).toEqual(['dynamodb:DeleteItem', 'dynamodb:GetItem', 'dynamodb:UpdateItem', 'states:SendTaskSuccess']);
+    expect(fixedActions.sort()).toEqual(['dynamodb:DeleteItem', 'dynamodb:GetItem', 'dynamodb:UpdateItem', 'states:SendTaskHeartbeat', 'states:SendTaskSuccess']);
 
     const runtime = workflow({ lockName: sfn.JsonPath.stringAt('$.tenant') });
     const statements = policyStatements(runtime.template, 'WorkflowCleanupStateMachineRole');
@@ -680,6 +721,7 @@ describe('least privilege', () => {
       'dynamodb:GetItem',
       'dynamodb:UpdateItem',
       'states:DescribeExecution',
+      'states:SendTaskHeartbeat',
       'states:SendTaskSuccess',
     ]);
   });
@@ -700,10 +742,29 @@ describe('least privilege', () => {
 });
 
 describe('bad input fails at synth with the prop, the value and what is allowed', () => {
-  test.each([0, -1, 1.5])('fails for concurrencyLimit %p', (limit) => {
+  test.each([0, -1, 1.5, 1001])('fails for concurrencyLimit %p', (limit) => {
     expect(() => workflow({ concurrencyLimit: limit })).toThrow(
-      new RegExp(`\`concurrencyLimit\` must be a positive integer \\(1, 2, 3, \\.\\.\\.\\), got: ${String(limit).replace('.', '\\.')}$`),
+      `\`concurrencyLimit\` must be an integer from 1 to 1000 (the lock item keeps one entry per holder, at most 380 bytes each, inside DynamoDB's 400 KB per item), got: ${limit}`,
     );
+  });
+
+  test('refuses an acquireTimeout longer than the wait\'s history budget holds, per strategy', () => {
+    expect(() => workflow({ acquireTimeout: Duration.seconds(1198 * 300 + 1) })).toThrow(
+      '`acquireTimeout` (4 days 3 hours 50 minutes 1 second) is longer than a wait can last: 1198 rounds of `queueCheckInterval` (5 minutes), ' +
+        '4 days 3 hours 50 minutes, fit in the 18000 history events the wait may spend (Step Functions fails an execution at 25,000 events): ' +
+        'make it at most 4 days 3 hours 50 minutes, or `queueCheckInterval` longer',
+    );
+    expect(() => workflow({ acquireTimeout: Duration.seconds(1198 * 300) })).not.toThrow();
+    expect(() => workflow({ waitStrategy: WaitStrategy.POLLING, acquireTimeout: Duration.hours(3) })).toThrow(
+      /^`acquireTimeout` \(3 hours\) is longer than a wait can last: 2568 rounds of `pollInterval` \(3 seconds\), 2 hours 8 minutes 24 seconds, fit in the 18000 history events/,
+    );
+    // Idempotency's wait for a duplicate takes its share first: 391 checks at most, 23 events each.
+    const idempotent = workflow({ idempotency: {} }).workflow;
+    expect(idempotent.longestWait?.toSeconds()).toBe(Math.floor((18000 - 391 * 23 - 20) / 15) * 300);
+  });
+
+  test('accepts concurrencyLimit 1000, the most whose holders fit in one item', () => {
+    expect(() => workflow({ concurrencyLimit: 1000 })).not.toThrow();
   });
 
   test('fails for an empty lock name', () => {

@@ -52,7 +52,7 @@ describe('options are checked at synth time', () => {
     [
       'a duplicate wait longer than the history holds',
       () => idempotent({ duplicateWaitTimeout: Duration.hours(3) }),
-      "`duplicateWaitTimeout` (3 hours) at `duplicatePollInterval` 10 seconds means about 1440 checks; at most 1000 fit in an execution's history of 25,000 events: make the interval longer or the timeout shorter",
+      '`duplicateWaitTimeout` (3 hours) at `duplicatePollInterval` 10 seconds means about 1440 checks; at most 782 fit in the 18000 history events this wait may spend (an execution fails at 25,000 events): make the interval longer or the timeout shorter',
     ],
     [
       'a duration token',

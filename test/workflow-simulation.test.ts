@@ -5,7 +5,7 @@ import * as sfn from 'aws-cdk-lib/aws-stepfunctions';
 import * as tasks from 'aws-cdk-lib/aws-stepfunctions-tasks';
 import { ConcurrencyControlledWorkflow, SemaphoreTable, WaitStrategy } from '../src';
 import { lockState, logicalId, stateMachineLogicalId, statuses, WorkTracker, workflowStack } from './helpers';
-import { Execution, LockMonitor, seededRandom, Simulator, SimulatorOptions, TaskContext } from '../simulator';
+import { Execution, LockMonitor, seededRandom, Simulator, SimulatorOptions, TaskContext, TaskError } from '../simulator';
 import { isTicketKey, ticketKey } from '../src/private/lock-schema';
 
 /*
@@ -264,8 +264,63 @@ describe('lock name and limit from the execution input', () => {
     });
   });
 
-  test.each([[{ limit: 0 }], [{ limit: -2 }], [{ limit: 'five' }], [{}]])(
-    'a runtime limit that is not a number of at least 1 fails with SemaphoreInvalidLimit: %j',
+  test('an input too large for DescribeExecution to return leaves the permit to the sweep, and the cleanup succeeds', async () => {
+    const { stack, workflow, workFunctionId } = workflowStack({ lockName: sfn.JsonPath.stringAt('$.tenant') });
+    const work = new WorkTracker(() => 1);
+    await simulate(stack, { lambdaHandlers: { [workFunctionId]: work.handler } }, async (sim) => {
+      // Just under the 256 KiB input quota: DescribeExecution's result (the input and the other fields) is over it.
+      const padding = 'x'.repeat(256 * 1024 - 100);
+      const e = await sim.startExecution(sim.stateMachine(stateMachineLogicalId(workflow.stateMachine)), { tenant: 'huge', abortInside: true, padding }).done;
+      await sim.idle();
+
+      expect(e.status).toBe('ABORTED');
+      const [cleanup] = cleanupExecutions(sim, workflow);
+      expect(cleanup.status).toBe('SUCCEEDED');
+      expect(cleanup.stateTransitions.get('Input Too Large: Left To The Sweep')).toBe(1);
+      expect(await lockState(sim)).toEqual([{ lockName: 'huge', permitsInUse: 1, holders: [e.arn] }]);
+
+      // The sweep leaves a holder alone for its first minute (GRACE_MS): eventually consistent reads.
+      await sim.sleep(60);
+      await sim.fireScheduledRules();
+      expect(await lockState(sim)).toEqual([{ lockName: 'huge', permitsInUse: 0, holders: [] }]);
+    });
+  });
+
+  test('the cleanup ignores events of other statuses, and frees the first run\'s permit on an event without redriveCount', async () => {
+    const { stack, workflow, workFunctionId } = workflowStack({ concurrencyLimit: 2 });
+    const work = new WorkTracker((input) => input.seconds);
+    await simulate(stack, { lambdaHandlers: { [workFunctionId]: work.handler } }, async (sim) => {
+      const holder = sim.startExecution(sim.stateMachine(stateMachineLogicalId(workflow.stateMachine)), { seconds: 100 });
+      await sim.sleep(5);
+      expect(await lockState(sim)).toEqual([{ lockName: 'TestStack/Workflow', permitsInUse: 1, holders: [holder.arn] }]);
+      const cleanup = sim.stateMachine(stateMachineLogicalId(workflow.cleanupStateMachine));
+      const event = (detail: Record<string, unknown>) => ({
+        'detail-type': 'Step Functions Execution Status Change',
+        'source': 'aws.states',
+        'detail': { executionArn: holder.arn, stateMachineArn: holder.stateMachine.arn, input: '{}', ...detail },
+      });
+
+      // Started by hand (the rule lets only stopped statuses through): a status it does not know, none, or not a string.
+      for (const detail of [{ status: 'RUNNING' }, { status: 'PENDING_REDRIVE' }, { status: 'SOMETHING_NEW' }, {}, { status: 7 }]) {
+        const ignored = await sim.startExecution(cleanup, event({ ...detail, redriveCount: 0 })).done;
+        expect([detail, ignored.status, ignored.stateTransitions.get('Not A Stopped Execution')]).toEqual([detail, 'SUCCEEDED', 1]);
+        expect(ignored.dynamoCalls).toBe(0);
+      }
+      expect(await lockState(sim)).toEqual([{ lockName: 'TestStack/Workflow', permitsInUse: 1, holders: [holder.arn] }]);
+
+      // An event without a numeric redriveCount is of the first run: it frees that run's permit (once).
+      for (const redriveCount of [undefined, null, '0']) {
+        const freed = await sim.startExecution(cleanup, event({ status: 'ABORTED', redriveCount })).done;
+        expect([freed.status, freed.error, freed.cause]).toEqual(['SUCCEEDED', undefined, undefined]);
+        expect(freed.stateTransitions.get('Redrive Count Missing: First Run')).toBe(1);
+      }
+      expect(await lockState(sim)).toEqual([{ lockName: 'TestStack/Workflow', permitsInUse: 0, holders: [] }]);
+      holder.abort();
+    });
+  });
+
+  test.each([[{ limit: 0 }], [{ limit: -2 }], [{ limit: 'five' }], [{}], [{ limit: 1001 }]])(
+    'a runtime limit that is not a number from 1 to 1000 fails with SemaphoreInvalidLimit, holding nothing: %j',
     async (input) => {
       const { stack, workflow, workFunctionId } = workflowStack({ concurrencyLimit: sfn.JsonPath.numberAt('$.limit') });
       const work = new WorkTracker();
@@ -275,6 +330,9 @@ describe('lock name and limit from the execution input', () => {
         expect([e.status, e.error]).toEqual(['FAILED', 'SemaphoreInvalidLimit']);
         expect(e.dynamoCalls).toBe(0);
         expect(work.runs).toBe(0);
+        // The bound itself is allowed.
+        const ok = await sim.startExecution(sim.stateMachine(stateMachineLogicalId(workflow.stateMachine)), { limit: 1000 }).done;
+        expect([ok.status, work.runs]).toEqual(['SUCCEEDED', 1]);
       });
     },
   );
@@ -422,6 +480,42 @@ function lockProbes(sim: () => Simulator) {
 /** A DynamoDB UpdateItem task's own call, for task handlers that act around it. */
 const updateItem = (input: any, context: TaskContext) => context.simulator.dynamo.run('arn:aws:states:::dynamodb:updateItem', input);
 
+describe('history budget: a wait gives up with SemaphoreAcquireTimeout well before 25,000 history events, holding nothing', () => {
+  // The queue counts its rounds' events; polling's timer allows as many polls as fit if each took only
+  // pollInterval (each also takes its call's time, so fewer happen).
+  test.each([
+    [WaitStrategy.QUEUE, { queueCheckInterval: Duration.seconds(1) }, 'Wait Budget Spent', 17_000],
+    [WaitStrategy.POLLING, { pollInterval: Duration.seconds(1) }, 'Acquire Timed Out', 5_000],
+  ])('%s', async (waitStrategy, intervals, endState, leastEvents) => {
+    const { stack, workflow, workFunctionId } = workflowStack({ concurrencyLimit: 1, waitStrategy, ...intervals, reconcilerScheduleEnabled: false });
+    // The holder outlasts the waiter's whole budget.
+    const work = new WorkTracker((input) => input.seconds);
+    await simulate(stack, { timeScale: 0.002, lambdaHandlers: { [workFunctionId]: work.handler } }, async (sim) => {
+      const sm = sim.stateMachine(stateMachineLogicalId(workflow.stateMachine));
+      const holder = sim.startExecution(sm, { seconds: 4000 });
+      await sim.sleep(5);
+      const waiter = await sim.startExecution(sm, { seconds: 1 }).done;
+
+      expect([waiter.status, waiter.error]).toEqual(['FAILED', ConcurrencyControlledWorkflow.ACQUIRE_TIMEOUT_ERROR]);
+      expect(waiter.stateTransitions.get(endState)).toBe(1);
+      // It spent at most its budget (18,000 events of waiting) and the release path, far from the limit.
+      expect(waiter.historyEvents).toBeGreaterThan(leastEvents);
+      expect(waiter.historyEvents).toBeLessThan(18_100);
+      // It waited about workflow.longestWait (1 s rounds), and never ran the body.
+      const waited = (waiter.stopDate! - waiter.startDate) / 1000;
+      expect(waited).toBeGreaterThan(0.9 * workflow.longestWait!.toSeconds());
+      expect(work.byExecution.get(waiter.arn)).toBeUndefined();
+      expect(await lockState(sim)).toEqual([{ lockName: 'TestStack/Workflow', permitsInUse: 1, holders: [holder.arn] }]);
+
+      // The holder's release skips the abandoned ticket: nothing is left held.
+      await holder.done;
+      await sim.idle();
+      expect(holder.status).toBe('SUCCEEDED');
+      expect(await lockState(sim)).toEqual([{ lockName: 'TestStack/Workflow', permitsInUse: 0, holders: [] }]);
+    });
+  }, 300_000);
+});
+
 describe('the queue', () => {
   test('waiters are admitted in arrival order, each woken with a fencing token that strictly increases', async () => {
     const { stack, workflow, workFunctionId } = workflowStack({ concurrencyLimit: 1, waitStrategy: WaitStrategy.QUEUE, permitPath: '$.permit' });
@@ -505,6 +599,57 @@ describe('the queue', () => {
       expect(executions.filter((e) => e.stateTransitions.has('Check Handed-Off Permit Again')).length).toBeGreaterThan(0);
       // Nothing for the reconciler: no permit was handed to an entry nobody would claim (an execution
       // that gets in by polling or by its check gives up its wait token, and its entry is dropped).
+      expect(await lockState(sim)).toEqual([{ lockName: 'TestStack/Workflow', permitsInUse: 0, holders: [] }]);
+    });
+  });
+
+  test('a throttled wake-up (Sfn.SfnException): a heartbeat finds the waiter still waiting, and it is woken again at once', async () => {
+    // A check interval longer than the whole run: a wake-up left to it would show in the drain.
+    const props = { concurrencyLimit: 2, waitStrategy: WaitStrategy.QUEUE, queueCheckInterval: Duration.hours(1) };
+    const { stack, workflow, workFunctionId } = workflowStack(props);
+    const work = new WorkTracker(() => 5);
+    // Every first wake-up is throttled, as AWS reports it to an AWS SDK integration; the heartbeat and the second one are not.
+    const throttled = async () => {
+      throw new TaskError('Sfn.SfnException', 'Rate exceeded (Service: Sfn, Status Code: 400)');
+    };
+    const options = { lambdaHandlers: { [workFunctionId]: work.handler }, taskHandlers: { 'Wake Next Waiter': throttled } };
+    await simulate(stack, options, async (sim) => {
+      const monitor = new LockMonitor(sim, 'WorkflowLockTable', () => 2).start();
+      const sm = sim.stateMachine(stateMachineLogicalId(workflow.stateMachine));
+      const started = sim.now();
+      const executions = Array.from({ length: 10 }, (_, i) => sim.startExecution(sm, { i }));
+      await Promise.all(executions.map((e) => e.done));
+      await sim.idle();
+      await monitor.stop();
+
+      expect(statuses(executions)).toEqual({ SUCCEEDED: 10 });
+      expect(work.maxInside).toBe(2);
+      expect(monitor.violations).toEqual([]);
+      const count = (state: string) => executions.reduce((n, e) => n + (e.stateTransitions.get(state) ?? 0), 0);
+      // Eight waiters, each handed a permit, each first wake-up throttled, confirmed and sent again.
+      expect([count('Wake Next Waiter'), count('Is Waiter Still Waiting'), count('Wake Next Waiter Again'), count('Wake-Up Lost')]).toEqual([8, 8, 8, 0]);
+      // No waiter slept its hour: five rounds of 5 s bodies and their states took about a minute.
+      expect((sim.now() - started) / 1000).toBeLessThan(300);
+      expect(await lockState(sim)).toEqual([{ lockName: 'TestStack/Workflow', permitsInUse: 0, holders: [] }]);
+    });
+  });
+
+  test('throttled Step Functions calls (40% of all): never more than the limit inside, nothing leaks', async () => {
+    const props = { concurrencyLimit: 2, waitStrategy: WaitStrategy.QUEUE, queueCheckInterval: Duration.seconds(30) };
+    const { stack, workflow, workFunctionId } = workflowStack(props);
+    const work = new WorkTracker(() => 5);
+    await simulate(stack, { sfnThrottleRate: 0.4, seed: 3, lambdaHandlers: { [workFunctionId]: work.handler } }, async (sim) => {
+      const monitor = new LockMonitor(sim, 'WorkflowLockTable', () => 2).start();
+      const sm = sim.stateMachine(stateMachineLogicalId(workflow.stateMachine));
+      const executions = Array.from({ length: 20 }, (_, i) => sim.startExecution(sm, { i }));
+      await Promise.all(executions.map((e) => e.done));
+      await sim.idle();
+      await monitor.stop();
+
+      expect(statuses(executions)).toEqual({ SUCCEEDED: 20 });
+      expect(sim.throttledSfnCalls).toBeGreaterThan(0);
+      expect(work.maxInside).toBe(2);
+      expect(monitor.violations).toEqual([]);
       expect(await lockState(sim)).toEqual([{ lockName: 'TestStack/Workflow', permitsInUse: 0, holders: [] }]);
     });
   });

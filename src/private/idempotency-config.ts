@@ -2,6 +2,7 @@ import { ArnFormat, Duration, Names, Stack } from 'aws-cdk-lib';
 import * as lambda from 'aws-cdk-lib/aws-lambda';
 import { Construct } from 'constructs';
 import { functionWithOwnLogs } from './function-logs';
+import { DUPLICATE_CHECK_EVENTS, WAIT_HISTORY_EVENTS } from './history-budget';
 import { IdempotencyKeyFunction } from './idempotency-key-function';
 import { IdempotencyStates } from './idempotency-states';
 import { validateFieldPaths, validateWholeSeconds } from './validation';
@@ -13,6 +14,11 @@ export interface RenderedIdempotency {
   readonly states: IdempotencyStates;
   readonly table: IIdempotencyTable;
   readonly keyFunction: lambda.IFunction;
+  /**
+   * The most checks a waiting duplicate makes: each costs 7 states, DUPLICATE_CHECK_EVENTS (23) history
+   * events, within the events its wait may spend (history-budget.ts).
+   */
+  readonly maxWaits: number;
 }
 
 /**
@@ -21,17 +27,26 @@ export interface RenderedIdempotency {
  * records then stay in the table at least that long past their start, whatever TTL). Shared by
  * `IdempotentWorkflow` and `ConcurrencyControlledWorkflow`.
  */
-export function renderIdempotency(scope: Construct, options: IdempotencyOptions, stateMachineName: string, timeout?: Duration): RenderedIdempotency {
+export function renderIdempotency(
+  scope: Construct,
+  options: IdempotencyOptions,
+  stateMachineName: string,
+  timeout?: Duration,
+  waitEvents: number = WAIT_HISTORY_EVENTS,
+): RenderedIdempotency {
+  // How many checks fit in the history events this wait may spend.
+  const checksAllowed = Math.floor(waitEvents / DUPLICATE_CHECK_EVENTS);
   const expiresAfterSeconds = fixedSeconds('expiresAfter', options.expiresAfter ?? Duration.hours(24), 1);
   const pollSeconds = fixedSeconds('duplicatePollInterval', options.duplicatePollInterval ?? Duration.seconds(10), 1);
   // By default an hour, or as long as the checks that fit in the history last at a short interval.
-  const waitTimeout = options.duplicateWaitTimeout ?? Duration.seconds(Math.min(3600, Math.floor(MAX_WAITS * 0.75 * pollSeconds)));
+  const waitTimeout = options.duplicateWaitTimeout ?? Duration.seconds(Math.min(3600, Math.floor(checksAllowed * 0.75 * pollSeconds)));
   const waitSeconds = fixedSeconds('duplicateWaitTimeout', waitTimeout, 1);
   // A wait lasts half to all of the interval: three quarters on average.
   const maxWaits = Math.max(1, Math.ceil(waitSeconds / (0.75 * pollSeconds)));
-  if (maxWaits > MAX_WAITS) {
+  if (maxWaits > checksAllowed) {
     throw new Error(
-      `\`duplicateWaitTimeout\` (${waitTimeout.toHumanString()}) at \`duplicatePollInterval\` ${Duration.seconds(pollSeconds).toHumanString()} means about ${maxWaits} checks; at most ${MAX_WAITS} fit in an execution's history of 25,000 events: make the interval longer or the timeout shorter`,
+      `\`duplicateWaitTimeout\` (${waitTimeout.toHumanString()}) at \`duplicatePollInterval\` ${Duration.seconds(pollSeconds).toHumanString()} means about ${maxWaits} checks; ` +
+        `at most ${checksAllowed} fit in the ${waitEvents} history events this wait may spend (an execution fails at 25,000 events): make the interval longer or the timeout shorter`,
     );
   }
   if (options.validateFields !== undefined) {
@@ -58,14 +73,9 @@ export function renderIdempotency(scope: Construct, options: IdempotencyOptions,
       arnFormat: ArnFormat.COLON_RESOURCE_NAME,
     }),
   });
-  return { states, table, keyFunction };
+  return { states, table, keyFunction, maxWaits };
 }
 
-/**
- * How many checks a waiting duplicate may make: each costs 7 states, about 23 history events, and an
- * execution's history holds at most 25,000 events (Step Functions quota), the rest of it included.
- */
-const MAX_WAITS = 1000;
 
 /** Whole seconds of a duration that must be known at synth time (no token). */
 function fixedSeconds(prop: string, duration: Duration, minSeconds: number): number {

@@ -3,13 +3,14 @@ import * as sfn from 'aws-cdk-lib/aws-stepfunctions';
 import * as tasks from 'aws-cdk-lib/aws-stepfunctions-tasks';
 import { Construct } from 'constructs';
 import { CONDITIONAL_CHECK_FAILED, SERVER_ERRORS, THROTTLING_ERRORS, transientRetry, VALIDATION_ERROR } from './dynamodb-errors';
+import { HISTORY_EVENT_LIMIT, QUEUE_CHECK_ROUND_EVENTS, QUEUE_RETRY_ROUND_EVENTS, WAIT_ENTRY_EVENTS } from './history-budget';
 import {
   ERROR_PATH as IDEMPOTENT_ERROR_PATH,
   IdempotencyStates,
   INPUT_PATH as IDEMPOTENT_INPUT_PATH,
   OUTPUT_PATH as IDEMPOTENT_OUTPUT_PATH,
 } from './idempotency-states';
-import { TICKET_KEY_SEPARATOR } from './lock-schema';
+import { MAX_CONCURRENCY_LIMIT, TICKET_KEY_SEPARATOR } from './lock-schema';
 import { acquireTask, LockTaskProps } from './lock-tasks';
 import {
   fencingTokenTask,
@@ -141,19 +142,21 @@ export function renderDefinition(scope: Construct, table: ISemaphoreTable, spec:
 
 /**
  * A limit read from the input is checked before the first acquire: on a lock nobody holds yet the
- * condition `attribute_not_exists(permits)` would let one execution in whatever the limit, and a
- * limit below 1 would make every other execution wait forever. One more transition, only here.
+ * condition `attribute_not_exists(permits)` would let one execution in whatever the limit, a limit
+ * below 1 would make every other execution wait forever, and one above MAX_CONCURRENCY_LIMIT could
+ * grow the lock item past DynamoDB's 400 KB. One more transition, only here; nothing is held yet.
  */
 function checkRuntimeLimit(scope: Construct, spec: DefinitionSpec, next: sfn.IChainable): sfn.IChainable {
   if (spec.limit.inputPath === undefined) return next;
   const invalidLimit = new sfn.Fail(scope, STATE.runtimeLimitInvalid, {
     error: INVALID_LIMIT_ERROR,
-    cause: `The concurrency limit read from the execution input at ${spec.limit.inputPath} must be a number of at least 1`,
+    cause: `The concurrency limit read from the execution input at ${spec.limit.inputPath} must be a number from 1 to ${MAX_CONCURRENCY_LIMIT}`,
   });
   return new sfn.Choice(scope, STATE.checkRuntimeLimit)
     .when(sfn.Condition.not(sfn.Condition.isPresent(spec.limit.inputPath)), invalidLimit)
     .when(sfn.Condition.not(sfn.Condition.isNumeric(spec.limit.inputPath)), invalidLimit)
     .when(sfn.Condition.numberLessThan(spec.limit.inputPath, 1), invalidLimit)
+    .when(sfn.Condition.numberGreaterThan(spec.limit.inputPath, MAX_CONCURRENCY_LIMIT), invalidLimit)
     .otherwise(next);
 }
 
@@ -200,6 +203,10 @@ function checkRuntimeLockName(scope: Construct, spec: DefinitionSpec, next: sfn.
  *     ▼
  *   Check Handed-Off Permit Again ─yes─▶ body; no ─▶ Wait Before Next Poll ─▶ Take Ticket
  *
+ * Every way back to a wait counts its round against the history budget: "Count Queue Check" (and its
+ * Choice) before Wait In Queue Again, "Count Queue Retry" before a new Take Ticket. Past the budget
+ * the branch fails with SemaphoreAcquireTimeout ("Wait Budget Spent").
+ *
  * With an `acquireTimeout`, a timer runs beside these states, as beside the polling states.
  */
 function renderQueueWait(
@@ -238,7 +245,24 @@ function renderQueueWait(
   const takeTicket = takeTicketTask(scope, STATE.takeTicket, waiter).addRetry(retry);
   const waitInQueue = acquired(waitOnTicketTask(scope, STATE.waitInQueue, waiter, false));
   const waitAgain = acquired(waitOnTicketTask(scope, STATE.waitInQueueAgain, waiter, true));
-  const nextWait = new sfn.Wait(scope, STATE.nextWait, { time: sfn.WaitTime.duration(spec.pollInterval) }).next(takeTicket);
+
+  // The history budget: every round back to a wait counts the events it spent, and past the budget
+  // the execution gives up with the acquire-timeout error (the Parallel's catch then gives back what
+  // it may hold, and its ticket is skipped when its turn comes). Two transitions a round, only on
+  // rounds: a waiter woken in its first wait spends none of it.
+  const budget = spec.waitEvents - WAIT_ENTRY_EVENTS;
+  const budgetSpent = new sfn.Fail(scope, STATE.waitBudgetSpent, {
+    error: ACQUIRE_TIMEOUT_ERROR,
+    cause: `Gave up waiting for a permit: the wait spent its budget of ${spec.waitEvents} history events (Step Functions fails an execution at ${HISTORY_EVENT_LIMIT})`,
+  });
+  const countRound = (countId: string, checkId: string, events: number, next: sfn.State) =>
+    new sfn.Pass(scope, countId, {
+      parameters: { events: sfn.JsonPath.mathAdd(sfn.JsonPath.numberAt(`${WAIT_EVENTS_PATH}.events`), events) },
+      resultPath: WAIT_EVENTS_PATH,
+    }).next(new sfn.Choice(scope, checkId).when(sfn.Condition.numberGreaterThan(`${WAIT_EVENTS_PATH}.events`, budget), budgetSpent).otherwise(next));
+  const checkRound = countRound(STATE.countQueueCheck, STATE.queueCheckWithinBudget, QUEUE_CHECK_ROUND_EVENTS, waitAgain);
+  const retryRound = countRound(STATE.countQueueRetry, STATE.queueRetryWithinBudget, QUEUE_RETRY_ROUND_EVENTS, takeTicket);
+  const nextWait = new sfn.Wait(scope, STATE.nextWait, { time: sfn.WaitTime.duration(spec.pollInterval) }).next(retryRound);
   const checkProps = { table: table, lockName: lockTask.lockName, permitPath: ownPermitPath };
   const acquireProps = { ...lockTask, limit, leaseSeconds: spec.leaseSeconds, permitPath: ownPermitPath };
   // Found the execution's own entry (handed to it meanwhile, or taken by a write of an earlier run):
@@ -248,7 +272,7 @@ function renderQueueWait(
   // Server errors are retried: a write that landed makes the retry find the execution's own entry.
   const poll = acquired(acquireTask(scope, STATE.poll, acquireProps))
     .addRetry(retry)
-    .addCatch(takeTicket, { errors: [CONDITIONAL_CHECK_FAILED], resultPath: sfn.JsonPath.DISCARD })
+    .addCatch(retryRound, { errors: [CONDITIONAL_CHECK_FAILED], resultPath: sfn.JsonPath.DISCARD })
     .addCatch(checkAgain, { errors: [VALIDATION_ERROR], resultPath: sfn.JsonPath.DISCARD });
   const check = acquired(fencingTokenTask(scope, STATE.checkHandedOff, checkProps))
     .addCatch(poll, { errors: [CONDITIONAL_CHECK_FAILED], resultPath: sfn.JsonPath.DISCARD });
@@ -256,7 +280,7 @@ function renderQueueWait(
   // this execution if its wake-up was lost (the acquire finds its own entry); else sleep again.
   const pollAgain = acquired(acquireTask(scope, STATE.pollAgain, acquireProps))
     .addRetry(retry)
-    .addCatch(waitAgain, { errors: [CONDITIONAL_CHECK_FAILED], resultPath: sfn.JsonPath.DISCARD })
+    .addCatch(checkRound, { errors: [CONDITIONAL_CHECK_FAILED], resultPath: sfn.JsonPath.DISCARD })
     .addCatch(checkAgain, { errors: [VALIDATION_ERROR], resultPath: sfn.JsonPath.DISCARD });
 
   // Refused: the lock has a free permit, or this execution already holds one (handed over while it
@@ -271,12 +295,13 @@ function renderQueueWait(
   waitAgain.addCatch(checkAgain, { errors: WAIT_REFUSED, resultPath: sfn.JsonPath.DISCARD });
   waitAgain.addCatch(check, { errors: WAIT_UNCERTAIN, resultPath: sfn.JsonPath.DISCARD });
 
-  // The branches start from an empty object, not the execution's data: they write the ticket into
-  // their state, which an input that is not an object (a string, a number, an array) cannot hold.
+  // The branches start from an object of their own, not the execution's data: they write the ticket
+  // and the count of their rounds into their state, which an input that is not an object (a string, a
+  // number, an array) cannot hold.
   // `parameters` is rendered for every state by aws-cdk-lib 2.95.1 (State.renderInputOutput), but
   // ParallelProps declares it only in later versions.
   const props: sfn.ParallelProps & { readonly parameters?: object } = {
-    parameters: {},
+    parameters: { [WAIT_EVENTS_PATH.slice(2)]: { events: 0 } },
     ...(withTimer || !permitPath
       ? { resultPath: sfn.JsonPath.DISCARD }
       : { resultSelector: { fencingToken: sfn.JsonPath.objectAt('$[0].fencingToken') }, resultPath: permitPath }),
@@ -298,6 +323,9 @@ function renderQueueWait(
  * The polling wait, a Parallel whose result is discarded:
  *
  *   Draw Poll Delay → Wait Before First Poll → Poll For Permit ⇄ Wait Before Next Poll
+ *
+ * Every round waits `pollInterval`, so the acquire timer bounds the rounds; polling always has one
+ * (by default the longest wait the history budget holds).
  *
  * With an `acquireTimeout`, a second branch waits that long and fails with `SemaphoreAcquireTimeout`;
  * a Parallel ends early only when a branch fails, so the polling branch then ends with the marker
@@ -333,21 +361,20 @@ function renderWaitForPermit(
   const firstWait = new sfn.Wait(scope, STATE.firstWait, { time: sfn.WaitTime.secondsPath('$.delaySeconds') });
   const polling = sfn.Chain.start(drawDelay).next(firstWait).next(poll);
 
-  if (spec.acquireTimeout === undefined) {
-    // Without a timeout the polling branch simply ends once it holds a permit.
-    return waitForPermit.branch(polling);
+  const acquireTimeout = spec.acquireTimeout;
+  if (acquireTimeout === undefined) {
+    throw new Error('the polling wait needs its timer (ConcurrencyControlledWorkflow gives it the longest wait by default)');
   }
-
   const acquired = new sfn.Fail(scope, STATE.permitAcquired, {
     error: PERMIT_ACQUIRED,
     cause: 'Not an error: ends the Parallel early so that the body can start',
   });
   poll.next(acquired);
   claimOwn.next(acquired);
-  const timer = new sfn.Wait(scope, STATE.acquireTimer, { time: sfn.WaitTime.duration(spec.acquireTimeout) }).next(
+  const timer = new sfn.Wait(scope, STATE.acquireTimer, { time: sfn.WaitTime.duration(acquireTimeout) }).next(
     new sfn.Fail(scope, STATE.acquireTimedOut, {
       error: ACQUIRE_TIMEOUT_ERROR,
-      cause: `No permit became free within the acquire timeout of ${spec.acquireTimeout.toHumanString()}`,
+      cause: `No permit became free within the acquire timeout of ${acquireTimeout.toHumanString()}`,
     }),
   );
   return waitForPermit
@@ -361,11 +388,14 @@ function renderWaitForPermit(
 /** ConcurrencyControlledWorkflow.ACQUIRE_TIMEOUT_ERROR: the acquire timeout passed. */
 export const ACQUIRE_TIMEOUT_ERROR = 'SemaphoreAcquireTimeout';
 
-/** ConcurrencyControlledWorkflow.INVALID_LIMIT_ERROR: a limit from the input that is not a number of at least 1. */
+/** ConcurrencyControlledWorkflow.INVALID_LIMIT_ERROR: a limit from the input that is not a number from 1 to MAX_CONCURRENCY_LIMIT. */
 export const INVALID_LIMIT_ERROR = 'SemaphoreInvalidLimit';
 
 /** ConcurrencyControlledWorkflow.INVALID_LOCK_NAME_ERROR: a lock name from the input that is missing, empty or has U+001F. */
 export const INVALID_LOCK_NAME_ERROR = 'SemaphoreInvalidLockName';
+
+/** Where the queue's branch counts the history events its rounds spent: `{ events }`. */
+const WAIT_EVENTS_PATH = '$.semaphoreWait';
 
 /** Marker error that ends the "Wait For Permit" Parallel once the polling branch holds a permit. */
 const PERMIT_ACQUIRED = 'SemaphorePermitAcquired';
@@ -378,6 +408,8 @@ export interface DefinitionSpec {
   readonly pollInterval: Duration;
   readonly pollSeconds?: number;
   readonly acquireTimeout?: Duration;
+  /** The history events the wait may spend (its rounds count them, see history-budget.ts). */
+  readonly waitEvents: number;
   readonly leaseSeconds?: number;
   readonly idempotency?: IdempotencyStates;
   readonly waitStrategy: WaitStrategy;

@@ -1,0 +1,53 @@
+/*
+ * An execution's history budget. A Standard execution fails once its history reaches 25,000 events
+ * ("If the event number 25,000 isn't ExecutionSucceeded, ... the state machine execution fails because
+ * of reaching the history limit", https://docs.aws.amazon.com/step-functions/latest/dg/bp-history-limit.html),
+ * with `States.Runtime`, and such an execution cannot be redriven. Every loop of the workflow therefore
+ * counts what it spends and gives up, with the acquire-timeout error and the release path, well before.
+ *
+ * Events are counted as Step Functions logs them (the simulator counts them the same way): a Pass,
+ * Choice or Wait state is entered and exited (2); a Task is entered, scheduled, started, ends and is
+ * exited (5), with a callback also submitted (6); each retry adds 3. The counts below are for rounds
+ * without retries: a round that retries spends 3 more events per retry out of the reserve (7,000
+ * events: about two retries in every round of a wait that lasts its longest; a wait that retries more
+ * than that under sustained throttling can still reach the limit).
+ */
+
+/** Step Functions' quota of history events per execution. */
+export const HISTORY_EVENT_LIMIT = 25_000;
+
+/**
+ * The events an execution's waits may spend together: the semaphore's wait, and the wait for a
+ * duplicate of an idempotent execution (at most half of it in a ConcurrencyControlledWorkflow). The
+ * other 7,000 are the reserve: the start, the acquire, the body, the release and its hand-off, and
+ * retries.
+ */
+export const WAIT_HISTORY_EVENTS = 18_000;
+
+/**
+ * What a wait spends before its first round: the "Wait For Permit" Parallel (entered, started, ended,
+ * exited), its first Take Ticket and Wait In Queue (or Draw Poll Delay and Wait Before First Poll),
+ * and the acquire timer's Wait.
+ */
+export const WAIT_ENTRY_EVENTS = 20;
+
+/** A queue round after a wait timed out: Poll For Permit Again (5), the count and its check (4), Wait In Queue Again (6). */
+export const QUEUE_CHECK_ROUND_EVENTS = 15;
+
+/**
+ * A queue round after a refusal, back to Take Ticket and its wait: at most a refused wait (6), a check
+ * (5), a poll (5), a second check (5) and Wait Before Next Poll (2), the count and its check (4), and
+ * Take Ticket (5).
+ */
+export const QUEUE_RETRY_ROUND_EVENTS = 32;
+
+/** A polling round: Wait Before Next Poll (2) and Poll For Permit (5). */
+export const POLL_ROUND_EVENTS = 7;
+
+/** The events each check of a waiting duplicate spends (idempotency: seven states). */
+export const DUPLICATE_CHECK_EVENTS = 23;
+
+/** How many rounds of `eventsPerRound` fit in a wait of `waitEvents` events. */
+export function roundsWithin(waitEvents: number, eventsPerRound: number): number {
+  return Math.floor((waitEvents - WAIT_ENTRY_EVENTS) / eventsPerRound);
+}
