@@ -34,6 +34,10 @@ import type { Random } from './random';
  *    excepts only its own timeouts, not a callback task's `States.Timeout` raised by the simulator;
  *    `States.ALL` "can't catch the States.DataLimitExceeded terminal error type" (a catcher naming it
  *    can). (`States.Runtime` the module already never catches nor retries, as AWS.)
+ * 11. The context object's `State` is not set at all. Each state entered gets `$$.State.Name`, its
+ *    `EnteredTime` (on the simulated clock, fixed for that entry, retries included) and `RetryCount`
+ *    (0, one more on each retry), as the context object documents
+ *    (https://docs.aws.amazon.com/step-functions/latest/dg/input-output-contextobject.html).
  *
  * Each patch must apply exactly once, so an upgrade of the module that moves the code fails loudly
  * here instead of silently running at full speed.
@@ -75,6 +79,14 @@ const PATCHES: Array<[string, string]> = [
   ],
   ['    if (this.stateDefinition.Result) {\n', '    if ("Result" in this.stateDefinition) {\n'],
   [
+    '        options.eventLogger.dispatchStateEnteredEvent(currStateName, currState.Type, currInput);\n',
+    '        context.State = { Name: currStateName, EnteredTime: new Date(__NOW__()).toISOString(), RetryCount: 0 };\n        options.eventLogger.dispatchStateEnteredEvent(currStateName, currState.Type, currInput);\n',
+  ],
+  [
+    '        return this.execute(input, context, options);\n',
+    '        context.State = { ...context.State, RetryCount: (context.State?.RetryCount ?? 0) + 1 };\n        return this.execute(input, context, options);\n',
+  ],
+  [
     '        const isErrorWildcard = catcherError === WILDCARD_ERROR;\n        const isErrorTaskWildcard = catcherError === TASK_STATE_WILDCARD_ERROR && this.stateDefinition.Type === "Task" && !(error instanceof StatesTimeoutError);\n',
     '        const isErrorWildcard = catcherError === WILDCARD_ERROR && error.name !== "States.DataLimitExceeded";\n        const isErrorTaskWildcard = catcherError === TASK_STATE_WILDCARD_ERROR && this.stateDefinition.Type === "Task" && !(error instanceof StatesTimeoutError) && error.name !== "States.Timeout";\n',
   ],
@@ -88,9 +100,10 @@ export type LocalStepFunctions = typeof LocalSfn;
 
 /**
  * Load a private copy of aws-local-stepfunctions whose clock runs `timeScale` times real time
- * (0.01: one simulated second takes 10 ms) and whose randomness comes from `random`.
+ * (0.01: one simulated second takes 10 ms), whose randomness comes from `random`, and whose states
+ * are entered at `now()` (epoch milliseconds, the simulated clock).
  */
-export function loadLocalStepFunctions(timeScale: number, random: Random): LocalStepFunctions {
+export function loadLocalStepFunctions(timeScale: number, random: Random, now: () => number = Date.now): LocalStepFunctions {
   const hostRequire = createRequire(__filename);
   const filename = hostRequire.resolve('aws-local-stepfunctions');
   let source = fs.readFileSync(filename, 'utf-8');
@@ -111,9 +124,10 @@ export function loadLocalStepFunctions(timeScale: number, random: Random): Local
     '__dirname',
     '__TIME_SCALE__',
     '__RANDOM__',
+    '__NOW__',
     `${source}\n//# sourceURL=${filename}`,
   );
   const mod = { exports: {} as LocalStepFunctions };
-  wrapper(mod.exports, createRequire(filename), mod, filename, path.dirname(filename), timeScale, random);
+  wrapper(mod.exports, createRequire(filename), mod, filename, path.dirname(filename), timeScale, random, now);
   return mod.exports;
 }

@@ -118,6 +118,8 @@ export class Execution {
   public stopped = new AbortController();
   /** How many times it was redriven. */
   public redriveCount = 0;
+  /** When it was last redriven (simulated epoch ms; `$$.Execution.RedriveTime`). */
+  public redriveDate?: number;
   /** Its history: execution events, and every state entered with its input. */
   public readonly history: Array<{ type: string; name?: string; input?: unknown; timestamp: number }> = [];
   /** @internal */
@@ -162,6 +164,7 @@ export class Execution {
     this.status = 'RUNNING';
     this.output = this.error = this.cause = this.stopDate = undefined;
     this.redriveCount++;
+    this.redriveDate = now;
     this.stopped = new AbortController();
     this.done = new Promise((done) => (this.resolveDone = done));
     this.history.push({ type: 'ExecutionRedriven', timestamp: now });
@@ -299,7 +302,7 @@ export class Simulator {
   ) {
     this.timeScale = options.timeScale ?? 0.01;
     this.random = seededRandom(options.seed ?? 1);
-    this.sfn = loadLocalStepFunctions(this.timeScale, this.random);
+    this.sfn = loadLocalStepFunctions(this.timeScale, this.random, () => this.now());
     this.dynamo = new DynamoTaskRunner(db, this.random, (s) => this.sleep(s), options.dynamoFaults, options.capacity, () => this.now());
     this.callbacks.tokenLength = options.taskTokenLength ?? 700;
     this.eventFaults = options.eventFaults ?? {};
@@ -377,11 +380,18 @@ export class Simulator {
     this.stopListeners.push(listener);
   }
 
-  /** Start an execution, like `StartExecution`. */
+  /**
+   * Start an execution, like `StartExecution`: "If StartExecution is called with the same name and
+   * input as a running execution, the call succeeds and returns the same response as the original
+   * request. If the execution is closed or if the input is different, it returns a 400
+   * ExecutionAlreadyExists error." (https://docs.aws.amazon.com/step-functions/latest/apireference/API_StartExecution.html)
+   */
   public startExecution(stateMachine: SimStateMachine, input: unknown = {}, options: StartOptions = {}): Execution {
     const execName = options.name ?? `exec-${++this.executionCounter}`;
     const arn = `arn:aws:states:${REGION}:${ACCOUNT}:execution:${stateMachine.name}:${execName}`;
-    if (this.executions.has(arn)) {
+    const existing = this.executions.get(arn);
+    if (existing) {
+      if (existing.status === 'RUNNING' && JSON.stringify(existing.input) === JSON.stringify(input)) return existing;
       throw new ApiError('ExecutionAlreadyExists', `Execution Already Exists: '${arn}'`);
     }
     const execution = new Execution(arn, execName, stateMachine, input, this.now());
@@ -563,16 +573,19 @@ export class Simulator {
     return reverseOrder ? events.reverse() : events;
   }
 
+  /** `ListExecutions`: "Results are sorted by time, with the most recent execution first." */
   public listExecutions(stateMachineArn: string, statusFilter?: string, redriveFilter?: string): Array<Record<string, unknown>> {
     return [...this.executions.values()]
       .filter((e) => e.stateMachine.arn === stateMachineArn && (!statusFilter || e.status === statusFilter))
       .filter((e) => !redriveFilter || (redriveFilter === 'REDRIVEN') === e.redriveCount > 0)
+      .reverse()
       .map((e) => ({
         executionArn: e.arn,
         stateMachineArn,
         name: e.name,
         status: e.status,
         startDate: e.startDate / 1000,
+        ...(e.stopDate !== undefined ? { stopDate: e.stopDate / 1000 } : {}),
         redriveCount: e.redriveCount,
       }));
   }
@@ -702,7 +715,6 @@ export class Simulator {
     const machine = resume
       ? new this.sfn.StateMachine(withTokenMarkers(resume.definition) as any, { validationOptions: { noValidate: true } })
       : this.interpreter(execution.stateMachine);
-    const sim = this;
     const run = machine.run((resume ? resume.input : execution.input) as any, {
       overrides: { taskResourceLocalHandlers: this.taskOverrides(execution) },
       context: {
@@ -713,13 +725,10 @@ export class Simulator {
           RoleArn: `arn:aws:iam::${ACCOUNT}:role/${execution.stateMachine.logicalId}Role`,
           StartTime: new Date(execution.startDate).toISOString(),
           RedriveCount: execution.redriveCount,
+          ...(execution.redriveDate !== undefined ? { RedriveTime: new Date(execution.redriveDate).toISOString() } : {}),
         },
         StateMachine: { Id: execution.stateMachine.arn, Name: execution.stateMachine.name },
-        State: {
-          get EnteredTime() {
-            return new Date(sim.now()).toISOString();
-          },
-        },
+        // `State` is set for each state entered (local-sfn.ts patch 11).
       },
     });
     execution.abortRun = run.abort;

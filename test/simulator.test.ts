@@ -173,6 +173,26 @@ describe('state machines', () => {
     expect(() => refuseWhatItCannotRun('Machine', { StartAt: 'S', States: { S: { Type: 'Pass', End: true } } }, type)).not.toThrow();
   });
 
+  test('StartExecution with the name of a running execution: the same input returns it; other input, or a closed one, ExecutionAlreadyExists; ListExecutions newest first', async () => {
+    const { stack, sm } = machineStack((s) => new sfn.Wait(s, 'Pause', { time: sfn.WaitTime.duration(Duration.seconds(10)) }));
+    const sim = await Simulator.start(stack);
+    try {
+      const machine = sim.stateMachine(logicalId(sm.node.defaultChild as any));
+      const first = sim.startExecution(machine, { a: 1 }, { name: 'job' });
+      expect(sim.startExecution(machine, { a: 1 }, { name: 'job' })).toBe(first);
+      expect(() => sim.startExecution(machine, { a: 2 }, { name: 'job' })).toThrow(expect.objectContaining({ name: 'ExecutionAlreadyExists' }));
+      await first.done;
+      expect(() => sim.startExecution(machine, { a: 1 }, { name: 'job' })).toThrow(expect.objectContaining({ name: 'ExecutionAlreadyExists' }));
+      // ListExecutions: the most recent first, with the stop date of those that ended.
+      const second = sim.startExecution(machine, {}, { name: 'later' });
+      const listed = sim.listExecutions(machine.arn);
+      expect(listed.map((x) => [x.name, x.status, x.stopDate !== undefined])).toEqual([['later', 'RUNNING', false], ['job', 'SUCCEEDED', true]]);
+      second.abort();
+    } finally {
+      await sim.stop();
+    }
+  });
+
   test('counts retries as billed transitions', async () => {
     let calls = 0;
     const { stack, sm } = machineStack((s) => {
@@ -232,7 +252,12 @@ describe('state machines', () => {
     const seen: unknown[] = [];
     const { stack, sm } = machineStack((s) => {
       const read = new sfn.CustomState(s, 'Read Input', {
-        stateJson: { Type: 'Task', Resource: 'arn:aws:states:::readInput', Parameters: { 'input.$': '$$.Execution.Input', 'own.$': '$' }, ResultPath: null },
+        stateJson: {
+          Type: 'Task',
+          Resource: 'arn:aws:states:::readInput',
+          Parameters: { 'input.$': '$$.Execution.Input', 'own.$': '$', 'execution.$': '$$.Execution' },
+          ResultPath: null,
+        },
       });
       const branch = new sfn.Parallel(s, 'Branch', { resultPath: sfn.JsonPath.DISCARD, parameters: { inside: true } } as sfn.ParallelProps).branch(read);
       return branch;
@@ -242,10 +267,54 @@ describe('state machines', () => {
       const again = await failThenRedrive(sim, sm, { job: 'a' });
 
       expect(again.status).toBe('SUCCEEDED');
-      expect(seen).toEqual([
+      expect(seen.map((x: any) => ({ input: x.input, own: x.own }))).toEqual([
         { input: { job: 'a' }, own: { inside: true } },
         { input: { job: 'a' }, own: { inside: true } },
       ]);
+      // $$.Execution.RedriveTime: none before the redrive, the redrive's time after it.
+      const [first, second] = seen as any[];
+      expect([first.execution.RedriveTime, second.execution.RedriveCount]).toEqual([undefined, 1]);
+      expect(Date.parse(second.execution.RedriveTime)).toBe(again.redriveDate);
+    } finally {
+      await sim.stop();
+    }
+  });
+
+  test('$$.State: Name, EnteredTime fixed for one entry of a state (retries included), RetryCount', async () => {
+    const seen: any[] = [];
+    let failures = 2;
+    const { stack, sm } = machineStack((s) => {
+      const flaky = new sfn.CustomState(s, 'Flaky', {
+        stateJson: {
+          Type: 'Task',
+          Resource: 'arn:aws:states:::flaky',
+          Parameters: { 'name.$': '$$.State.Name', 'entered.$': '$$.State.EnteredTime', 'retry.$': '$$.State.RetryCount' },
+          Retry: [{ ErrorEquals: ['Flaky'], IntervalSeconds: 3, MaxAttempts: 2 }],
+          ResultPath: '$.flaky',
+        },
+      });
+      const read = new sfn.Pass(s, 'Read', {
+        parameters: { 'name.$': '$$.State.Name', 'entered.$': '$$.State.EnteredTime', 'again.$': '$$.State.EnteredTime', 'redrive.$': '$$.Execution' },
+      });
+      return new sfn.Wait(s, 'Pause', { time: sfn.WaitTime.duration(Duration.seconds(5)) }).next(flaky).next(read);
+    });
+    const handler = async (input: any) => {
+      seen.push(input);
+      if (failures-- > 0) throw Object.assign(new Error('not yet'), { name: 'Flaky' });
+      return 'ok';
+    };
+    const sim = await Simulator.start(stack, { taskHandlers: { Flaky: handler } });
+    try {
+      const started = sim.now();
+      const e = await sim.startExecution(sim.stateMachine(logicalId(sm.node.defaultChild as any))).done;
+      expect(e.status).toBe('SUCCEEDED');
+      expect(seen.map((x) => [x.name, x.retry])).toEqual([['Flaky', 0], ['Flaky', 1], ['Flaky', 2]]);
+      // One entry of the task: the same EnteredTime for each attempt, after the 5 s pause.
+      expect(new Set(seen.map((x) => x.entered)).size).toBe(1);
+      expect(Date.parse(seen[0].entered) - started).toBeGreaterThanOrEqual(5000);
+      const out = e.output as any;
+      expect([out.name, out.entered === out.again, Date.parse(out.entered) > Date.parse(seen[0].entered)]).toEqual(['Read', true, true]);
+      expect(out.redrive.RedriveTime).toBeUndefined();
     } finally {
       await sim.stop();
     }
