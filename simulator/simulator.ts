@@ -120,17 +120,19 @@ export class Execution {
   public redriveCount = 0;
   /** When it was last redriven (simulated epoch ms; `$$.Execution.RedriveTime`). */
   public redriveDate?: number;
-  /** Its history: execution events, and every state entered with its input. */
-  public readonly history: Array<{ type: string; name?: string; input?: unknown; timestamp: number }> = [];
+  /**
+   * Its history, event by event as Step Functions logs it (see `historyEventsOf`), all its runs
+   * together: `name` and `input` on the events of states entered, `state` on the others of a state.
+   */
+  public readonly history: Array<{ type: string; name?: string; state?: string; input?: unknown; timestamp: number }> = [];
   /** @internal */
   public abortRun?: () => void;
   /** @internal A state whose output passed the payload quota: the execution fails with States.DataLimitExceeded. */
   public dataLimitExceeded?: string;
-  /**
-   * Events in its history as Step Functions counts them (see `historyEventsOf`), all its runs together:
-   * at HISTORY_EVENT_LIMIT it fails with States.Runtime.
-   */
-  public historyEvents = 1; // ExecutionStarted
+  /** Events in its history: at HISTORY_EVENT_LIMIT it fails with States.Runtime. */
+  public get historyEvents(): number {
+    return this.history.length;
+  }
   /** @internal The history reached HISTORY_EVENT_LIMIT: the execution fails with States.Runtime. */
   public historyLimitExceeded?: string;
   private resolveDone!: (e: Execution) => void;
@@ -143,6 +145,7 @@ export class Execution {
     public readonly startDate: number,
   ) {
     this.done = new Promise((done) => (this.resolveDone = done));
+    this.history.push({ type: 'ExecutionStarted', timestamp: startDate });
   }
 
   /** Stop the execution, like `StopExecution`. */
@@ -168,7 +171,6 @@ export class Execution {
     this.stopped = new AbortController();
     this.done = new Promise((done) => (this.resolveDone = done));
     this.history.push({ type: 'ExecutionRedriven', timestamp: now });
-    this.historyEvents++;
   }
 }
 
@@ -186,32 +188,35 @@ export const HISTORY_EVENT_LIMIT = 25_000;
 const HISTORY_LIMIT_CAUSE = `The execution reached the maximum number of history events (${HISTORY_EVENT_LIMIT}).`;
 
 /**
- * How many history events an event of the interpreter stands for, as Step Functions logs a Standard
+ * The history events an event of the interpreter stands for, as Step Functions logs a Standard
  * execution (HistoryEvent types, https://docs.aws.amazon.com/step-functions/latest/apireference/API_HistoryEvent.html):
  * a Pass, Choice, Wait or Succeed state is entered and exited (2); a Task is entered, scheduled,
  * started, (submitted, with a callback,) ends (succeeded, failed or timed out) and is exited (5, 6),
  * and each retry schedules and starts it again after the failure (3, 4); a Parallel or Map is
  * entered, started, ends and is exited (4), each Map iteration starting and ending (2); a Fail state
- * is entered, and the execution's end follows. A failure caught still exits the state.
+ * is entered, and the execution's end follows. A failure caught still exits the state. (Lambda tasks
+ * are logged as `Task…` here; AWS names some of their events `LambdaFunction…`, as many.)
  */
-function historyEventsOf(event: { type: string; state?: { name: string; type: string } }, state: any, caught: boolean): number {
-  const type = event.state?.type;
-  const callback = type === 'Task' && typeof state?.Resource === 'string' && state.Resource.endsWith(WAIT_FOR_TASK_TOKEN) ? 1 : 0;
+function historyEventsOf(event: { type: string; state?: { name: string; type: string }; Error?: string }, state: any, caught: boolean): string[] {
+  const type = event.state?.type ?? '';
+  const task = type === 'Task';
+  const scheduled = task ? ['TaskScheduled', 'TaskStarted', ...(typeof state?.Resource === 'string' && state.Resource.endsWith(WAIT_FOR_TASK_TOKEN) ? ['TaskSubmitted'] : [])] : [];
   switch (event.type) {
     case 'StateEntered':
-      return 1 + (type === 'Task' ? 2 + callback : type === 'Parallel' || type === 'Map' ? 1 : 0);
+      return [`${type}StateEntered`, ...scheduled, ...(type === 'Parallel' || type === 'Map' ? [`${type}StateStarted`] : [])];
     case 'StateFailed':
-      return type === 'Task' || type === 'Parallel' || type === 'Map' ? 1 : 0;
+      if (task) return [event.Error === 'States.Timeout' ? 'TaskTimedOut' : 'TaskFailed'];
+      return type === 'Parallel' || type === 'Map' ? [`${type}StateFailed`] : [];
     case 'StateRetried':
-      return type === 'Task' ? 2 + callback : type === 'Parallel' ? 1 : 0;
+      return task ? scheduled : type === 'Parallel' ? ['ParallelStateStarted'] : [];
     case 'StateExited':
-      return 1 + ((type === 'Task' || type === 'Parallel' || type === 'Map') && !caught ? 1 : 0);
+      return [...(task && !caught ? ['TaskSucceeded'] : (type === 'Parallel' || type === 'Map') && !caught ? [`${type}StateSucceeded`] : []), `${type}StateExited`];
     case 'MapIterationStarted':
     case 'MapIterationSucceeded':
     case 'MapIterationFailed':
-      return 1;
+      return [event.type];
     default:
-      return 0;
+      return [];
   }
 }
 
@@ -530,7 +535,7 @@ export class Simulator {
     if (e.historyLimitExceeded !== undefined) {
       throw new ApiError('ExecutionNotRedrivable', `Execution history event limit exceeded: '${executionArn}'`);
     }
-    const last = [...e.history].reverse().find((h) => h.name !== undefined)!;
+    const last = [...e.history].reverse().find((h) => h.type.endsWith('StateEntered'))!;
     const definition = JSON.parse(JSON.stringify(e.stateMachine.definition));
     const enclosing = enclosingParallels(definition, last.name!);
     let input = last.input;
@@ -538,7 +543,7 @@ export class Simulator {
       definition.StartAt = last.name;
     } else {
       definition.StartAt = enclosing[0];
-      input = [...e.history].reverse().find((h) => h.name === enclosing[0])!.input;
+      input = [...e.history].reverse().find((h) => h.type.endsWith('StateEntered') && h.name === enclosing[0])!.input;
       let scope = definition.States;
       for (let i = 0; i < enclosing.length; i++) {
         const next = enclosing[i + 1] ?? last.name!;
@@ -568,6 +573,7 @@ export class Simulator {
       timestamp: h.timestamp / 1000,
       type: h.type,
       ...(h.name !== undefined ? { stateEnteredEventDetails: { name: h.name } } : {}),
+      ...(h.state !== undefined && h.type.endsWith('StateExited') ? { stateExitedEventDetails: { name: h.state } } : {}),
       ...(h.type === 'ExecutionRedriven' ? { executionRedrivenEventDetails: { redriveCount: ++redrives } } : {}),
     }));
     return reverseOrder ? events.reverse() : events;
@@ -741,24 +747,30 @@ export class Simulator {
         // The state a redrive starts a branch with is the simulator's, not the definition's: no transition, no history.
         if ('state' in event && (event as { state: { name: string } }).state.name === REDRIVE_RESUME) continue;
         const key = 'state' in event ? `${event.state.name}#${(event as { index?: number }).index ?? ''}` : '';
-        const events = historyEventsOf(event, 'state' in event ? definitionStates.get(event.state.name) : undefined, caught.has(key));
+        const types = historyEventsOf(event as any, 'state' in event ? definitionStates.get(event.state.name) : undefined, caught.has(key));
         if (event.type === 'StateCaught') caught.add(key);
         else if (event.type === 'StateEntered') caught.delete(key);
-        // Only the execution's success may be the 25,000th event (it is counted when the run ends).
-        if (execution.historyEvents + events > HISTORY_EVENT_LIMIT - 1) {
+        // Only the execution's success may be the 25,000th event (it is logged when the run ends).
+        if (execution.historyEvents + types.length > HISTORY_EVENT_LIMIT - 1) {
           if (execution.historyLimitExceeded === undefined) {
             execution.historyLimitExceeded = HISTORY_LIMIT_CAUSE;
             execution.abortRun?.();
           }
         } else {
-          execution.historyEvents += events;
+          const timestamp = this.now();
+          for (const type of types) {
+            if (type.endsWith('StateEntered') && 'state' in event) {
+              execution.history.push({ type, name: event.state.name, input: event.state.input, timestamp });
+            } else {
+              execution.history.push({ type, ...('state' in event ? { state: event.state.name } : {}), timestamp });
+            }
+          }
         }
         if (event.type === 'StateEntered' || event.type === 'StateRetried') {
           execution.transitions++;
           const name = event.state.name;
           execution.stateTransitions.set(name, (execution.stateTransitions.get(name) ?? 0) + 1);
           if (event.type === 'StateEntered') {
-            execution.history.push({ type: `${event.state.type}StateEntered`, name, input: event.state.input, timestamp: this.now() });
             this.stateListeners.forEach((l) => l(execution, name));
           }
         } else if (event.type === 'StateExited' && execution.dataLimitExceeded === undefined) {
@@ -809,7 +821,6 @@ export class Simulator {
       }
     }
     execution.stopDate = this.now();
-    execution.historyEvents++;
     execution.history.push({ type: `Execution${{ SUCCEEDED: 'Succeeded', FAILED: 'Failed', ABORTED: 'Aborted', TIMED_OUT: 'TimedOut', RUNNING: '' }[execution.status]}`, timestamp: execution.stopDate });
     execution.stopped.abort();
     this.stopListeners.forEach((l) => l(execution));

@@ -220,6 +220,24 @@ describe('state machines', () => {
       // Started; the task entered, scheduled, started, failed, scheduled and started twice more, succeeded,
       // exited; the Pass entered and exited; the execution succeeded.
       expect(e.historyEvents).toBe(1 + (4 + 3 + 3 + 1) + 2 + 1);
+      // GetExecutionHistory gives those events, typed as Step Functions types them.
+      expect(sim.getExecutionHistory(e.arn, false).map((h) => h.type)).toEqual([
+        'ExecutionStarted',
+        'TaskStateEntered',
+        'TaskScheduled',
+        'TaskStarted',
+        'TaskFailed',
+        'TaskScheduled',
+        'TaskStarted',
+        'TaskFailed',
+        'TaskScheduled',
+        'TaskStarted',
+        'TaskSucceeded',
+        'TaskStateExited',
+        'PassStateEntered',
+        'PassStateExited',
+        'ExecutionSucceeded',
+      ]);
     } finally {
       await sim.stop();
     }
