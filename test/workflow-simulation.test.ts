@@ -480,6 +480,36 @@ function lockProbes(sim: () => Simulator) {
 /** A DynamoDB UpdateItem task's own call, for task handlers that act around it. */
 const updateItem = (input: any, context: TaskContext) => context.simulator.dynamo.run('arn:aws:states:::dynamodb:updateItem', input);
 
+describe('payload edges: the release needs 4 KiB beside the body\'s output', () => {
+  // The body returns `bytes` of output; the release keeps its holder, and a hand-off the ticket it serves
+  // (with the waiter's task token, up to 2,048 characters on AWS), beside it in the state data.
+  const outputOf = (bytes: number) => ({ pad: 'x'.repeat(bytes - 10) });
+  test('an output of 252 KiB comes through a hand-off; one at 256 KiB fails with States.DataLimitExceeded, and its permit is still freed', async () => {
+    const { stack, workflow, workFunctionId } = workflowStack({ concurrencyLimit: 1 });
+    const work = new WorkTracker(() => 2);
+    const handler = async (input: any, context: TaskContext) => {
+      await work.handler(input, context);
+      return outputOf(input.bytes);
+    };
+    // Task tokens of AWS's longest, 2,048 characters.
+    await simulate(stack, { taskTokenLength: 2048, lambdaHandlers: { [workFunctionId]: handler } }, async (sim) => {
+      const sm = sim.stateMachine(stateMachineLogicalId(workflow.stateMachine));
+      // Two at once: the first hands its permit to the second.
+      const fits = [sim.startExecution(sm, { bytes: 252 * 1024 }), sim.startExecution(sm, { bytes: 252 * 1024 })];
+      await Promise.all(fits.map((e) => e.done));
+      expect(statuses(fits)).toEqual({ SUCCEEDED: 2 });
+      expect(fits.map((e) => e.stateTransitions.get('Wake Next Waiter') ?? 0).reduce((a, b) => a + b)).toBe(1);
+      expect(Buffer.byteLength(JSON.stringify(fits[1].output))).toBe(252 * 1024);
+
+      const tooLarge = await sim.startExecution(sm, { bytes: 256 * 1024 - 100 }).done;
+      await sim.idle();
+      expect([tooLarge.status, tooLarge.error]).toEqual(['FAILED', 'States.DataLimitExceeded']);
+      // States.ALL does not catch it: the in-band release may not run, and the cleanup frees the permit.
+      expect(await lockState(sim)).toEqual([{ lockName: 'TestStack/Workflow', permitsInUse: 0, holders: [] }]);
+    });
+  });
+});
+
 describe('history budget: a wait gives up with SemaphoreAcquireTimeout well before 25,000 history events, holding nothing', () => {
   // The queue counts its rounds' events; polling's timer allows as many polls as fit if each took only
   // pollInterval (each also takes its call's time, so fewer happen).
