@@ -86,7 +86,19 @@ export interface SimStateMachine {
   readonly name: string;
   readonly arn: string;
   readonly definition: any;
+  /** STANDARD or EXPRESS. */
+  readonly type: 'STANDARD' | 'EXPRESS';
 }
+
+/**
+ * An Express execution runs for at most five minutes ("Maximum duration: 5 minutes",
+ * https://docs.aws.amazon.com/step-functions/latest/dg/choosing-workflow-type.html), emits no
+ * status-change events (EventBridge carries those "from Step Functions standard workflows",
+ * https://docs.aws.amazon.com/step-functions/latest/dg/eventbridge-integration.html), and can be
+ * neither described nor redriven ("This API action is not supported by EXPRESS state machines",
+ * https://docs.aws.amazon.com/step-functions/latest/apireference/API_DescribeExecution.html).
+ */
+const EXPRESS_MAX_SECONDS = 300;
 
 /** Options of one execution. */
 export interface StartOptions {
@@ -326,7 +338,9 @@ export class Simulator {
           definition = JSON.parse(text);
         }
         refuseWhatItCannotRun(logicalId, definition, props.StateMachineType);
-        this.stateMachines.set(logicalId, { logicalId, name: physical.attributes.Name, arn: physical.ref, definition });
+        const type = props.StateMachineType === 'EXPRESS' ? 'EXPRESS' : 'STANDARD';
+        if (type === 'EXPRESS') definition = { ...definition, TimeoutSeconds: Math.min(definition.TimeoutSeconds ?? EXPRESS_MAX_SECONDS, EXPRESS_MAX_SECONDS) };
+        this.stateMachines.set(logicalId, { logicalId, name: physical.attributes.Name, arn: physical.ref, definition, type });
       } else if (resource.Type === 'AWS::Events::Rule' && props.State !== 'DISABLED') {
         this.rules.push({
           logicalId,
@@ -496,6 +510,9 @@ export class Simulator {
     if (!e) {
       throw new ApiError('ExecutionDoesNotExist', `Execution Does Not Exist: '${executionArn}'`);
     }
+    if (e.stateMachine.type === 'EXPRESS') {
+      throw new ApiError('InvalidArn', `DescribeExecution is not supported by EXPRESS state machines: '${executionArn}'`);
+    }
     return {
       executionArn: e.arn,
       stateMachineArn: e.stateMachine.arn,
@@ -531,6 +548,9 @@ export class Simulator {
     if (!e) throw new ApiError('ExecutionDoesNotExist', `Execution Does Not Exist: '${executionArn}'`);
     if (!['FAILED', 'ABORTED', 'TIMED_OUT'].includes(e.status)) {
       throw new ApiError('ExecutionNotRedrivable', `Execution is ${e.status}: '${executionArn}'`);
+    }
+    if (e.stateMachine.type === 'EXPRESS') {
+      throw new ApiError('ExecutionNotRedrivable', `Redrive is not supported by EXPRESS state machines: '${executionArn}'`);
     }
     if (e.historyLimitExceeded !== undefined) {
       throw new ApiError('ExecutionNotRedrivable', `Execution history event limit exceeded: '${executionArn}'`);
@@ -1019,6 +1039,7 @@ export class Simulator {
 
   /** "Step Functions Execution Status Change", as documented in the Step Functions developer guide. */
   private emitStatusChange(e: Execution): void {
+    if (e.stateMachine.type === 'EXPRESS') return;
     const input = JSON.stringify(e.input);
     // EventBridge events are at most 256 KiB; Step Functions leaves out payloads above 248 KiB.
     const inputIncluded = input.length <= 248 * 1024;

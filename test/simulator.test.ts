@@ -193,6 +193,28 @@ describe('state machines', () => {
     }
   });
 
+  test('Express: fails with States.Timeout after five minutes, emits no status event, cannot be described or redriven', async () => {
+    const stack = new Stack(new App(), 'Express');
+    const sm = new sfn.StateMachine(stack, 'Machine', {
+      stateMachineType: sfn.StateMachineType.EXPRESS,
+      definitionBody: sfn.DefinitionBody.fromChainable(new sfn.Wait(stack, 'Long', { time: sfn.WaitTime.duration(Duration.minutes(10)) })),
+    });
+    const sim = await Simulator.start(stack);
+    try {
+      const started = sim.now();
+      const e = await sim.startExecution(sim.stateMachine(logicalId(sm.node.defaultChild as any))).done;
+      expect([e.status, e.error]).toEqual(['TIMED_OUT', 'States.Timeout']);
+      // Five simulated minutes (the timer is real time, scaled: a few more seconds pass around it).
+      expect((e.stopDate! - started) / 1000).toBeGreaterThanOrEqual(299);
+      expect((e.stopDate! - started) / 1000).toBeLessThan(400);
+      expect(sim.events).toEqual([]);
+      expect(() => sim.describeExecution(e.arn)).toThrow(expect.objectContaining({ name: 'InvalidArn' }));
+      expect(() => sim.redriveExecution(e.arn)).toThrow(expect.objectContaining({ name: 'ExecutionNotRedrivable' }));
+    } finally {
+      await sim.stop();
+    }
+  });
+
   test('counts retries as billed transitions', async () => {
     let calls = 0;
     const { stack, sm } = machineStack((s) => {
