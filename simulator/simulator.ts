@@ -68,6 +68,13 @@ export interface SimulatorOptions {
    */
   readonly sfnThrottleRate?: number;
   /**
+   * Probability that a task's Lambda invocation fails in the Lambda service before the function runs,
+   * with one of the errors Step Functions advises to retry (`Lambda.ServiceException`,
+   * `Lambda.AWSLambdaException`, `Lambda.SdkClientException`, `Lambda.TooManyRequestsException`;
+   * https://docs.aws.amazon.com/step-functions/latest/dg/bp-lambda-serviceexception.html). @default 0
+   */
+  readonly lambdaServiceErrorRate?: number;
+  /**
    * Lambda functions by logical ID, in place of their synthesized code, for `lambda:invoke` tasks,
    * direct function ARN tasks and rule targets.
    */
@@ -958,6 +965,12 @@ export class Simulator {
     if (resource === 'arn:aws:states:::aws-sdk:sfn:sendTaskHeartbeat') {
       return sdkIntegrationCall('Sfn', () => (this.sendTaskHeartbeat(input.TaskToken), {}));
     }
+    if (resource === 'arn:aws:states:::lambda:invoke' || resource.startsWith('arn:aws:lambda:')) {
+      if (chance(this.random, this.options.lambdaServiceErrorRate ?? 0)) {
+        const name = LAMBDA_SERVICE_ERRORS[Math.floor(this.random() * LAMBDA_SERVICE_ERRORS.length)];
+        throw new TaskError(name, `${name.slice('Lambda.'.length)}: the Lambda service failed the invocation (injected)`);
+      }
+    }
     if (resource === 'arn:aws:states:::lambda:invoke') {
       const payload = await this.invokeLambda(this.functionByArnOrName(String(input.FunctionName)), input.Payload, context);
       return { ExecutedVersion: '$LATEST', Payload: payload, StatusCode: 200 };
@@ -994,14 +1007,25 @@ export class Simulator {
         handler = loadHandler(this.template.Resources[fn.logicalId], this.assemblyDir, () => this.now(), (line) => logs.push(line));
         this.lambdas.set(fn.logicalId, handler);
       }
-      const deadline = this.now() + Number(props.Timeout ?? 3) * 1000;
+      const timeoutSeconds = Number(props.Timeout ?? 3);
+      const deadline = this.now() + timeoutSeconds * 1000;
       const context: LambdaContext = {
         functionName: fn.ref,
         awsRequestId: `req-${Math.floor(this.random() * 1e12)}`,
         getRemainingTimeInMillis: () => Math.max(0, deadline - this.now()),
       };
-      return await handler(payload, context);
+      // The function's Timeout: Lambda stops it, and Step Functions reports an error without a type.
+      const timedOut = new AbortController();
+      const timer = this.sleep(timeoutSeconds, timedOut.signal).then(() =>
+        timedOut.signal.aborted ? undefined : Promise.reject(lambdaTimedOut(context.awsRequestId, this.now(), timeoutSeconds)),
+      );
+      try {
+        return await Promise.race([handler(payload, context), timer]);
+      } finally {
+        timedOut.abort();
+      }
     } catch (e) {
+      if (e instanceof TaskError) throw e;
       const err = e as Error;
       // As Step Functions reports an unhandled function error: the function's error type, and its
       // error object as the cause.
@@ -1112,6 +1136,19 @@ export function refuseWhatItCannotRun(logicalId: string, definition: any, type?:
       refuse(name, 'an Express state machine supports neither .waitForTaskToken nor .sync (AWS refuses the definition)');
     }
   }
+}
+
+/** Lambda service errors Step Functions advises to retry (`lambdaServiceErrorRate`). */
+const LAMBDA_SERVICE_ERRORS = ['Lambda.ServiceException', 'Lambda.AWSLambdaException', 'Lambda.SdkClientException', 'Lambda.TooManyRequestsException'];
+
+/**
+ * A function that ran past its Timeout: Lambda returns only an error message, and Step Functions names
+ * the error `Lambda.Unknown` ("The cause could not be determined because Lambda did not return an
+ * error type", as executions on AWS report it).
+ */
+function lambdaTimedOut(requestId: string, now: number, seconds: number): TaskError {
+  const payload = JSON.stringify({ errorMessage: `${new Date(now).toISOString()} ${requestId} Task timed out after ${seconds.toFixed(2)} seconds` });
+  return new TaskError('Lambda.Unknown', `The cause could not be determined because Lambda did not return an error type. Returned payload: ${payload}`);
 }
 
 /** Every state of a definition, nested Parallel branches and Map iterators included. */

@@ -579,6 +579,39 @@ describe('Lambda functions, schedules and the Step Functions API', () => {
     }
   });
 
+  test('a function that runs past its Timeout fails the task with Lambda.Unknown; Lambda service errors can be injected', async () => {
+    const { stack, sm } = machineStack((s) => {
+      const fn = new lambda.Function(s, 'Slow', {
+        runtime: lambda.Runtime.NODEJS_18_X,
+        handler: 'index.handler',
+        timeout: Duration.seconds(3),
+        // Two real seconds: 200 simulated ones at the tests' time scale.
+        code: lambda.Code.fromInline('exports.handler = async (e) => { if (e.slow) await new Promise((r) => setTimeout(r, 2000)); return { ok: true }; };'),
+      });
+      return new tasks.LambdaInvoke(s, 'Invoke Slow', { lambdaFunction: fn, payloadResponseOnly: true });
+    });
+    const sim = await Simulator.start(stack);
+    try {
+      const machine = sim.stateMachine(logicalId(sm.node.defaultChild as any));
+      const slow = await sim.startExecution(machine, { slow: true }).done;
+      expect([slow.status, slow.error]).toEqual(['FAILED', 'Lambda.Unknown']);
+      expect(slow.cause).toMatch(/^The cause could not be determined because Lambda did not return an error type\. Returned payload: .*Task timed out after 3\.00 seconds/);
+      const quick = await sim.startExecution(machine, {}).done;
+      expect([quick.status, quick.output]).toEqual(['SUCCEEDED', { ok: true }]);
+    } finally {
+      await sim.stop();
+    }
+    const faulty = await Simulator.start(stack, { lambdaServiceErrorRate: 1 });
+    try {
+      const e = await faulty.startExecution(faulty.stateMachine(logicalId(sm.node.defaultChild as any)), {}).done;
+      expect(e.status).toBe('FAILED');
+      expect(['Lambda.ServiceException', 'Lambda.AWSLambdaException', 'Lambda.SdkClientException', 'Lambda.TooManyRequestsException']).toContain(e.error);
+      expect([...faulty.lambdaInvocations.values()].reduce((a, b) => a + b, 0)).toBe(0);
+    } finally {
+      await faulty.stop();
+    }
+  });
+
   test('fires a rate() rule on the simulated clock; its function sees the Step Functions API', async () => {
     const stack = new Stack(new App(), 'Sched');
     const sm = new sfn.StateMachine(stack, 'Machine', {
