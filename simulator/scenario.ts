@@ -2,7 +2,7 @@ import { Stack } from 'aws-cdk-lib';
 import { CapacityOptions, DynamoFaults } from './dynamodb';
 import { seededRandom } from './random';
 import { InsideTracker, LockLayout, LockMonitor, lockStates } from './semaphore';
-import { Execution, Simulator } from './simulator';
+import { Execution, Simulator, StaleReads } from './simulator';
 import { GRACE_MS } from '../lambda/reconciler-flows';
 
 /*
@@ -80,6 +80,8 @@ export interface ScenarioOptions {
   readonly taskTokenLength?: number;
   /** Probability that a wake-up (SendTaskSuccess from a task) is lost. @default 0 */
   readonly lostWakeUpRate?: number;
+  /** Eventually consistent DescribeExecution and ListExecutions (see SimulatorOptions.staleReads). @default - always current */
+  readonly staleReads?: StaleReads;
   /** @default 1 */
   readonly seed?: number;
   /** @default 0.02 */
@@ -145,6 +147,8 @@ export interface ScenarioResult {
   readonly cleanupDynamoCalls: number;
   readonly lostEvents: number;
   readonly lostWakeUps: number;
+  /** Answers of DescribeExecution and ListExecutions given stale (`staleReads`). */
+  readonly staleAnswers: number;
   /**
    * Executions admitted before one that arrived earlier (its first acquire attempt answered before theirs) and
    * was still waiting: how far admission is from first come, first served.
@@ -189,6 +193,7 @@ export async function runScenario(subject: Subject, options: ScenarioOptions): P
     capacity: options.capacity,
     taskTokenLength: options.taskTokenLength,
     lostWakeUpRate: options.lostWakeUpRate,
+    staleReads: options.staleReads,
     eventFaults: {
       lossRate: options.lostEventRate,
       duplicateRate: options.duplicateEventRate,
@@ -316,6 +321,7 @@ export async function runScenario(subject: Subject, options: ScenarioOptions): P
       cleanupDynamoCalls: cleanups.reduce((n, e) => n + e.dynamoCalls, 0),
       lostEvents: sim.lostEvents,
       lostWakeUps: sim.lostWakeUps,
+      staleAnswers: sim.staleAnswers,
       overtakers: countOvertakers(arrived, admitted),
       overtaken: countOvertaken(arrived, admitted),
       reclaimedByReconciler: emittedMetricSum(sim, 'PermitsReclaimed'),

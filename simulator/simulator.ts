@@ -75,6 +75,13 @@ export interface SimulatorOptions {
    */
   readonly lambdaServiceErrorRate?: number;
   /**
+   * Eventually consistent reads of Step Functions: `DescribeExecution` and `ListExecutions` "are
+   * eventually consistent", so with probability `rate` an answer (to a Lambda function, or to a task's
+   * AWS SDK integration) is as of a moment up to `windowSeconds` ago: an execution started since is
+   * not found, one that changed since shows its previous status. @default - always current
+   */
+  readonly staleReads?: StaleReads;
+  /**
    * Lambda functions by logical ID, in place of their synthesized code, for `lambda:invoke` tasks,
    * direct function ARN tasks and rule targets.
    */
@@ -106,6 +113,14 @@ export interface SimStateMachine {
  * https://docs.aws.amazon.com/step-functions/latest/apireference/API_DescribeExecution.html).
  */
 const EXPRESS_MAX_SECONDS = 300;
+
+/** How stale Step Functions' eventually consistent reads may be. */
+export interface StaleReads {
+  /** How far back a stale answer may be, simulated seconds. */
+  readonly windowSeconds: number;
+  /** Probability that an answer is stale. */
+  readonly rate: number;
+}
 
 /** Options of one execution. */
 export interface StartOptions {
@@ -154,6 +169,8 @@ export class Execution {
   }
   /** @internal The history reached HISTORY_EVENT_LIMIT: the execution fails with States.Runtime. */
   public historyLimitExceeded?: string;
+  /** @internal Each change of its status and run, for eventually consistent reads. */
+  public readonly statusLog: Array<{ readonly at: number; readonly status: ExecutionStatus; readonly redriveCount: number }> = [];
   private resolveDone!: (e: Execution) => void;
 
   constructor(
@@ -165,6 +182,7 @@ export class Execution {
   ) {
     this.done = new Promise((done) => (this.resolveDone = done));
     this.history.push({ type: 'ExecutionStarted', timestamp: startDate });
+    this.statusLog.push({ at: startDate, status: 'RUNNING', redriveCount: 0 });
   }
 
   /** Stop the execution, like `StopExecution`. */
@@ -190,6 +208,7 @@ export class Execution {
     this.stopped = new AbortController();
     this.done = new Promise((done) => (this.resolveDone = done));
     this.history.push({ type: 'ExecutionRedriven', timestamp: now });
+    this.statusLog.push({ at: now, status: 'RUNNING', redriveCount: this.redriveCount });
   }
 }
 
@@ -286,6 +305,8 @@ export class Simulator {
   public readonly events: Array<Record<string, any>> = [];
   /** Wake-ups (SendTaskSuccess from tasks) lost by injected faults. */
   public lostWakeUps = 0;
+  /** Answers of DescribeExecution and ListExecutions given stale (`staleReads`). */
+  public staleAnswers = 0;
   /** Step Functions calls of tasks that were throttled (`sfnThrottleRate`). */
   public throttledSfnCalls = 0;
   /** Events lost by injected faults. */
@@ -344,7 +365,7 @@ export class Simulator {
           for (const [k, v] of Object.entries(subs)) text = text.split('${' + k + '}').join(v);
           definition = JSON.parse(text);
         }
-        refuseWhatItCannotRun(logicalId, definition, props.StateMachineType);
+        refuseWhatItCannotRun(logicalId, definition, props.StateMachineType, options.staleReads !== undefined);
         const type = props.StateMachineType === 'EXPRESS' ? 'EXPRESS' : 'STANDARD';
         if (type === 'EXPRESS') definition = { ...definition, TimeoutSeconds: Math.min(definition.TimeoutSeconds ?? EXPRESS_MAX_SECONDS, EXPRESS_MAX_SECONDS) };
         this.stateMachines.set(logicalId, { logicalId, name: physical.attributes.Name, arn: physical.ref, definition, type });
@@ -536,6 +557,42 @@ export class Simulator {
     };
   }
 
+  /**
+   * `DescribeExecution` as a caller sees it: with `staleReads`, sometimes as of a moment ago ("not
+   * found" for an execution started since, the previous status of one that changed since).
+   * https://docs.aws.amazon.com/step-functions/latest/apireference/API_DescribeExecution.html
+   */
+  public describeExecutionAsSeen(executionArn: string): Record<string, unknown> {
+    const current = this.describeExecution(executionArn);
+    const view = this.staleView(this.executions.get(executionArn)!);
+    if (view === undefined) return current;
+    if (view === 'unknown') throw new ApiError('ExecutionDoesNotExist', `Execution Does Not Exist: '${executionArn}'`);
+    return staleDescription(current, view);
+  }
+
+  /** `ListExecutions` as a caller sees it: with `staleReads`, each execution sometimes as of a moment ago. */
+  public listExecutionsAsSeen(stateMachineArn: string, statusFilter?: string, redriveFilter?: string): Array<Record<string, unknown>> {
+    return this.listExecutions(stateMachineArn)
+      .flatMap((listed) => {
+        const view = this.staleView(this.executions.get(String(listed.executionArn))!);
+        if (view === 'unknown') return [];
+        return [view === undefined ? listed : staleDescription(listed, view)];
+      })
+      .filter((x) => !statusFilter || x.status === statusFilter)
+      .filter((x) => !redriveFilter || (redriveFilter === 'REDRIVEN') === Number(x.redriveCount) > 0);
+  }
+
+  /** A stale view of an execution (its status and run a moment ago), 'unknown' (not started then), or undefined: current. */
+  private staleView(e: Execution): { status: ExecutionStatus; redriveCount: number } | 'unknown' | undefined {
+    const stale = this.options.staleReads;
+    if (!stale || !chance(this.random, stale.rate)) return undefined;
+    const asOf = this.now() - this.random() * stale.windowSeconds * 1000;
+    const seen = [...e.statusLog].reverse().find((entry) => entry.at <= asOf);
+    const last = e.statusLog[e.statusLog.length - 1];
+    if (seen !== last) this.staleAnswers++;
+    return seen ?? 'unknown';
+  }
+
   public stopExecution(executionArn: string, error?: string, cause?: string): Record<string, unknown> {
     const e = this.executions.get(executionArn);
     if (!e) {
@@ -651,10 +708,10 @@ export class Simulator {
 
   private async startServices(): Promise<void> {
     this.sfnApi = await StepFunctionsApi.start({
-      describeExecution: (arn) => this.describeExecution(arn),
+      describeExecution: (arn) => this.describeExecutionAsSeen(arn),
       stopExecution: (arn, error, cause) => this.stopExecution(arn, error, cause),
       startExecution: (arn, input, name) => this.startExecutionApi(arn, input, name),
-      listExecutions: (arn, status, redrive) => this.listExecutions(arn, status, redrive),
+      listExecutions: (arn, status, redrive) => this.listExecutionsAsSeen(arn, status, redrive),
       sendTaskSuccess: (token, output) => this.sendTaskSuccess(token, output),
       sendTaskFailure: (token, error, cause) => this.sendTaskFailure(token, error, cause),
       sendTaskHeartbeat: (token) => this.sendTaskHeartbeat(token),
@@ -848,6 +905,7 @@ export class Simulator {
       }
     }
     execution.stopDate = this.now();
+    execution.statusLog.push({ at: execution.stopDate, status: execution.status, redriveCount: execution.redriveCount });
     execution.history.push({ type: `Execution${{ SUCCEEDED: 'Succeeded', FAILED: 'Failed', ABORTED: 'Aborted', TIMED_OUT: 'TimedOut', RUNNING: '' }[execution.status]}`, timestamp: execution.stopDate });
     execution.stopped.abort();
     this.stopListeners.forEach((l) => l(execution));
@@ -947,7 +1005,7 @@ export class Simulator {
       });
     }
     if (resource === 'arn:aws:states:::aws-sdk:sfn:describeExecution') {
-      return sdkIntegrationCall('Sfn', () => pascalKeys(this.describeExecution(input.ExecutionArn)));
+      return sdkIntegrationCall('Sfn', () => pascalKeys(this.describeExecutionAsSeen(input.ExecutionArn)));
     }
     if (resource === 'arn:aws:states:::aws-sdk:sfn:stopExecution') {
       return sdkIntegrationCall('Sfn', () => pascalKeys(this.stopExecution(input.ExecutionArn, input.Error, input.Cause)));
@@ -1112,9 +1170,10 @@ const DYNALITE_LACKS = ['transactWriteItems', 'transactGetItems', 'executeStatem
  * - `.waitForTaskToken` on the optimized DynamoDB integration, which supports Request Response only
  *   (https://docs.aws.amazon.com/step-functions/latest/dg/connect-ddb.html);
  * - `.waitForTaskToken` and `.sync` in an Express state machine, which supports neither
- *   (https://docs.aws.amazon.com/step-functions/latest/dg/choosing-workflow-type.html).
+ *   (https://docs.aws.amazon.com/step-functions/latest/dg/choosing-workflow-type.html);
+ * - with `staleReads`, an eventually consistent DynamoDB read, which dynalite cannot answer stale.
  */
-export function refuseWhatItCannotRun(logicalId: string, definition: any, type?: string): void {
+export function refuseWhatItCannotRun(logicalId: string, definition: any, type?: string, staleReads = false): void {
   const refuse = (state: string | undefined, what: string) => {
     throw new Error(`the simulator cannot run state machine ${logicalId}${state === undefined ? '' : `, state '${state}'`}: ${what}`);
   };
@@ -1129,6 +1188,11 @@ export function refuseWhatItCannotRun(logicalId: string, definition: any, type?:
     if (dynamo && JSON.stringify(state.Parameters ?? {}).includes('"ReturnValuesOnConditionCheckFailure')) {
       refuse(name, 'ReturnValuesOnConditionCheckFailure: dynalite, the simulator\'s DynamoDB, would ignore it');
     }
+    // With stale reads on, a DynamoDB read that is not strongly consistent could return the previous
+    // version of an item on AWS; the simulator's DynamoDB (dynalite) always returns the latest.
+    if (staleReads && dynamo && ['getItem', 'query', 'scan', 'batchGetItem'].includes(dynamo[2]) && state.Parameters?.ConsistentRead !== true) {
+      refuse(name, `an eventually consistent DynamoDB ${dynamo[2]}: with staleReads on, the simulator would answer it with the latest version only (set ConsistentRead, or test it on AWS)`);
+    }
     if (dynamo && !dynamo[1] && dynamo[3] !== undefined) {
       refuse(name, `the optimized DynamoDB integration supports Request Response only, not ${dynamo[3]} (AWS refuses the definition)`);
     }
@@ -1136,6 +1200,20 @@ export function refuseWhatItCannotRun(logicalId: string, definition: any, type?:
       refuse(name, 'an Express state machine supports neither .waitForTaskToken nor .sync (AWS refuses the definition)');
     }
   }
+}
+
+/** A description (or a listed execution) as it was when its execution had `view`'s status and run. */
+function staleDescription(current: Record<string, unknown>, view: { status: ExecutionStatus; redriveCount: number }): Record<string, unknown> {
+  const { stopDate, output, outputDetails, error, cause, ...rest } = current;
+  const ended = view.status !== 'RUNNING';
+  const same = view.status === current.status && view.redriveCount === current.redriveCount;
+  return {
+    ...rest,
+    status: view.status,
+    redriveCount: view.redriveCount,
+    // An ended run's details are its own only if it is the run now shown; an earlier run's are gone.
+    ...(ended && same ? { stopDate, output, outputDetails, error, cause } : {}),
+  };
 }
 
 /** Lambda service errors Step Functions advises to retry (`lambdaServiceErrorRate`). */

@@ -51,6 +51,37 @@ test('with 60% of status events lost, one reconciler run leaves no permit held',
   }
 });
 
+test('DescribeExecution eventually consistent: a sweep that sees a stopped holder as RUNNING leaves it, and a later sweep frees it', async () => {
+  const { stack, workflow, workFunctionId } = workflowStack({ concurrencyLimit: 2, reconcilerScheduleEnabled: false });
+  const work = new WorkTracker((input) => input.seconds);
+  // Every answer stale, up to 60 s back; every status event lost (only the sweep can free the permit).
+  const options = { staleReads: { windowSeconds: 60, rate: 1 }, eventFaults: { lossRate: 1 }, lambdaHandlers: { [workFunctionId]: work.handler } };
+  const sim = await Simulator.start(stack, options);
+  try {
+    const sm = sim.stateMachine(stateMachineLogicalId(workflow.stateMachine));
+    // Holds its permit past the grace period, then is stopped.
+    const holder = sim.startExecution(sm, { seconds: 10_000 });
+    await sim.sleep(GRACE_MS / 1000 + 5);
+    holder.abort();
+    await holder.done;
+    expect(await lockState(sim)).toEqual([{ lockName: 'TestStack/Workflow', permitsInUse: 1, holders: [holder.arn] }]);
+
+    // A moment after the stop, every answer the sweep gets is from before it: RUNNING, left alone.
+    const early = await sweep(sim);
+    expect(early.reclaimed).toEqual([]);
+    expect(sim.staleAnswers).toBeGreaterThan(0);
+    expect(await lockState(sim)).toEqual([{ lockName: 'TestStack/Workflow', permitsInUse: 1, holders: [holder.arn] }]);
+
+    // Past the window, the answer is current: ABORTED, and the permit is freed.
+    await sim.sleep(61);
+    const later = await sweep(sim);
+    expect(later.reclaimed.map((r: any) => [r.holder, r.reason])).toEqual([[holder.arn, 'execution ABORTED']]);
+    expect(await lockState(sim)).toEqual([{ lockName: 'TestStack/Workflow', permitsInUse: 0, holders: [] }]);
+  } finally {
+    await sim.stop();
+  }
+});
+
 test('aborts during acquire (the late-acquire race) never leak after a reconciler run', async () => {
   // Everyone can get a permit, so every acquire the stop interrupts lands as a permit taken.
   const { stack, workflow, workFunctionId } = workflowStack({ concurrencyLimit: 40, reconcilerScheduleEnabled: false });

@@ -167,9 +167,15 @@ describe('state machines', () => {
     ],
     ['the optimized DynamoDB integration with a callback', { Type: 'Task', Resource: 'arn:aws:states:::dynamodb:putItem.waitForTaskToken' }, undefined, /supports Request Response only/],
     ['a callback in Express', { Type: 'Task', Resource: 'arn:aws:states:::sqs:sendMessage.waitForTaskToken' }, 'EXPRESS', /an Express state machine supports neither/],
+    [
+      'an eventually consistent read, with stale reads on',
+      { Type: 'Task', Resource: 'arn:aws:states:::dynamodb:getItem', Parameters: { TableName: 't', Key: {} } },
+      'STALE',
+      /state 'S': an eventually consistent DynamoDB getItem: with staleReads on/,
+    ],
   ])('refuses to run what it cannot run, or AWS refuses, naming the state: %s', (_, state, type, message) => {
     const definition = { StartAt: 'Start', States: { Start: { Type: 'Parallel', Branches: [{ StartAt: 'S', States: { S: { ...state, End: true } } }], End: true } } };
-    expect(() => refuseWhatItCannotRun('Machine', definition, type)).toThrow(message);
+    expect(() => refuseWhatItCannotRun('Machine', definition, type, type === 'STALE')).toThrow(message);
     expect(() => refuseWhatItCannotRun('Machine', { StartAt: 'S', States: { S: { Type: 'Pass', End: true } } }, type)).not.toThrow();
   });
 
@@ -210,6 +216,36 @@ describe('state machines', () => {
       expect(sim.events).toEqual([]);
       expect(() => sim.describeExecution(e.arn)).toThrow(expect.objectContaining({ name: 'InvalidArn' }));
       expect(() => sim.redriveExecution(e.arn)).toThrow(expect.objectContaining({ name: 'ExecutionNotRedrivable' }));
+    } finally {
+      await sim.stop();
+    }
+  });
+
+  test('staleReads: DescribeExecution and ListExecutions answer as of a moment ago: not found after a start, the previous status after a change', async () => {
+    const { stack, sm } = machineStack((s) => new sfn.Wait(s, 'Pause', { time: sfn.WaitTime.duration(Duration.seconds(300)) }));
+    const sim = await Simulator.start(stack, { staleReads: { windowSeconds: 60, rate: 1 } });
+    try {
+      const machine = sim.stateMachine(logicalId(sm.node.defaultChild as any));
+      const e = sim.startExecution(machine);
+      const look = () => {
+        try {
+          return sim.describeExecutionAsSeen(e.arn).status;
+        } catch (err) {
+          return (err as Error).name;
+        }
+      };
+      // Just started (a few simulated seconds ago): some answers do not know it yet, the others see it RUNNING.
+      expect(new Set(Array.from({ length: 40 }, look))).toEqual(new Set(['ExecutionDoesNotExist', 'RUNNING']));
+      await e.done;
+      // Ended half a window ago: RUNNING or SUCCEEDED, never a status it did not have; the current answer is SUCCEEDED.
+      await sim.sleep(30);
+      expect(new Set(Array.from({ length: 40 }, look))).toEqual(new Set(['RUNNING', 'SUCCEEDED']));
+      expect(sim.describeExecution(e.arn).status).toBe('SUCCEEDED');
+      // Past the window, every answer is current.
+      await sim.sleep(31);
+      expect(new Set(Array.from({ length: 10 }, look))).toEqual(new Set(['SUCCEEDED']));
+      expect(sim.describeExecutionAsSeen(e.arn)).toMatchObject({ status: 'SUCCEEDED', stopDate: e.stopDate! / 1000 });
+      expect(sim.listExecutionsAsSeen(machine.arn, 'SUCCEEDED').map((x) => x.name)).toEqual([e.name]);
     } finally {
       await sim.stop();
     }
