@@ -76,7 +76,6 @@ export function renderIdempotency(
   return { states, table, keyFunction, maxWaits };
 }
 
-
 /** Whole seconds of a duration that must be known at synth time (no token). */
 function fixedSeconds(prop: string, duration: Duration, minSeconds: number): number {
   const seconds = validateWholeSeconds(prop, duration, minSeconds);
