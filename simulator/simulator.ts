@@ -620,6 +620,11 @@ export class Simulator {
       throw new ApiError('ExecutionNotRedrivable', `Execution history event limit exceeded: '${executionArn}'`);
     }
     const last = [...e.history].reverse().find((h) => h.type.endsWith('StateEntered'))!;
+    if (insideMap(e.stateMachine.definition, last.name!)) {
+      // AWS re-runs only the unsuccessful iterations, each with its recorded input; the interpreter
+      // keeps no iteration's outcome, so the simulator refuses rather than run them all again.
+      throw new Error(`the simulator cannot redrive an execution that stopped inside a Map iteration (state '${last.name}'): test Map redrives on AWS`);
+    }
     const definition = JSON.parse(JSON.stringify(e.stateMachine.definition));
     const enclosing = enclosingParallels(definition, last.name!);
     let input = last.input;
@@ -1242,6 +1247,13 @@ export function allStates(definition: any): Array<[string, any]> {
 }
 
 /** Names of the Parallel states that enclose `stateName`, outermost first. */
+/** Whether `stateName` is a state of a Map's iterations (at any depth). */
+function insideMap(definition: any, stateName: string): boolean {
+  return allStates(definition).some(
+    ([, state]) => state.Type === 'Map' && allStates(state.ItemProcessor ?? state.Iterator ?? {}).some(([name]) => name === stateName),
+  );
+}
+
 function enclosingParallels(definition: any, stateName: string): string[] {
   for (const [name, state] of Object.entries<any>(definition.States ?? {})) {
     if (name === stateName) return [];

@@ -419,6 +419,27 @@ describe('state machines', () => {
     }
   });
 
+  test('a redrive of an execution that stopped inside a Map iteration is refused, naming the state', async () => {
+    const { stack, sm } = machineStack((s) => {
+      const work = new sfn.CustomState(s, 'Item Work', { stateJson: { Type: 'Task', Resource: 'arn:aws:states:::itemWork' } });
+      return new sfn.Map(s, 'Each', { itemsPath: '$.items' }).iterator(work);
+    });
+    const sim = await Simulator.start(stack, {
+      taskHandlers: {
+        'Item Work': async () => {
+          throw Object.assign(new Error('no'), { name: 'ItemFailed' });
+        },
+      },
+    });
+    try {
+      const e = await sim.startExecution(sim.stateMachine(logicalId(sm.node.defaultChild as any)), { items: [1, 2] }).done;
+      expect(e.status).toBe('FAILED');
+      expect(() => sim.redriveExecution(e.arn)).toThrow("the simulator cannot redrive an execution that stopped inside a Map iteration (state 'Item Work')");
+    } finally {
+      await sim.stop();
+    }
+  });
+
   test('States.MathRandom excludes its end and draws from the seeded generator; ResultPath "$" replaces the data', async () => {
     const { stack, sm } = machineStack((s) =>
       new sfn.Pass(s, 'Draw', { parameters: { one: sfn.JsonPath.mathRandom(1, 2), any: sfn.JsonPath.mathRandom(1, 1000) } }).next(
