@@ -100,9 +100,10 @@ test('F2: a waiter redriven while queued waits under its new run; the permit han
     loseRedriveEvents(sim);
     const sm = sim.stateMachine(stateMachineLogicalId(workflow.stateMachine));
     const h = sim.startExecution(sm, { seconds: 40 }, { name: 'h' });
-    await sim.sleep(2);
+    for (let i = 0; i < 30 && !work.byExecution.has(h.arn); i++) await sim.sleep(1);
     const w = sim.startExecution(sm, { seconds: 200 }, { name: 'w' });
-    await sim.sleep(2);
+    // Until it sleeps in the queue (a few simulated seconds; more on a cold machine).
+    for (let i = 0; i < 30 && !w.stateTransitions.has(STATE.waitInQueue); i++) await sim.sleep(1);
     expect(w.stateTransitions.get(STATE.waitInQueue)).toBe(1);
     w.abort('Test.Stop', 'stopped while queued');
     await sim.sleep(5);
