@@ -156,9 +156,11 @@ test('F3: a releaser redriven after its wake-up was delivered does not take back
   try {
     const sm = sim.stateMachine(stateMachineLogicalId(workflow.stateMachine));
     const r = sim.startExecution(sm, { seconds: 10 }, { name: 'r' });
-    await sim.sleep(2);
+    // Waits on states, not fixed times: a cold, busy machine runs the states slower against the compressed clock.
+    for (let i = 0; i < 30 && !work.byExecution.has(r.arn); i++) await sim.sleep(1);
     const b = sim.startExecution(sm, { seconds: 200 }, { name: 'b' });
-    await sim.sleep(20);
+    await r.done;
+    for (let i = 0; i < 30 && !work.byExecution.has(b.arn); i++) await sim.sleep(1);
     expect(r.status).toBe('ABORTED');
     expect(work.byExecution.get(b.arn)).toBe(1); // woken, in the body
 
@@ -222,7 +224,7 @@ test('F5: the sweep leaves the entry of an execution too young to be seen: a sta
   try {
     const sm = sim.stateMachine(stateMachineLogicalId(workflow.stateMachine));
     const x = sim.startExecution(sm, { seconds: 100 }, { name: 'x' });
-    await sim.sleep(2);
+    for (let i = 0; i < 30 && !work.byExecution.has(x.arn); i++) await sim.sleep(1);
     expect(work.byExecution.get(x.arn)).toBe(1);
     // DescribeExecution is eventually consistent: an execution a moment old may not be found yet.
     const describe = sim.describeExecution.bind(sim);
