@@ -155,6 +155,14 @@ export const CONFIGS: CheckerConfig[] = [
     budget: { ...NO_FAULTS, stops: 1, sweeps: 1, ticks: 1 },
   },
   {
+    name: 'queue-failed-wake-ups',
+    shard: 2,
+    description: 'queue, limit 1: wake-ups that fail with Sfn.SfnException (throttled, or applied with the response lost), a stop, a timeout',
+    workflow: { ...QUEUE, concurrencyLimit: 1 },
+    executions: 2,
+    budget: { ...NO_FAULTS, failedWakeUps: 2, stops: 1, timeouts: 1 },
+  },
+  {
     name: 'limit-2',
     shard: 1,
     description: 'queue, limit 2, three executions: a stop, a timeout, a lost wake-up',

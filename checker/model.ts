@@ -40,6 +40,11 @@ export interface Budget {
   /** Callback waits (`.waitForTaskToken`) that time out. */
   timeouts: number;
   lostWakeUps: number;
+  /**
+   * SendTaskSuccess calls of tasks that fail with `Sfn.SfnException` (throttling, or an error outside
+   * the API model): not applied, or applied with the response lost.
+   */
+  failedWakeUps: number;
   lostEvents: number;
   duplicateEvents: number;
   staleReads: number;
@@ -58,6 +63,7 @@ export const NO_FAULTS: Budget = {
   serverErrors: 0,
   timeouts: 0,
   lostWakeUps: 0,
+  failedWakeUps: 0,
   lostEvents: 0,
   duplicateEvents: 0,
   staleReads: 0,
@@ -390,6 +396,36 @@ export class Model {
     if (resource === 'arn:aws:states:::aws-sdk:sfn:sendTaskSuccess') {
       steps.push(this.onLeaf(world, exec, leaf, `${who}`, (w, e, root) => this.wakeTask(w, e, root, leaf, false)));
       if (b.lostWakeUps > 0) steps.push(this.onLeaf(world, exec, leaf, `${who}: the wake-up is lost`, (w, e, root) => (w.budget.lostWakeUps--, this.wakeTask(w, e, root, leaf, true))));
+      if (b.failedWakeUps > 0) {
+        steps.push(
+          this.onLeaf(world, exec, leaf, `${who}: throttled (Sfn.SfnException), not applied`, (w, e, root) => {
+            w.budget.failedWakeUps--;
+            return info.machine.fail(root, leaf.path, 'Sfn.SfnException', 'Rate exceeded', this.host(w, e));
+          }),
+          this.onLeaf(world, exec, leaf, `${who}: applied, then fails (Sfn.SfnException)`, (w, e, root) => {
+            w.budget.failedWakeUps--;
+            const host = this.host(w, e);
+            const input = info.machine.taskInput(this.threadAt(root, leaf.path), host) as { TaskToken: string; Output: string };
+            // A closed token is refused as ever; an open one is woken, and the caller hears only the error.
+            const error = this.sendTaskSuccess(w, input.TaskToken, input.Output);
+            if (error) return info.machine.fail(root, leaf.path, `Sfn.${error}${error.endsWith('Exception') ? '' : 'Exception'}`, 'the token is closed', host);
+            return info.machine.fail(root, leaf.path, 'Sfn.SfnException', 'Internal error', host);
+          }),
+        );
+      }
+      return steps;
+    }
+    if (resource === 'arn:aws:states:::aws-sdk:sfn:sendTaskHeartbeat') {
+      // Succeeds while a task waits on the token; refused once it has ended.
+      steps.push(
+        this.onLeaf(world, exec, leaf, `${who}`, (w, e, root) => {
+          const input = info.machine.taskInput(this.threadAt(root, leaf.path), this.host(w, e)) as { TaskToken: string };
+          const waiting = w.execs.some((x) => x.status === 'RUNNING' && x.root && this.info(x).machine.leaves(x.root).some((l) => l.thread.token === input.TaskToken));
+          return waiting
+            ? info.machine.succeed(root, leaf.path, {}, this.host(w, e))
+            : info.machine.fail(root, leaf.path, 'Sfn.TaskTimedOutException', 'the token is closed', this.host(w, e));
+        }),
+      );
       return steps;
     }
     if (leaf.thread.state === BODY_TASK) {
@@ -1030,6 +1066,7 @@ export class Model {
       b.redrives < a.redrives ||
       b.serverErrors < a.serverErrors ||
       b.lostWakeUps < a.lostWakeUps ||
+      b.failedWakeUps < a.failedWakeUps ||
       b.lostEvents < a.lostEvents ||
       b.duplicateEvents < a.duplicateEvents ||
       b.staleReads < a.staleReads ||

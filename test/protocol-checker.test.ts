@@ -111,6 +111,29 @@ describe('the checker finds the races of issues 14 and 15 when they are planted 
     expect(result.counterexample!.fairRun!.some((s) => /Serve Ticket/.test(s.label))).toBe(true);
   });
 
+  test('a wake-up that failed with Sfn.SfnException, sent again blindly: a retry that hears TaskTimedOut takes back the permit in use', () => {
+    // The real release confirms with SendTaskHeartbeat first, and never takes back after a second wake-up.
+    const config = configNamed('queue-failed-wake-ups');
+    let planted = 0;
+    const result = checkConfig(config, {
+      mutate: mutateWorkflow((state) => {
+        if (!String(state.Resource).endsWith(':sfn:sendTaskSuccess')) return;
+        for (const c of state.Catch ?? []) {
+          if (c.Next === 'Is Waiter Still Waiting') (c.Next = 'Wake Next Waiter Again'), planted++;
+        }
+        if (state.Next === 'Delete Served Ticket' && state.Catch?.length === 1) {
+          state.Catch.unshift({ ErrorEquals: ['Sfn.TaskTimedOutException'], ResultPath: null, Next: 'Take Back Permit' });
+          planted++;
+        }
+      }),
+    });
+    console.log(report(config, result));
+    expect(planted).toBe(2);
+    expect(result.counterexample?.violation).toMatch(/OwnEntry: B is in the body \(run 0\) without an entry stamped with its run/);
+    expect(result.counterexample!.trace.some((s) => /Sfn\.SfnException/.test(s.label))).toBe(true);
+    expect(result.counterexample!.trace.some((s) => /Take Back Permit/.test(s.label))).toBe(true);
+  });
+
   test('the claim is what the model runs: the planted change above touched the real definition', () => {
     // Guards the mutations against going stale: the expressions they look for are in the definition.
     const system = configNamed('queue-stops');
