@@ -35,6 +35,12 @@ export interface EventFaults {
   readonly duplicateRate?: number;
   /** Deliveries are delayed by up to this many simulated seconds. @default 0 */
   readonly maxDelaySeconds?: number;
+  /**
+   * Probability that a delivery to a state machine target fails (StartExecution throttled): EventBridge
+   * retries it as the target's RetryPolicy says (by default 185 times within 24 hours), then sends it to
+   * the target's dead-letter queue, or drops it; either is recorded in `undeliveredEvents`. @default 0
+   */
+  readonly targetFailureRate?: number;
 }
 
 export interface SimulatorOptions {
@@ -258,12 +264,19 @@ function historyEventsOf(event: { type: string; state?: { name: string; type: st
   }
 }
 
+/** A rule's target, as the template gives it. */
+type SimTarget = TargetInput & {
+  readonly Arn: string;
+  readonly RetryPolicy?: { readonly MaximumRetryAttempts?: number; readonly MaximumEventAgeInSeconds?: number };
+  readonly DeadLetterConfig?: { readonly Arn?: string };
+};
+
 interface SimRule {
   readonly logicalId: string;
   readonly arn: string;
   readonly pattern?: EventPattern;
   readonly scheduleSeconds?: number;
-  readonly targets: Array<TargetInput & { Arn: string }>;
+  readonly targets: SimTarget[];
 }
 
 /** The state a redrive inside a Parallel branch starts with: it restores the unsuccessful state's input. */
@@ -307,6 +320,13 @@ export class Simulator {
   public lostWakeUps = 0;
   /** Answers of DescribeExecution and ListExecutions given stale (`staleReads`). */
   public staleAnswers = 0;
+  /**
+   * Events a rule could not deliver to a state machine target after its retries: sent to the target's
+   * dead-letter queue (`deadLetterQueue` its ARN), or dropped (none).
+   */
+  public readonly undeliveredEvents: Array<{ rule: string; target: string; deadLetterQueue?: string; event: Record<string, unknown> }> = [];
+  /** Attempts to start a rule's state machine target that failed (`targetFailureRate`). */
+  public failedTargetDeliveries = 0;
   /** Step Functions calls of tasks that were throttled (`sfnThrottleRate`). */
   public throttledSfnCalls = 0;
   /** Events lost by injected faults. */
@@ -777,7 +797,7 @@ export class Simulator {
       const copies = withFaults && chance(this.random, this.eventFaults.duplicateRate ?? 0) ? 2 : 1;
       for (let i = 0; i < copies; i++) {
         const delay = withFaults ? this.random() * (this.eventFaults.maxDelaySeconds ?? 0) : 0;
-        const delivery = this.deliver(target, event, delay);
+        const delivery = this.deliver(target, event, delay, rule.logicalId);
         this.track(delivery);
         deliveries.push(delivery);
       }
@@ -790,12 +810,13 @@ export class Simulator {
     void promise.finally(() => this.pending.delete(promise));
   }
 
-  private async deliver(target: TargetInput & { Arn: string }, event: Record<string, unknown>, delaySeconds: number): Promise<void> {
+  private async deliver(target: SimTarget, event: Record<string, unknown>, delaySeconds: number, rule = ''): Promise<void> {
     if (delaySeconds > 0) await this.sleep(delaySeconds);
     const input = targetInput(target, event);
     const stateMachine = [...this.stateMachines.values()].find((sm) => sm.arn === target.Arn);
     if (stateMachine) {
-      await this.startExecution(stateMachine, input).done;
+      const started = await this.startWithRetries(target, rule, event, () => this.startExecution(stateMachine, input));
+      if (started) await started.done;
       return;
     }
     const fn = [...this.resources.values()].find((r) => r.type === 'AWS::Lambda::Function' && r.attributes.Arn === target.Arn);
@@ -1093,6 +1114,33 @@ export class Simulator {
       // As Step Functions reports an unhandled function error: the function's error type, and its
       // error object as the cause.
       throw new TaskError(err.name || 'Error', JSON.stringify({ errorType: err.name, errorMessage: err.message, trace: [] }));
+    }
+  }
+
+  /**
+   * EventBridge's delivery to a state machine: a failed StartExecution (`targetFailureRate`) is retried
+   * "with an exponential back off and jitter" for up to the target's MaximumRetryAttempts (185) and
+   * MaximumEventAgeInSeconds (24 hours), then sent to its dead-letter queue, or dropped; either way it is
+   * recorded in `undeliveredEvents`, never lost silently.
+   * https://docs.aws.amazon.com/eventbridge/latest/userguide/eb-rule-dlq.html
+   */
+  private async startWithRetries(
+    target: SimTarget,
+    rule: string,
+    event: Record<string, unknown>,
+    start: () => Execution,
+  ): Promise<Execution | undefined> {
+    const attempts = target.RetryPolicy?.MaximumRetryAttempts ?? 185;
+    const maxAgeMs = (target.RetryPolicy?.MaximumEventAgeInSeconds ?? 86_400) * 1000;
+    const first = this.now();
+    for (let attempt = 0; ; attempt++) {
+      if (!chance(this.random, this.eventFaults.targetFailureRate ?? 0)) return start();
+      this.failedTargetDeliveries++;
+      if (attempt >= attempts || this.now() - first >= maxAgeMs) {
+        this.undeliveredEvents.push({ rule, target: target.Arn, deadLetterQueue: target.DeadLetterConfig?.Arn, event });
+        return undefined;
+      }
+      await this.sleep(this.random() * Math.min(2 ** attempt, 300));
     }
   }
 

@@ -8,6 +8,7 @@ import * as dynamodb from 'aws-cdk-lib/aws-dynamodb';
 import * as events from 'aws-cdk-lib/aws-events';
 import * as targets from 'aws-cdk-lib/aws-events-targets';
 import * as lambda from 'aws-cdk-lib/aws-lambda';
+import * as sqs from 'aws-cdk-lib/aws-sqs';
 import * as sfn from 'aws-cdk-lib/aws-stepfunctions';
 import * as tasks from 'aws-cdk-lib/aws-stepfunctions-tasks';
 import { DynamoTaskRunner, jsonPath, LocalDynamoDb, matchesPattern, REDRIVE_RESUME, refuseWhatItCannotRun, seededRandom, Simulator, targetInput } from '../simulator';
@@ -666,6 +667,38 @@ describe('Lambda functions, schedules and the Step Functions API', () => {
       expect([...faulty.lambdaInvocations.values()].reduce((a, b) => a + b, 0)).toBe(0);
     } finally {
       await faulty.stop();
+    }
+  });
+
+  test('a rule that cannot start its state machine retries as its RetryPolicy says, then records the event for its dead-letter queue', async () => {
+    const stack = new Stack(new App(), 'Targets');
+    const sm = new sfn.StateMachine(stack, 'Machine', { definitionBody: sfn.DefinitionBody.fromChainable(new sfn.Pass(stack, 'Done')) });
+    const dlq = new sqs.Queue(stack, 'Dlq');
+    new events.Rule(stack, 'OnJob', {
+      eventPattern: { source: ['test.jobs'] },
+      targets: [new targets.SfnStateMachine(sm, { retryAttempts: 3, maxEventAge: Duration.hours(1), deadLetterQueue: dlq })],
+    });
+    const event = { 'source': 'test.jobs', 'detail-type': 'Job', 'detail': { id: 1 } };
+    const sim = await Simulator.start(stack, { eventFaults: { targetFailureRate: 1 } });
+    try {
+      const machine = sim.stateMachine(logicalId(sm.node.defaultChild as any));
+      const started = sim.now();
+      sim.putEvent(event);
+      await sim.idle();
+      // Every attempt failed: the first and three retries, with backoff between them, then the dead-letter queue.
+      expect(sim.failedTargetDeliveries).toBe(4);
+      expect(sim.executionsOf(machine)).toEqual([]);
+      expect(sim.undeliveredEvents).toEqual([{ rule: expect.stringMatching(/^OnJob/), target: machine.arn, deadLetterQueue: expect.stringContaining(':sqs:'), event }]);
+      expect(sim.now()).toBeGreaterThan(started);
+
+      // Half of the attempts fail: a retry gets it through.
+      sim.eventFaults = { targetFailureRate: 0.5 };
+      for (let i = 0; i < 4; i++) sim.putEvent(event);
+      await sim.idle();
+      expect(sim.executionsOf(machine).length + sim.undeliveredEvents.length - 1).toBe(4);
+      expect(sim.executionsOf(machine).length).toBeGreaterThanOrEqual(3);
+    } finally {
+      await sim.stop();
     }
   });
 
