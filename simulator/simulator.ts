@@ -8,6 +8,7 @@ import { LambdaContext, LambdaHandler, loadHandler } from './lambda';
 import { loadLocalStepFunctions, LocalStepFunctions } from './local-sfn';
 import { chance, Random, seededRandom } from './random';
 import { ApiError, StepFunctionsApi } from './sfn-api';
+import { HISTORY_EVENT_LIMIT } from '../src/private/history-budget';
 
 /*
  * Runs the state machines of a synthesized stack on this machine: definitions resolved from the
@@ -219,16 +220,15 @@ export class Execution {
 }
 
 /**
- * Step Functions' quota of history events per execution. "When an execution reaches 24,999 events, it
- * waits for the next event to happen. If the event number 25,000 is ExecutionSucceeded, the execution
- * finishes successfully. If the event number 25,000 isn't ExecutionSucceeded, the ExecutionFailed event
- * is logged and the state machine execution fails because of reaching the history limit."
- * https://docs.aws.amazon.com/step-functions/latest/dg/bp-history-limit.html
+ * At Step Functions' quota of history events per execution (HISTORY_EVENT_LIMIT): "When an execution
+ * reaches 24,999 events, it waits for the next event to happen. If the event number 25,000 is
+ * ExecutionSucceeded, the execution finishes successfully. If the event number 25,000 isn't
+ * ExecutionSucceeded, the ExecutionFailed event is logged and the state machine execution fails because
+ * of reaching the history limit." https://docs.aws.amazon.com/step-functions/latest/dg/bp-history-limit.html
  * The error is not documented; executions that reached the limit report `States.Runtime` with this
  * cause (github.com/loads/ardere/issues/86), and cannot be redriven ("Execution history event limit
  * exceeded", a RedriveStatusReason of DescribeExecution).
  */
-export const HISTORY_EVENT_LIMIT = 25_000;
 const HISTORY_LIMIT_CAUSE = `The execution reached the maximum number of history events (${HISTORY_EVENT_LIMIT}).`;
 
 /**
@@ -964,7 +964,7 @@ export class Simulator {
         // keep the process alive, and it runs no state after the abort whatever the task's outcome.
         if (execution.stopped.signal.aborted) return Promise.reject(executionStopped());
         try {
-          return checkTaskResultSize(stateName, await this.runTask(execution, stateName, state.Resource, input));
+          return checkPayloadSize(stateName, 'a task result', await this.runTask(execution, stateName, state.Resource, input));
         } finally {
           this.taskEndListeners.forEach((l) => l(execution, stateName));
         }
@@ -979,7 +979,7 @@ export class Simulator {
     if (resource.endsWith(WAIT_FOR_TASK_TOKEN)) {
       return this.runCallbackTask(execution, stateName, resource, input, context);
     }
-    checkPayloadSize(stateName, input);
+    checkPayloadSize(stateName, 'an input after Parameters', input);
     const override = this.options.taskHandlers?.[stateName];
     if (override) {
       return override(input, context);
@@ -1006,7 +1006,7 @@ export class Simulator {
     callback.catch(() => undefined);
     const call = withToken(input, token);
     try {
-      checkPayloadSize(stateName, call);
+      checkPayloadSize(stateName, 'an input after Parameters', call);
       const override = this.options.taskHandlers?.[stateName];
       await (override ? override(call, context) : this.dispatch(execution, stateName, resource.slice(0, -WAIT_FOR_TASK_TOKEN.length), call, context));
     } catch (e) {
@@ -1328,34 +1328,23 @@ const PAYLOAD_QUOTA_BYTES = 256 * 1024;
 
 /**
  * A task whose effective input (after Parameters) exceeds the quota fails with `States.DataLimitExceeded`
- * before it calls anything, as Step Functions does. That error is terminal: `States.ALL` does not catch
- * it (only a catcher naming it does; local-sfn.ts patch 10), and it is never retried.
+ * before it calls anything, as Step Functions does, and so does a task whose result (before
+ * ResultSelector: a DescribeExecution of a large input, a Lambda that returns too much) exceeds it.
+ * That error is terminal: `States.ALL` does not catch it (only a catcher naming it does; local-sfn.ts
+ * patch 10), and it is never retried. Returns the payload.
  * A state whose output exceeds the quota fails the execution with that error too, a moment late: the
  * interpreter reports the output once the state has exited, so the next state may have begun.
  * https://docs.aws.amazon.com/step-functions/latest/dg/concepts-error-handling.html
- */
-function checkPayloadSize(stateName: string, input: unknown): void {
-  const exceeded = payloadOverQuota(stateName, 'an input after Parameters', input);
-  if (exceeded) {
-    const error = new TaskError('States.DataLimitExceeded', exceeded);
-    Object.defineProperty(error, 'isRetryable', { value: false });
-    throw error;
-  }
-}
-
-/**
- * A task result above the quota (before ResultSelector: a DescribeExecution of a large input, a Lambda
- * that returns too much) fails the task with `States.DataLimitExceeded`, never retried.
  * https://docs.aws.amazon.com/step-functions/latest/dg/service-quotas.html#service-limits-task-executions
  */
-function checkTaskResultSize(stateName: string, result: unknown): unknown {
-  const exceeded = payloadOverQuota(stateName, 'a task result', result);
+function checkPayloadSize<T>(stateName: string, what: string, payload: T): T {
+  const exceeded = payloadOverQuota(stateName, what, payload);
   if (exceeded) {
     const error = new TaskError('States.DataLimitExceeded', exceeded);
     Object.defineProperty(error, 'isRetryable', { value: false });
     throw error;
   }
-  return result;
+  return payload;
 }
 
 /** Why a state's payload passes the quota, or undefined when it does not. */
