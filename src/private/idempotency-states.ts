@@ -23,6 +23,7 @@ import {
   SUCCEED_UPDATE,
   TAKE_OVER_CONDITION,
 } from './idempotency-schema';
+import { SFN_THROTTLED_ERRORS } from './queue-states';
 import { STATE } from './state-names';
 import { IIdempotencyTable } from '../idempotency-table';
 
@@ -260,9 +261,8 @@ export class IdempotencyStates {
       },
       resultPath: '$.ownerState',
     })
-      // DescribeExecution only reads. Throttling reaches an AWS SDK integration as `Sfn.SfnException`
-      // (no ThrottlingException shape in the Step Functions API model; see queue-states.ts).
-      .addRetry({ errors: ['Sfn.SfnException', 'Sfn.ThrottlingException'], interval: Duration.seconds(1), backoffRate: 2, maxAttempts: 6, jitterStrategy: sfn.JitterType.FULL });
+      // DescribeExecution only reads: a throttled call is retried.
+      .addRetry({ errors: SFN_THROTTLED_ERRORS, interval: Duration.seconds(1), backoffRate: 2, maxAttempts: 6, jitterStrategy: sfn.JitterType.FULL });
     checkOwner.next(isOwnerRunning);
 
     // An owner that does not exist: its history was deleted (90 days after it ended), or the record is

@@ -81,6 +81,15 @@ const SDK_SERVER_ERRORS = SERVER_ERRORS.map((e) => e.replace(/^DynamoDB\./, 'Dyn
  */
 export const TOKEN_GONE_ERRORS = ['Sfn.TaskTimedOutException', 'Sfn.TaskDoesNotExistException', 'Sfn.InvalidTokenException'];
 
+/**
+ * Errors of a throttled Step Functions call of an AWS SDK integration: `Sfn.SfnException` ("Rate
+ * exceeded"), since ThrottlingException is no shape of the Step Functions API model and an AWS SDK
+ * integration names such an error after the service's base exception
+ * (https://docs.aws.amazon.com/step-functions/latest/dg/supported-services-awssdk.html); and
+ * `Sfn.ThrottlingException` too, in case AWS ever names it so (it costs nothing if it never does).
+ */
+export const SFN_THROTTLED_ERRORS = ['Sfn.SfnException', 'Sfn.ThrottlingException'];
+
 /** Where the release states keep their scratch data (the state data must be an object). */
 export const HANDOFF_PATH = '$.handoff';
 
@@ -365,11 +374,8 @@ export function handOffChain(scope: Construct, props: HandOffProps): sfn.State {
       resultPath: sfn.JsonPath.DISCARD,
     });
   // The wake-up is never retried blindly: a retry of a call that did wake the waiter would hear
-  // TaskTimedOut and take back the permit the waiter is using. A throttled call fails with
-  // `Sfn.SfnException` ("Rate exceeded"): ThrottlingException is no shape of the Step Functions API
-  // model, and an AWS SDK integration names such an error after the service's base exception
-  // (https://docs.aws.amazon.com/step-functions/latest/dg/supported-services-awssdk.html). Whatever
-  // the call did, a heartbeat on the token tells: it is refused once the task has ended (woken, timed
+  // TaskTimedOut and take back the permit the waiter is using. After a throttled call (SFN_THROTTLED_ERRORS),
+  // whatever it did, a heartbeat on the token tells: it is refused once the task has ended (woken, timed
   // out or stopped), and succeeds only while the waiter still waits, when a second wake-up is safe.
   const wakeAgain = sendWakeUp(names.wakeAgain)
     // Whatever fails now, the waiter finds its permit when its wait times out (no take-back from here).
@@ -384,14 +390,13 @@ export function handOffChain(scope: Construct, props: HandOffProps): sfn.State {
     resultPath: sfn.JsonPath.DISCARD,
   })
     // A heartbeat changes nothing but the task's heartbeat clock: any failure of it may be retried.
-    .addRetry({ errors: ['Sfn.SfnException', 'Sfn.ThrottlingException'], interval: Duration.seconds(1), backoffRate: 2, maxAttempts: 5, jitterStrategy: sfn.JitterType.FULL })
+    .addRetry({ errors: SFN_THROTTLED_ERRORS, interval: Duration.seconds(1), backoffRate: 2, maxAttempts: 5, jitterStrategy: sfn.JitterType.FULL })
     // The token is closed (the wake-up landed, or the wait ended): as a lost wake-up.
     .addCatch(wakeUpLost, { errors: [sfn.Errors.ALL], resultPath: sfn.JsonPath.DISCARD })
     .next(wakeAgain);
   const wake = sendWakeUp(names.wake)
     .addCatch(takeBack, { errors: TOKEN_GONE_ERRORS, resultPath: sfn.JsonPath.DISCARD })
-    // (Sfn.ThrottlingException too, in case AWS ever names it so: it costs nothing if it never does.)
-    .addCatch(isWaiterWaiting, { errors: ['Sfn.SfnException', 'Sfn.ThrottlingException'], resultPath: sfn.JsonPath.DISCARD })
+    .addCatch(isWaiterWaiting, { errors: SFN_THROTTLED_ERRORS, resultPath: sfn.JsonPath.DISCARD })
     // Any other failure is a lost wake-up: the waiter finds its permit when its wait times out.
     .addCatch(wakeUpLost, { errors: [sfn.Errors.ALL], resultPath: sfn.JsonPath.DISCARD })
     .next(deleteTicket);
