@@ -1,10 +1,10 @@
 import { awscdk, DependencyType, javascript } from 'projen';
 
-// Floor for consumers: 2.95 is the first aws-cdk-lib with `Fail.errorPath`/`causePath` (we re-raise the
-// body's own Error and Cause) and `Retry.jitterStrategy`/`maxDelay` (jittered, capped throttling retries).
-// 2.95.1, not 2.95.0, because @aws-cdk/integ-tests-alpha was never published for 2.95.0 and the dev
-// dependency must match it exactly. `DefinitionBody.fromChainable` (2.85) is older still.
-const CDK_VERSION = '2.95.1';
+// Floor for consumers: 2.211.0 (August 2025). It has `pointInTimeRecoverySpecification` (2.178, so synth
+// prints no deprecation warning for the tables) and `Runtime.NODEJS_22_X`, the default of our functions. Its
+// @aws-cdk/integ-tests-alpha (the dev dependency must match it exactly; the registry has no release between
+// 2.95.1 and 2.211.0) deploys its assertion functions on Node.js 22, not the blocked Node.js 18.
+const CDK_VERSION = '2.211.0';
 
 const project = new awscdk.AwsCdkConstructLibrary({
   name: 'cdk-sfn-semaphore',
@@ -20,7 +20,7 @@ const project = new awscdk.AwsCdkConstructLibrary({
   minNodeVersion: '20.0.0',
 
   cdkVersion: CDK_VERSION,
-  constructsVersion: '10.0.5', // what aws-cdk-lib 2.95 itself accepts; no newer constructs API is used
+  constructsVersion: '10.0.5', // aws-cdk-lib accepts ^10.0.0; no newer constructs API is used
   jsiiVersion: '~6.0.0',
 
   // Declared for publishing; only the JavaScript package is built here and in CI (see `package` below).
@@ -86,27 +86,19 @@ project.deps.addDependency('eslint-import-resolver-typescript@~3.8.0', Dependenc
 
 ['/integ/', '/.ci/', '/simulator/', '/demo/', '/bench/', '/bench-results/', '/rosetta/', '/client/', '/checker/'].forEach((p) => project.addPackageIgnore(p));
 
-// The reconciler's handler lives in lambda/ (outside src/, so jsii never compiles it); esbuild bundles
-// it, with the lock schema it imports from src/private, and leaves the AWS SDK to the Lambda runtime.
-new awscdk.LambdaFunction(project, {
-  entrypoint: 'lambda/reconciler.lambda.ts',
-  constructFile: 'src/private/reconciler-function.ts',
-  constructName: 'ReconcilerFunction',
-  cdkDeps: project.cdkDeps,
-  // Node.js 18 can no longer be deployed; projen writes `new lambda.Runtime('nodejs22.x', ...)`,
-  // which our aws-cdk-lib floor accepts although it predates Runtime.NODEJS_22_X.
-  runtime: awscdk.LambdaRuntime.NODEJS_22_X,
-});
-
-// The key function of idempotent workflows: pure (no AWS calls), bundled with the key module it shares
-// with the constructs.
-new awscdk.LambdaFunction(project, {
-  entrypoint: 'lambda/idempotency-key.lambda.ts',
-  constructFile: 'src/private/idempotency-key-function.ts',
-  constructName: 'IdempotencyKeyFunction',
-  cdkDeps: project.cdkDeps,
-  runtime: awscdk.LambdaRuntime.NODEJS_22_X,
-});
+// The Lambda handlers live in lambda/ (outside src/, so jsii never compiles them); esbuild bundles each,
+// with the modules of src/private it imports, into assets/lambda/<name>/index.js and leaves the AWS SDK v3
+// to the Lambda runtime. src/private/bundled-functions.ts builds the functions from these bundles, with the
+// runtime the user chooses (projen's generated constructs fix the runtime). The target is the oldest runtime
+// the constructs accept (nodejs22.x, see validation.ts).
+['lambda/reconciler.lambda.ts', 'lambda/idempotency-key.lambda.ts'].forEach((entrypoint) =>
+  project.bundler.addBundle(entrypoint, {
+    platform: 'node',
+    target: 'node22',
+    externals: ['@aws-sdk/*'],
+    tsconfigPath: 'tsconfig.dev.json',
+  }),
+);
 
 // The CLI (`cdk-sfn-semaphore`, the package's bin) and the Node client: outside src/ (jsii exposes only
 // constructs), bundled with the AWS SDK v3 and the lock schema they share with the constructs.

@@ -7,10 +7,11 @@ import * as tasks from 'aws-cdk-lib/aws-stepfunctions-tasks';
 import { Construct } from 'constructs';
 import { executionArnPattern } from './private/arns';
 import { defaultDeadLetterQueue } from './private/dead-letter-queue';
-import { HANDOFF_PATH, handOffChain } from './private/queue-states';
+import { HANDOFF_PATH, handOffChain, WAKE_ACTIONS } from './private/queue-states';
 import { pathFromParsedInput, stringValue } from './private/runtime-value';
 import { stateMachineLogs } from './private/state-machine-defaults';
 import { validateLockName } from './private/validation';
+import { grantWakeToRole } from './private/wake-grants';
 import { ISemaphoreTable } from './semaphore-table';
 
 /**
@@ -127,6 +128,8 @@ export class CleanFromIncomplete extends Construct {
     });
     // A table encrypted with a customer managed key: the release needs the key too.
     props.table.table.encryptionKey?.grantEncryptDecrypt(this.stateMachine);
+    // The release hands the permit on and wakes its waiter, of any queue workflow using the table.
+    grantWakeToRole(props.table, this, 'WakeWaitersPolicy', this.stateMachine.role, WAKE_ACTIONS);
 
     this.deadLetterQueue = props.deadLetterQueue ?? defaultDeadLetterQueue(this);
 

@@ -2,12 +2,14 @@ import { Annotations, Duration, Names, RemovalPolicy } from 'aws-cdk-lib';
 import * as cloudwatch from 'aws-cdk-lib/aws-cloudwatch';
 import * as events from 'aws-cdk-lib/aws-events';
 import * as iam from 'aws-cdk-lib/aws-iam';
+import * as lambda from 'aws-cdk-lib/aws-lambda';
 import * as logs from 'aws-cdk-lib/aws-logs';
 import * as sfn from 'aws-cdk-lib/aws-stepfunctions';
 import { Construct } from 'constructs';
 import { CleanFromIncomplete } from './clean-from-incomplete';
 import { IdempotencyOptions } from './idempotency-options';
 import { IIdempotencyTable } from './idempotency-table';
+import { validateFunctionRuntime } from './private/bundled-functions';
 import {
   DUPLICATE_CHECK_EVENTS,
   POLL_ROUND_EVENTS,
@@ -17,10 +19,12 @@ import {
 } from './private/history-budget';
 import { defaultStateMachineName, renderIdempotency } from './private/idempotency-config';
 import { MAX_LOCK_NAME_LENGTH } from './private/lock-schema';
+import { WAKE_ACTIONS } from './private/queue-states';
 import { numberValue, stringValue } from './private/runtime-value';
 import { stateMachineLogs } from './private/state-machine-defaults';
 import { STATE } from './private/state-names';
 import { humanSeconds, validateConcurrencyLimit, validateLockName, validatePermitPath, validateWholeSeconds } from './private/validation';
+import { grantWakeToRole, registerWaiter } from './private/wake-grants';
 import { ACQUIRE_TIMEOUT_ERROR, INVALID_LIMIT_ERROR, INVALID_LOCK_NAME_ERROR, renderDefinition } from './private/workflow-definition';
 import { SemaphoreReconciler } from './semaphore-reconciler';
 import { ISemaphoreTable, SemaphoreTable } from './semaphore-table';
@@ -213,6 +217,16 @@ export interface ConcurrencyControlledWorkflowProps {
    * @default true
    */
   readonly reconcilerScheduleEnabled?: boolean;
+
+  /**
+   * Runtime of the reconciler's function: a Node.js runtime, `nodejs22.x` or newer. Lambda deprecates
+   * `nodejs22.x` on 2027-04-30 and blocks creating functions on it from 2027-06-01; choose a newer one
+   * then (`new lambda.Runtime('nodejs24.x', lambda.RuntimeFamily.NODEJS)` where aws-cdk-lib lacks
+   * `Runtime.NODEJS_24_X`). The idempotency key function has its own, `idempotency.keyFunctionRuntime`.
+   *
+   * @default lambda.Runtime.NODEJS_22_X
+   */
+  readonly reconcilerRuntime?: lambda.Runtime;
 
   /**
    * Whether to create a CloudWatch dashboard of the workflow: executions, acquisitions, waits,
@@ -431,6 +445,12 @@ export class ConcurrencyControlledWorkflow extends Construct {
     // The tasks grant their DynamoDB actions; the key of a customer-managed-key table they leave out.
     this.table.table.encryptionKey?.grantEncryptDecrypt(this.stateMachine);
     this.idempotencyTable?.table.encryptionKey?.grantEncryptDecrypt(this.stateMachine);
+    // Its executions wait in the lock's queue: releases of every workflow sharing the table may wake them.
+    if (waitStrategy === WaitStrategy.QUEUE) {
+      registerWaiter(this.table, this.stateMachine);
+    }
+    // Its release hands the permit on and wakes the waiter, of any queue workflow using the table.
+    grantWakeToRole(this.table, this, 'WakeWaitersPolicy', this.stateMachine.role, WAKE_ACTIONS);
 
     this.cleanup = new CleanFromIncomplete(this, 'Cleanup', {
       table: this.table,
@@ -446,6 +466,7 @@ export class ConcurrencyControlledWorkflow extends Construct {
       stateMachines: [this.stateMachine],
       schedule: props.reconcileEvery,
       scheduleEnabled: props.reconcilerScheduleEnabled,
+      runtime: validateFunctionRuntime('reconcilerRuntime', props.reconcilerRuntime),
       lockName: this.lockName,
       concurrencyLimit: limit,
       leaseDuration: props.leaseDuration,

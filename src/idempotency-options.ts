@@ -1,4 +1,5 @@
 import { Duration } from 'aws-cdk-lib';
+import * as lambda from 'aws-cdk-lib/aws-lambda';
 import { IIdempotencyTable } from './idempotency-table';
 import { jmesPathError, KeySelection } from './private/idempotency-key';
 import { validateFieldPaths } from './private/validation';
@@ -113,4 +114,15 @@ export interface IdempotencyOptions {
    * @default - one hour, or as long as the checks that fit take, when that is shorter (`duplicatePollInterval` under 7 seconds, or under 13 seconds in a `ConcurrencyControlledWorkflow`)
    */
   readonly duplicateWaitTimeout?: Duration;
+
+  /**
+   * Runtime of the function that computes idempotency keys: a Node.js runtime, `nodejs22.x` or newer.
+   * Lambda deprecates `nodejs22.x` on 2027-04-30 and blocks creating functions on it from 2027-06-01;
+   * choose a newer one then (`new lambda.Runtime('nodejs24.x', lambda.RuntimeFamily.NODEJS)` where
+   * aws-cdk-lib lacks `Runtime.NODEJS_24_X`). The function is shared by the idempotent workflows of a
+   * stack that choose the same runtime.
+   *
+   * @default lambda.Runtime.NODEJS_22_X
+   */
+  readonly keyFunctionRuntime?: lambda.Runtime;
 }

@@ -118,7 +118,7 @@ export class IdempotencyTable extends Construct implements IIdempotencyTable {
       partitionKey: { name: RECORD_KEY, type: dynamodb.AttributeType.STRING },
       billingMode: dynamodb.BillingMode.PAY_PER_REQUEST,
       timeToLiveAttribute: RECORD_EXPIRES_AT,
-      pointInTimeRecovery: props.pointInTimeRecovery ?? true,
+      pointInTimeRecoverySpecification: { pointInTimeRecoveryEnabled: props.pointInTimeRecovery ?? true },
       encryption: props.encryptionKey ? dynamodb.TableEncryption.CUSTOMER_MANAGED : dynamodb.TableEncryption.AWS_MANAGED,
       encryptionKey: props.encryptionKey,
       removalPolicy: props.removalPolicy ?? RemovalPolicy.RETAIN,

@@ -1,4 +1,4 @@
-import { ArnFormat, Duration, Stack } from 'aws-cdk-lib';
+import { Duration } from 'aws-cdk-lib';
 import * as cloudwatch from 'aws-cdk-lib/aws-cloudwatch';
 import * as events from 'aws-cdk-lib/aws-events';
 import * as targets from 'aws-cdk-lib/aws-events-targets';
@@ -8,11 +8,12 @@ import * as sqs from 'aws-cdk-lib/aws-sqs';
 import * as sfn from 'aws-cdk-lib/aws-stepfunctions';
 import { Construct } from 'constructs';
 import { executionArnPattern } from './private/arns';
+import { reconcilerFunction, validateFunctionRuntime } from './private/bundled-functions';
 import { defaultDeadLetterQueue } from './private/dead-letter-queue';
 import { functionWithOwnLogs } from './private/function-logs';
-import { ReconcilerFunction } from './private/reconciler-function';
 import { numberValue, stringValue } from './private/runtime-value';
 import { validateWholeSeconds } from './private/validation';
+import { grantWakeToRole } from './private/wake-grants';
 import { ISemaphoreTable } from './semaphore-table';
 
 /**
@@ -95,6 +96,16 @@ export interface SemaphoreReconcilerProps {
    * @default - a new queue, encrypted with SQS-managed keys, TLS enforced, messages kept 14 days
    */
   readonly deadLetterQueue?: sqs.IQueue;
+
+  /**
+   * Runtime of the reconciler's function: a Node.js runtime, `nodejs22.x` or newer. Lambda deprecates
+   * `nodejs22.x` on 2027-04-30 and blocks creating functions on it from 2027-06-01; choose a newer one
+   * then (`new lambda.Runtime('nodejs24.x', lambda.RuntimeFamily.NODEJS)` where aws-cdk-lib lacks
+   * `Runtime.NODEJS_24_X`).
+   *
+   * @default lambda.Runtime.NODEJS_22_X
+   */
+  readonly runtime?: lambda.Runtime;
 }
 
 /**
@@ -154,10 +165,12 @@ export class SemaphoreReconciler extends Construct {
     this.namespace = props.metricsNamespace ?? 'CdkSfnSemaphore';
     this.tableName = props.table.tableName;
     const stateMachines = props.stateMachines ?? [];
+    const runtime = validateFunctionRuntime('runtime', props.runtime);
 
     const { fn, role } = functionWithOwnLogs(this, (functionRole) =>
-      new ReconcilerFunction(this, 'Function', {
+      reconcilerFunction(this, 'Function', {
         role: functionRole,
+        runtime,
         timeout: Duration.minutes(5),
         memorySize: 256,
         description: 'Frees semaphore permits that no running execution or live lease holds (cdk-sfn-semaphore)',
@@ -180,13 +193,8 @@ export class SemaphoreReconciler extends Construct {
     // client/queue-service.ts).
     props.table.table.grant(role, 'dynamodb:Scan', 'dynamodb:GetItem', 'dynamodb:UpdateItem', 'dynamodb:DeleteItem');
     props.table.table.encryptionKey?.grantEncryptDecrypt(role);
-    role.addToPrincipalPolicy(
-      new iam.PolicyStatement({
-        actions: ['states:SendTaskSuccess'],
-        // Waiters of a shared lock can be executions of any workflow using it, in this account and Region.
-        resources: [Stack.of(this).formatArn({ service: 'states', resource: 'stateMachine', resourceName: '*', arnFormat: ArnFormat.COLON_RESOURCE_NAME })],
-      }),
-    );
+    // Waiters of a shared lock can be executions of any queue workflow using the table (wake-grants.ts).
+    grantWakeToRole(props.table, this, 'WakeWaitersPolicy', role, ['states:SendTaskSuccess']);
     if (stateMachines.length > 0) {
       role.addToPrincipalPolicy(
         new iam.PolicyStatement({

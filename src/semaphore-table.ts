@@ -1,9 +1,10 @@
-import { ArnFormat, RemovalPolicy, Resource, Stack } from 'aws-cdk-lib';
+import { RemovalPolicy, Resource } from 'aws-cdk-lib';
 import * as dynamodb from 'aws-cdk-lib/aws-dynamodb';
 import * as iam from 'aws-cdk-lib/aws-iam';
 import * as kms from 'aws-cdk-lib/aws-kms';
 import { Construct, IConstruct } from 'constructs';
 import { LOCK_KEY } from './private/lock-schema';
+import { allowWakingAnyStateMachine, grantWake } from './private/wake-grants';
 
 /**
  * A DynamoDB table that holds semaphore locks: one item per lock name.
@@ -49,8 +50,10 @@ export interface ISemaphoreTable extends IConstruct {
    * Permit the principal everything the `cdk-sfn-semaphore` CLI and `SemaphoreClient` call:
    * `dynamodb:UpdateItem`, `dynamodb:GetItem` and `dynamodb:DeleteItem` on this table (take, renew,
    * give back, status, reclaim expired leases, and serve and delete the queue's ticket items), and
-   * `states:SendTaskSuccess` on the state machines of the table's account and Region, to wake a
-   * workflow's queued execution when a release hands it the permit.
+   * `states:SendTaskSuccess` on the state machines of the app whose executions wait in the table's
+   * queues (every state machine of the account and Region with `externalWaiters`), to wake a queued
+   * execution when a release hands it the permit. The returned grant covers the table; the wake-up
+   * grant follows the waiting workflows as they are defined.
    */
   grantClient(grantee: iam.IGrantable): iam.Grant;
 }
@@ -106,6 +109,21 @@ export interface SemaphoreTableProps {
    * @default false
    */
   readonly deletionProtection?: boolean;
+
+  /**
+   * Whether executions of state machines this CDK app does not define (another app, or a stack
+   * deployed on its own) wait in the queues of this table's locks.
+   *
+   * A release wakes the waiter it hands its permit to (`states:SendTaskSuccess`). By default the roles
+   * that release (workflows, cleanups, reconcilers, `grantClient`) may wake exactly the queue workflows
+   * of this app that use the table. With `externalWaiters`, they may wake any state machine's
+   * executions in the account and Region, which lets them complete any callback task there: opt in only
+   * for a lock shared outside the app. Without it, a release that hands its permit to an outside waiter
+   * is denied the wake-up, and that waiter finds its permit only after its `queueCheckInterval`.
+   *
+   * @default false
+   */
+  readonly externalWaiters?: boolean;
 }
 
 /**
@@ -175,7 +193,7 @@ export class SemaphoreTable extends Construct implements ISemaphoreTable {
       partitionKey: { name: LOCK_KEY, type: dynamodb.AttributeType.STRING },
       // Lock traffic comes in bursts (many executions starting together), then nothing for hours.
       billingMode: dynamodb.BillingMode.PAY_PER_REQUEST,
-      pointInTimeRecovery: props.pointInTimeRecovery ?? true,
+      pointInTimeRecoverySpecification: { pointInTimeRecoveryEnabled: props.pointInTimeRecovery ?? true },
       encryption,
       encryptionKey: props.encryptionKey,
       deletionProtection: props.deletionProtection,
@@ -184,6 +202,9 @@ export class SemaphoreTable extends Construct implements ISemaphoreTable {
     this.table = table;
     this.tableName = table.tableName;
     this.tableArn = table.tableArn;
+    if (props.externalWaiters) {
+      allowWakingAnyStateMachine(this);
+    }
   }
 
   public grantAcquireRelease(grantee: iam.IGrantable): iam.Grant {
@@ -208,14 +229,10 @@ function grantAcquireRelease(table: dynamodb.ITable, grantee: iam.IGrantable): i
 
 function grantClient(table: ISemaphoreTable, grantee: iam.IGrantable): iam.Grant {
   table.table.encryptionKey?.grantEncryptDecrypt(grantee);
-  const items = table.table.grant(grantee, 'dynamodb:UpdateItem', 'dynamodb:GetItem', 'dynamodb:DeleteItem');
-  // Queued executions can belong to any workflow sharing the lock: no narrower resource is known.
-  const wake = iam.Grant.addToPrincipal({
-    grantee,
-    actions: ['states:SendTaskSuccess'],
-    resourceArns: [Stack.of(table).formatArn({ service: 'states', resource: 'stateMachine', resourceName: '*', arnFormat: ArnFormat.COLON_RESOURCE_NAME })],
-  });
-  return items.combine(wake);
+  // Waking the queued executions a release hands its permit to: granted on the waiting state machines
+  // of the app as they are defined (wake-grants.ts), so not part of the returned grant.
+  grantWake(table, Construct.isConstruct(grantee) ? grantee : table, grantee, ['states:SendTaskSuccess']);
+  return table.table.grant(grantee, 'dynamodb:UpdateItem', 'dynamodb:GetItem', 'dynamodb:DeleteItem');
 }
 
 /**
@@ -233,6 +250,15 @@ export interface SemaphoreTableAttributes {
    * @default - the table is encrypted with a key owned or managed by AWS, and no key grant is needed
    */
   readonly encryptionKey?: kms.IKey;
+
+  /**
+   * Whether executions of state machines this CDK app does not define wait in the queues of the table's
+   * locks: the roles that release permits may then wake any state machine's executions in the account
+   * and Region (see `SemaphoreTableProps.externalWaiters`).
+   *
+   * @default false
+   */
+  readonly externalWaiters?: boolean;
 }
 
 /** An existing table, seen through the semaphore interface. */
@@ -246,6 +272,9 @@ class ImportedSemaphoreTable extends Resource implements ISemaphoreTable {
     this.table = dynamodb.Table.fromTableAttributes(this, 'Table', { tableName: attrs.tableName, encryptionKey: attrs.encryptionKey });
     this.tableName = this.table.tableName;
     this.tableArn = this.table.tableArn;
+    if (attrs.externalWaiters) {
+      allowWakingAnyStateMachine(this);
+    }
   }
 
   public grantAcquireRelease(grantee: iam.IGrantable): iam.Grant {

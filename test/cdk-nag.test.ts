@@ -46,17 +46,6 @@ function suppressJustifiedFindings(workflow: ConcurrencyControlledWorkflow): voi
     ],
     true,
   );
-  NagSuppressions.addResourceSuppressions(
-    [workflow.stateMachine.role, workflow.cleanupStateMachine.role, workflow.reconciler.reconcilerFunction.role!],
-    [
-      {
-        id: 'AwsSolutions-IAM5',
-        reason: 'Wake waiters of the lock (SendTaskSuccess): executions of any workflow sharing it, in this account and Region',
-        appliesTo: ['Resource::arn:<AWS::Partition>:states:<AWS::Region>:<AWS::AccountId>:stateMachine:*'],
-      },
-    ],
-    true,
-  );
   NagSuppressions.addResourceSuppressions(workflow.cleanup.deadLetterQueue, [
     { id: 'AwsSolutions-SQS3', reason: 'This queue is itself the dead-letter queue of the cleanup rule target' },
   ]);
@@ -72,12 +61,9 @@ test('the defaults leave only findings that cannot be fixed', () => {
     '/Stack/Workflow/Cleanup/DeadLetterQueue/Resource: AwsSolutions-SQS3',
     '/Stack/Workflow/Cleanup/StateMachine/Role/DefaultPolicy/Resource: AwsSolutions-IAM5[Resource::*]',
     expect.stringMatching(/^\/Stack\/Workflow\/Cleanup\/StateMachine\/Role\/DefaultPolicy\/Resource: AwsSolutions-IAM5\[Resource::arn:.*:execution:.*:\*\]$/),
-    '/Stack/Workflow/Cleanup/StateMachine/Role/DefaultPolicy/Resource: AwsSolutions-IAM5[Resource::arn:<AWS::Partition>:states:<AWS::Region>:<AWS::AccountId>:stateMachine:*]',
     '/Stack/Workflow/Reconciler/DeadLetterQueue/Resource: AwsSolutions-SQS3',
     expect.stringMatching(/^\/Stack\/Workflow\/Reconciler\/Role\/DefaultPolicy\/Resource: AwsSolutions-IAM5\[Resource::arn:.*:execution:.*:\*\]$/),
-    '/Stack/Workflow/Reconciler/Role/DefaultPolicy/Resource: AwsSolutions-IAM5[Resource::arn:<AWS::Partition>:states:<AWS::Region>:<AWS::AccountId>:stateMachine:*]',
     '/Stack/Workflow/StateMachine/Role/DefaultPolicy/Resource: AwsSolutions-IAM5[Resource::*]',
-    '/Stack/Workflow/StateMachine/Role/DefaultPolicy/Resource: AwsSolutions-IAM5[Resource::arn:<AWS::Partition>:states:<AWS::Region>:<AWS::AccountId>:stateMachine:*]',
   ]);
 });
 
@@ -133,7 +119,6 @@ describe('idempotency', () => {
       `${policy}[Resource::*]`,
       expect.stringMatching(/^\/Stack\/Workflow\/StateMachine\/Role\/DefaultPolicy\/Resource: AwsSolutions-IAM5\[Resource::<CdkSfnSemaphoreIdempotencyKeyFunction.*\.Arn>:\*\]$/),
       expect.stringMatching(/^\/Stack\/Workflow\/StateMachine\/Role\/DefaultPolicy\/Resource: AwsSolutions-IAM5\[Resource::arn:.*:execution:Stack-Workflow-[0-9A-F]+:\*\]$/),
-      ...(withSemaphore ? [`${policy}[Resource::arn:<AWS::Partition>:states:<AWS::Region>:<AWS::AccountId>:stateMachine:*]`] : []),
     ];
     // The key function's own role and log group raise nothing; the semaphore's findings are tested above.
     const actual = findings(idempotentStack(withSemaphore, false)).filter((f) => f.startsWith('/Stack/Workflow/StateMachine/') || f.startsWith('/Stack/CdkSfn'));

@@ -2,9 +2,10 @@ import { App, CfnParameter, Duration, RemovalPolicy, Stack } from 'aws-cdk-lib';
 import { Annotations, Match, Template } from 'aws-cdk-lib/assertions';
 import * as iam from 'aws-cdk-lib/aws-iam';
 import * as kms from 'aws-cdk-lib/aws-kms';
+import * as lambda from 'aws-cdk-lib/aws-lambda';
 import * as logs from 'aws-cdk-lib/aws-logs';
 import * as sfn from 'aws-cdk-lib/aws-stepfunctions';
-import { ConcurrencyControlledWorkflow, ConcurrencyControlledWorkflowProps, SemaphoreTable, WaitStrategy } from '../src';
+import { ConcurrencyControlledWorkflow, ConcurrencyControlledWorkflowProps, IdempotentWorkflow, SemaphoreReconciler, SemaphoreTable, WaitStrategy } from '../src';
 import { logicalId } from './helpers';
 
 function newStack() {
@@ -90,7 +91,7 @@ describe('resources', () => {
         StateMachineName: 'guarded',
         RoleArn: { 'Fn::GetAtt': [Match.stringLikeRegexp('^MyRole'), 'Arn'] },
         LoggingConfiguration: { Level: 'ERROR' },
-        TracingConfiguration: Match.absent(),
+        TracingConfiguration: { Enabled: false },
       },
       DeletionPolicy: 'Retain',
     });
@@ -518,6 +519,41 @@ describe('reconciler, leases and metrics', () => {
     expect(role.Properties.ManagedPolicyArns).toBeUndefined();
   });
 
+  test('the reconciler runs the runtime it is given, and refuses one its bundled handler cannot run on', () => {
+    const nodejs24 = new lambda.Runtime('nodejs24.x', lambda.RuntimeFamily.NODEJS);
+    const { template } = workflow({ reconcilerRuntime: nodejs24 });
+    template.hasResourceProperties('AWS::Lambda::Function', { Runtime: 'nodejs24.x', Timeout: 300 });
+
+    // Node.js 20: Lambda blocks creating functions on it; Python: not the handler's language.
+    expect(() => workflow({ reconcilerRuntime: lambda.Runtime.NODEJS_20_X })).toThrow(
+      /reconcilerRuntime must be a Node.js runtime, nodejs22.x or newer .*got nodejs20.x/,
+    );
+    expect(() => workflow({ reconcilerRuntime: lambda.Runtime.PYTHON_3_12 })).toThrow(/reconcilerRuntime must be a Node.js runtime.*got python3.12/);
+    expect(() => new SemaphoreReconciler(newStack(), 'R', { table: SemaphoreTable.fromTableName(newStack(), 'T', 't'), runtime: lambda.Runtime.NODEJS_18_X })).toThrow(
+      /^runtime must be a Node.js runtime, nodejs22.x or newer .*got nodejs18.x/,
+    );
+  });
+
+  test('synthesizes with no deprecated aws-cdk-lib API (JSII_DEPRECATED=fail throws on any)', () => {
+    const previous = process.env.JSII_DEPRECATED;
+    process.env.JSII_DEPRECATED = 'fail';
+    try {
+      const stack = newStack();
+      const key = new kms.Key(stack, 'Key');
+      const table = new SemaphoreTable(stack, 'Locks', { encryptionKey: key });
+      workflow({ table, dashboard: true, leaseDuration: Duration.minutes(10), idempotency: {}, waitStrategy: WaitStrategy.QUEUE }, stack);
+      new ConcurrencyControlledWorkflow(stack, 'Polling', { table, body: new sfn.Pass(stack, 'Poll Work'), waitStrategy: WaitStrategy.POLLING });
+      new IdempotentWorkflow(stack, 'Idempotent', { body: new sfn.Pass(stack, 'Idempotent Work') });
+      expect(Template.fromStack(stack).findResources('AWS::StepFunctions::StateMachine')).not.toEqual({});
+    } finally {
+      if (previous === undefined) {
+        delete process.env.JSII_DEPRECATED;
+      } else {
+        process.env.JSII_DEPRECATED = previous;
+      }
+    }
+  });
+
   test('the reconciler may read, scan and update its table, describe, stop and read the history of this workflow\'s executions, and wake waiters, nothing else', () => {
     const { template, workflow: w } = workflow();
 
@@ -534,11 +570,11 @@ describe('reconciler, leases and metrics', () => {
       'states:DescribeExecution',
       'states:GetExecutionHistory', // the redrive guard's
       'states:ListExecutions', // each sweep guards redriven executions whose event was lost
-      'states:SendTaskSuccess', // the queue's: waiters of the lock can belong to any workflow sharing it
+      'states:SendTaskSuccess', // the queue's: waiters of the lock can belong to any queue workflow sharing it
       'states:StopExecution',
     ]);
     const wake = statements.find((s) => [s.Action].flat().includes('states:SendTaskSuccess'));
-    expect(JSON.stringify(wake.Resource)).toContain(':stateMachine:*');
+    expect(wake.Resource).toEqual({ Ref: logicalId(w.stateMachine.node.defaultChild as any) });
     for (const action of ['states:StopExecution', 'states:GetExecutionHistory']) {
       const states = statements.find((s) => [s.Action].flat().includes(action));
       expect(JSON.stringify(states.Resource)).toContain(logicalId(w.stateMachine.node.defaultChild as any));
@@ -699,10 +735,11 @@ describe('least privilege', () => {
       'states:SendTaskHeartbeat',
       'states:SendTaskSuccess',
     ]);
-    // Waiters of a shared lock can be executions of any workflow: state machines of this account and Region.
+    // Waiters of the lock are executions of the queue workflows sharing the table: here, its own.
     const wake = policyStatements(template, 'WorkflowStateMachineRole').filter((s) => JSON.stringify(s.Action).includes('states:SendTask'));
-    expect(wake.length).toBeGreaterThan(0);
-    for (const statement of wake) expect(JSON.stringify(statement.Resource)).toMatch(/:stateMachine:\*"\]\]\}$/);
+    expect(wake).toEqual([
+      { Action: ['states:SendTaskSuccess', 'states:SendTaskHeartbeat'], Effect: 'Allow', Resource: { Ref: logicalId(w.stateMachine.node.defaultChild as any) } },
+    ]);
   });
 
   test('the cleanup may only update, read and delete on the table, and DescribeExecution on this workflow when the lock name is in the input', () => {
@@ -738,6 +775,106 @@ describe('least privilege', () => {
     expect(stack.resolve(w.metricFailed().dimensions)).toEqual({ StateMachineArn: { Ref: logicalId(w.stateMachine.node.defaultChild as any) } });
     expect(w.metricAborted().metricName).toBe('ExecutionsAborted');
     expect(w.metricTime().metricName).toBe('ExecutionTime');
+  });
+});
+
+/** The resources of each policy statement that grants `action`, by the roles the policy is attached to. */
+function grantsOf(template: Template, action: string): Record<string, any[]> {
+  const result: Record<string, any[]> = {};
+  for (const policy of Object.values(template.findResources('AWS::IAM::Policy')) as any[]) {
+    for (const statement of policy.Properties.PolicyDocument.Statement) {
+      if ([statement.Action].flat().includes(action)) {
+        for (const role of policy.Properties.Roles) {
+          result[role.Ref] = [...(result[role.Ref] ?? []), ...[statement.Resource].flat()];
+        }
+      }
+    }
+  }
+  return result;
+}
+
+describe('who may wake the waiters of a lock (states:SendTaskSuccess)', () => {
+  test('every role that releases may wake exactly the queue workflows sharing the table, with no dependency cycle', () => {
+    const stack = newStack();
+    const table = new SemaphoreTable(stack, 'Locks');
+    const a = new ConcurrencyControlledWorkflow(stack, 'A', { table, lockName: 'shared', body: new sfn.Pass(stack, 'Work A') });
+    const polling = new ConcurrencyControlledWorkflow(stack, 'P', { table, lockName: 'shared', body: new sfn.Pass(stack, 'Work P'), waitStrategy: WaitStrategy.POLLING });
+    const client = new iam.Role(stack, 'Client', { assumedBy: new iam.AccountRootPrincipal() });
+    table.grantClient(client);
+    // Defined after the others: their grants follow.
+    const b = new ConcurrencyControlledWorkflow(stack, 'B', { table, lockName: 'shared', body: new sfn.Pass(stack, 'Work B') });
+    const template = Template.fromStack(stack);
+
+    const waiters = [{ Ref: logicalId(a.stateMachine.node.defaultChild as any) }, { Ref: logicalId(b.stateMachine.node.defaultChild as any) }];
+    const grants = grantsOf(template, 'states:SendTaskSuccess');
+    const wakers = [a, polling, b].flatMap((w) => [w.stateMachine.role, w.cleanupStateMachine.role, w.reconciler.reconcilerFunction.role!]);
+    expect(Object.keys(grants).sort()).toEqual([...wakers, client].map((r) => logicalId(r.node.defaultChild as any)).sort());
+    for (const resources of Object.values(grants)) expect(resources).toEqual(waiters);
+    // The polling workflow's executions never wait on a token: no one is granted its ARN.
+    expect(JSON.stringify(grants)).not.toContain(logicalId(polling.stateMachine.node.defaultChild as any));
+  });
+
+  test('Template.fromStack refuses a dependency cycle, such as a role\'s default policy granting its own state machine', () => {
+    // So every template read in these tests is free of cycles, which CloudFormation refuses.
+    const stack = newStack();
+    const w = new ConcurrencyControlledWorkflow(stack, 'Workflow', { body: new sfn.Pass(stack, 'Work') });
+    w.stateMachine.addToRolePolicy(new iam.PolicyStatement({ actions: ['states:SendTaskSuccess'], resources: [w.stateMachine.stateMachineArn] }));
+    expect(() => Template.fromStack(stack)).toThrow(/cycl/i);
+  });
+
+  test('externalWaiters: every state machine of the account and Region, for a table or an import', () => {
+    for (const makeTable of [
+      (stack: Stack) => new SemaphoreTable(stack, 'Locks', { externalWaiters: true }),
+      (stack: Stack) => SemaphoreTable.fromTableAttributes(stack, 'Locks', { tableName: 'shared-locks', externalWaiters: true }),
+    ]) {
+      const stack = newStack();
+      const table = makeTable(stack);
+      const w = new ConcurrencyControlledWorkflow(stack, 'Workflow', { table, lockName: 'shared', body: new sfn.Pass(stack, 'Work') });
+      const grants = grantsOf(Template.fromStack(stack), 'states:SendTaskSuccess');
+      expect(grants[logicalId(w.stateMachine.role.node.defaultChild as any)]).toEqual([
+        { 'Fn::Join': ['', ['arn:', { Ref: 'AWS::Partition' }, ':states:', { Ref: 'AWS::Region' }, ':', { Ref: 'AWS::AccountId' }, ':stateMachine:*']] },
+      ]);
+    }
+  });
+
+  test('imports of one table name share their waiters; a client with no waiter to wake gets no wake grant', () => {
+    const stack = newStack();
+    const client = new iam.Role(stack, 'Client', { assumedBy: new iam.AccountRootPrincipal() });
+    SemaphoreTable.fromTableName(stack, 'ForClient', 'shared-locks').grantClient(client);
+    expect(grantsOf(Template.fromStack(stack), 'states:SendTaskSuccess')).toEqual({});
+
+    const stack2 = newStack();
+    const client2 = new iam.Role(stack2, 'Client', { assumedBy: new iam.AccountRootPrincipal() });
+    SemaphoreTable.fromTableName(stack2, 'ForClient', 'shared-locks').grantClient(client2);
+    const w = new ConcurrencyControlledWorkflow(stack2, 'Workflow', {
+      table: SemaphoreTable.fromTableName(stack2, 'ForWorkflow', 'shared-locks'),
+      lockName: 'shared',
+      body: new sfn.Pass(stack2, 'Work'),
+    });
+    expect(grantsOf(Template.fromStack(stack2), 'states:SendTaskSuccess')[logicalId(client2.node.defaultChild as any)]).toEqual([
+      { Ref: logicalId(w.stateMachine.node.defaultChild as any) },
+    ]);
+  });
+
+  test('across stacks: a waiter is named by its stateMachineName, or, generated, by a wildcard with a warning; no cyclic stacks', () => {
+    const app = new App();
+    const shared = new Stack(app, 'Shared');
+    const table = new SemaphoreTable(shared, 'Locks');
+    const s1 = new Stack(app, 'One');
+    const s2 = new Stack(app, 'Two');
+    new ConcurrencyControlledWorkflow(s1, 'A', { table, lockName: 'shared', body: new sfn.Pass(s1, 'Work A') });
+    const b = new ConcurrencyControlledWorkflow(s2, 'B', { table, lockName: 'shared', body: new sfn.Pass(s2, 'Work B'), stateMachineName: 'b-flow' });
+    app.synth();
+
+    const one = grantsOf(Template.fromStack(s1), 'states:SendTaskSuccess');
+    const two = grantsOf(Template.fromStack(s2), 'states:SendTaskSuccess');
+    const byName = { 'Fn::Join': ['', ['arn:', { Ref: 'AWS::Partition' }, ':states:', { Ref: 'AWS::Region' }, ':', { Ref: 'AWS::AccountId' }, ':stateMachine:b-flow']] };
+    const wildcard = { 'Fn::Join': ['', ['arn:', { Ref: 'AWS::Partition' }, ':states:', { Ref: 'AWS::Region' }, ':', { Ref: 'AWS::AccountId' }, ':stateMachine:*']] };
+    // One's roles wake A (its own stack: by reference) and B (by name).
+    for (const resources of Object.values(one)) expect(resources).toEqual([expect.objectContaining({ Ref: expect.stringMatching(/^AStateMachine/) }), byName]);
+    // Two's roles wake A, whose name CloudFormation generates: every state machine, with a warning.
+    for (const resources of Object.values(two)) expect(resources).toEqual([wildcard, { Ref: logicalId(b.stateMachine.node.defaultChild as any) }]);
+    expect(Annotations.fromStack(s2).findWarning('*', Match.stringLikeRegexp('One/A/StateMachine waits on a shared lock from another stack'))).not.toHaveLength(0);
   });
 });
 

@@ -1,6 +1,7 @@
 import { App, CfnParameter, Duration, Stack } from 'aws-cdk-lib';
 import { Template } from 'aws-cdk-lib/assertions';
 import * as kms from 'aws-cdk-lib/aws-kms';
+import * as lambda from 'aws-cdk-lib/aws-lambda';
 import * as sfn from 'aws-cdk-lib/aws-stepfunctions';
 import { ConcurrencyControlledWorkflow, IdempotencyKey, IdempotencyTable, IdempotentWorkflow, IdempotentWorkflowProps } from '../src';
 import { canonicalJson, computeKey, NO_VALIDATION, parseFieldPath, select } from '../src/private/idempotency-key';
@@ -104,6 +105,23 @@ describe('resources and permissions', () => {
     expect(b.idempotencyTable).toBeDefined();
     const keyFunctionStatements = policyStatements(stack, 'CdkSfnSemaphoreIdempotencyKeyRole');
     expect(keyFunctionStatements.flatMap((st) => [st.Action].flat()).sort()).toEqual(['logs:CreateLogStream', 'logs:PutLogEvents']);
+  });
+
+  test('a key function per runtime: workflows choosing the same runtime share one, a bad runtime is refused', () => {
+    const stack = newStack();
+    const nodejs24 = new lambda.Runtime('nodejs24.x', lambda.RuntimeFamily.NODEJS);
+    idempotent({}, stack);
+    new ConcurrencyControlledWorkflow(stack, 'Other', { body: new sfn.Pass(stack, 'OtherWork'), idempotency: { keyFunctionRuntime: nodejs24 } });
+    new ConcurrencyControlledWorkflow(stack, 'Third', { body: new sfn.Pass(stack, 'ThirdWork'), idempotency: { keyFunctionRuntime: nodejs24 } });
+    const functions = Template.fromStack(stack).findResources('AWS::Lambda::Function');
+    const runtimes = Object.entries(functions)
+      .filter(([id]) => id.startsWith('CdkSfnSemaphoreIdempotencyKey'))
+      .map(([, fn]) => fn.Properties.Runtime)
+      .sort();
+    expect(runtimes).toEqual(['nodejs22.x', 'nodejs24.x']);
+    expect(() => idempotent({ keyFunctionRuntime: lambda.Runtime.NODEJS_20_X })).toThrow(
+      /keyFunctionRuntime must be a Node.js runtime, nodejs22.x or newer .*got nodejs20.x/,
+    );
   });
 
   test('the records table: partition key id, TTL on expiresAt, retained, point-in-time recovery; a customer key is granted', () => {

@@ -1,9 +1,9 @@
 import { ArnFormat, Duration, Names, Stack } from 'aws-cdk-lib';
 import * as lambda from 'aws-cdk-lib/aws-lambda';
 import { Construct } from 'constructs';
+import { DEFAULT_FUNCTION_RUNTIME, idempotencyKeyFunction, validateFunctionRuntime } from './bundled-functions';
 import { functionWithOwnLogs } from './function-logs';
 import { DUPLICATE_CHECK_EVENTS, WAIT_HISTORY_EVENTS } from './history-budget';
-import { IdempotencyKeyFunction } from './idempotency-key-function';
 import { IdempotencyStates } from './idempotency-states';
 import { validateFieldPaths, validateWholeSeconds } from './validation';
 import { IdempotencyKey, IdempotencyOptions } from '../idempotency-options';
@@ -53,7 +53,7 @@ export function renderIdempotency(
     validateFieldPaths('validateFields', options.validateFields);
   }
   const table = options.table ?? new IdempotencyTable(scope, 'IdempotencyTable');
-  const keyFunction = sharedKeyFunction(scope);
+  const keyFunction = sharedKeyFunction(scope, validateFunctionRuntime('keyFunctionRuntime', options.keyFunctionRuntime));
   const stack = Stack.of(scope);
   const states = new IdempotencyStates(scope, {
     table,
@@ -94,18 +94,22 @@ export function defaultStateMachineName(scope: Construct): string {
   return Names.uniqueResourceName(scope, { maxLength: 80, separator: '-' });
 }
 
-/** The key function of the stack: pure, so one serves every idempotent workflow in it. */
-function sharedKeyFunction(scope: Construct): lambda.IFunction {
+/**
+ * The key function of the stack: pure, so one serves every idempotent workflow in it that chooses the same
+ * runtime (the default's construct id is the one it always had, so that existing stacks keep it).
+ */
+function sharedKeyFunction(scope: Construct, runtime: lambda.Runtime): lambda.IFunction {
   const stack = Stack.of(scope);
-  const id = 'CdkSfnSemaphoreIdempotencyKey';
+  const id = runtime.name === DEFAULT_FUNCTION_RUNTIME.name ? 'CdkSfnSemaphoreIdempotencyKey' : `CdkSfnSemaphoreIdempotencyKey-${runtime.name}`;
   const existing = stack.node.tryFindChild(id) as Construct | undefined;
   if (existing) {
     return existing.node.findChild('Function') as lambda.IFunction;
   }
   const holder = new Construct(stack, id);
   return functionWithOwnLogs(holder, (role) =>
-    new IdempotencyKeyFunction(holder, 'Function', {
+    idempotencyKeyFunction(holder, 'Function', {
       role,
+      runtime,
       timeout: Duration.seconds(10),
       memorySize: 256,
       description: 'Computes idempotency keys of execution inputs (cdk-sfn-semaphore)',

@@ -1,4 +1,4 @@
-import { Duration, Stack, ArnFormat, Token } from 'aws-cdk-lib';
+import { Aws, Duration, Stack, Token } from 'aws-cdk-lib';
 import * as sfn from 'aws-cdk-lib/aws-stepfunctions';
 import * as tasks from 'aws-cdk-lib/aws-stepfunctions-tasks';
 import { Construct } from 'constructs';
@@ -92,6 +92,12 @@ export const SFN_THROTTLED_ERRORS = ['Sfn.SfnException', 'Sfn.ThrottlingExceptio
 
 /** Where the release states keep their scratch data (the state data must be an object). */
 export const HANDOFF_PATH = '$.handoff';
+
+/**
+ * What the hand-off chain calls to wake the waiter it hands a permit to (handOffChain's sfnCall states):
+ * a role running it needs these on the waiters' state machines (wake-grants.ts).
+ */
+export const WAKE_ACTIONS = ['states:SendTaskSuccess', 'states:SendTaskHeartbeat'];
 
 /** Names of the release states, with a suffix per use ('' for the success path; see state-names.ts). */
 export function releaseStateNames(suffix: string) {
@@ -361,18 +367,22 @@ export function handOffChain(scope: Construct, props: HandOffProps): sfn.State {
     errors: [CONDITIONAL_CHECK_FAILED],
     resultPath: sfn.JsonPath.DISCARD,
   });
-  const token = sfn.JsonPath.stringAt(`${ticketAttributes}.${TICKET_WAIT_TOKEN}.S`);
-  // Waiters of a shared lock can be executions of any workflow using it, in this account and Region.
-  const anyStateMachine = Stack.of(scope).formatArn({ service: 'states', resource: 'stateMachine', resourceName: '*', arnFormat: ArnFormat.COLON_RESOURCE_NAME });
-  const sendWakeUp = (id: string) =>
-    new tasks.CallAwsService(scope, id, {
-      service: 'sfn',
-      action: 'sendTaskSuccess',
-      parameters: { TaskToken: token, Output: sfn.JsonPath.jsonToString(sfn.JsonPath.objectAt(`${HANDOFF_PATH}.wake`)) },
-      iamAction: 'states:SendTaskSuccess',
-      iamResources: [anyStateMachine],
-      resultPath: sfn.JsonPath.DISCARD,
+  const tokenPath = `${ticketAttributes}.${TICKET_WAIT_TOKEN}.S`;
+  // AWS SDK integration tasks written as ASL (CustomState), not CallAwsService: CallAwsService puts its
+  // grant in the role's default policy, which the state machine depends on, and the grant names the
+  // state machines of the waiters (this one among them): a dependency cycle. wake-grants.ts grants these
+  // calls in a policy of their own, on the state machines whose executions wait on the table's locks.
+  const sfnCall = (id: string, action: string, parameters: object) =>
+    new sfn.CustomState(scope, id, {
+      stateJson: {
+        Type: 'Task',
+        Resource: `arn:${Aws.PARTITION}:states:::aws-sdk:sfn:${action}`,
+        Parameters: parameters,
+        ResultPath: null,
+      },
     });
+  const sendWakeUp = (id: string) =>
+    sfnCall(id, 'sendTaskSuccess', { 'TaskToken.$': tokenPath, 'Output.$': `States.JsonToString(${HANDOFF_PATH}.wake)` });
   // The wake-up is never retried blindly: a retry of a call that did wake the waiter would hear
   // TaskTimedOut and take back the permit the waiter is using. After a throttled call (SFN_THROTTLED_ERRORS),
   // whatever it did, a heartbeat on the token tells: it is refused once the task has ended (woken, timed
@@ -381,14 +391,7 @@ export function handOffChain(scope: Construct, props: HandOffProps): sfn.State {
     // Whatever fails now, the waiter finds its permit when its wait times out (no take-back from here).
     .addCatch(wakeUpLost, { errors: [sfn.Errors.ALL], resultPath: sfn.JsonPath.DISCARD })
     .next(deleteTicket);
-  const isWaiterWaiting = new tasks.CallAwsService(scope, names.isWaiterWaiting, {
-    service: 'sfn',
-    action: 'sendTaskHeartbeat',
-    parameters: { TaskToken: token },
-    iamAction: 'states:SendTaskHeartbeat',
-    iamResources: [anyStateMachine],
-    resultPath: sfn.JsonPath.DISCARD,
-  })
+  const isWaiterWaiting = sfnCall(names.isWaiterWaiting, 'sendTaskHeartbeat', { 'TaskToken.$': tokenPath })
     // A heartbeat changes nothing but the task's heartbeat clock: any failure of it may be retried.
     .addRetry({ errors: SFN_THROTTLED_ERRORS, interval: Duration.seconds(1), backoffRate: 2, maxAttempts: 5, jitterStrategy: sfn.JitterType.FULL })
     // The token is closed (the wake-up landed, or the wait ended): as a lost wake-up.

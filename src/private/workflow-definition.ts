@@ -298,9 +298,7 @@ function renderQueueWait(
   // The branches start from an object of their own, not the execution's data: they write the ticket
   // and the count of their rounds into their state, which an input that is not an object (a string, a
   // number, an array) cannot hold.
-  // `parameters` is rendered for every state by aws-cdk-lib 2.95.1 (State.renderInputOutput), but
-  // ParallelProps declares it only in later versions.
-  const props: sfn.ParallelProps & { readonly parameters?: object } = {
+  const props: sfn.ParallelProps = {
     parameters: { [WAIT_EVENTS_PATH.slice(2)]: { events: 0 } },
     ...(withTimer || !permitPath
       ? { resultPath: sfn.JsonPath.DISCARD }
