@@ -5,7 +5,7 @@ import * as os from 'os';
 import * as path from 'path';
 import { DeleteItemCommand, DynamoDBClient, GetItemCommand, PutItemCommand } from '@aws-sdk/client-dynamodb';
 import { SendTaskSuccessCommand, SFNClient } from '@aws-sdk/client-sfn';
-import { stateMachineLogicalId, WorkTracker, workflowStack } from './helpers';
+import { stateMachineLogicalId, until, WorkTracker, workflowStack } from './helpers';
 import { defaultOwner, main, parseDuration } from '../client/cli';
 import { SemaphoreClient } from '../client/semaphore-client';
 import { Simulator } from '../simulator';
@@ -151,13 +151,6 @@ function alive(pid: number): boolean {
   }
 }
 
-async function until(condition: () => Promise<boolean>, what: string, timeoutMs = 20_000): Promise<void> {
-  const end = Date.now() + timeoutMs;
-  while (!(await condition())) {
-    if (Date.now() > end) throw new Error(`timed out waiting for ${what}`);
-    await new Promise((r) => setTimeout(r, 50));
-  }
-}
 
 /**
  * A DynamoDB endpoint in front of dynalite that drops the connection of renewals (`SET holder.leaseExpiresAt`)

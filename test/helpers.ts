@@ -94,3 +94,15 @@ export async function queuedWaiters(sim: Simulator, lockName: string, table = 'W
     .sort((x, y) => Number(x.lockName.S!.slice(prefix.length)) - Number(y.lockName.S!.slice(prefix.length)))
     .map((i) => [i.waiter.S!, i.redriveCount.N!]);
 }
+
+/**
+ * Wait, in real time, until `condition` holds: for what the simulator does on its own, where a fixed
+ * simulated sleep can be too short on a busy machine.
+ */
+export async function until(condition: () => Promise<boolean> | boolean, what: string, timeoutMs = 20_000): Promise<void> {
+  const end = Date.now() + timeoutMs;
+  while (!(await condition())) {
+    if (Date.now() > end) throw new Error(`timed out waiting for ${what}`);
+    await new Promise((r) => setTimeout(r, 50));
+  }
+}

@@ -3,7 +3,7 @@ import { CfnElement, Duration } from 'aws-cdk-lib';
 import { GRACE_MS } from '../lambda/reconciler-flows';
 import { LockMonitor, seededRandom, Simulator } from '../simulator';
 import { WaitStrategy } from '../src';
-import { lockState, logicalId, queuedWaiters, stateMachineLogicalId, statuses, WorkTracker, workflowStack } from './helpers';
+import { lockState, logicalId, queuedWaiters, stateMachineLogicalId, statuses, until, WorkTracker, workflowStack } from './helpers';
 import { ACQUIRE_CONDITION, ACQUIRE_UPDATE, CONCURRENCY_LIMIT, FENCING_TOKEN, LOCK_KEY, NAMES, PERMITS_IN_USE, VALUES } from '../src/private/lock-schema';
 
 /*
@@ -404,9 +404,9 @@ describe('redrive guard', () => {
       const holder = sim.startExecution(sm, { seconds: 240 }, { name: 'holder' });
       await sim.sleep(2);
       const waiter = sim.startExecution(sm, { seconds: 5, name: 'waiter' }, { name: 'waiter' });
-      await sim.sleep(2);
-      expect(waiter.stateTransitions.get('Wait In Queue')).toBe(1);
+      await until(() => waiter.stateTransitions.get('Wait In Queue') === 1, 'the waiter to queue');
       waiter.abort('Test.Stop', 'stopped while queued');
+      await waiter.done;
       await sim.sleep(5);
       const queue = () => queuedWaiters(sim, 'TestStack/Workflow');
       expect(await queue()).toEqual([[waiter.arn, '0']]); // its cleanup found nothing held; the ticket stays
@@ -414,7 +414,7 @@ describe('redrive guard', () => {
       const redriven = sim.redriveExecution(waiter.arn); // resolves when the new run ends
       // Redriven before the body, the guard leaves it to the workflow. The new run's wait on the stopped
       // run's ticket is refused (written by another run): it takes a ticket of its own, behind it.
-      await sim.sleep(5);
+      await until(async () => (await queue()).length === 2, 'the redriven run to take a ticket');
       expect(await queue()).toEqual([
         [waiter.arn, '0'],
         [waiter.arn, '1'],
