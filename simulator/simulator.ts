@@ -165,7 +165,9 @@ export class Execution {
    * Its history, event by event as Step Functions logs it (see `historyEventsOf`), all its runs
    * together: `name` and `input` on the events of states entered, `state` on the others of a state.
    */
-  public readonly history: Array<{ type: string; name?: string; state?: string; input?: unknown; timestamp: number }> = [];
+  public readonly history: Array<{ type: string; name?: string; state?: string; input?: unknown; output?: unknown; timestamp: number }> = [];
+  /** @internal Outputs of the Parallel branches the last redrive did not run again, by `parallel#branch`. */
+  public redriveSkippedBranches = new Map<string, unknown>();
   /** @internal */
   public abortRun?: () => void;
   /** @internal A state whose output passed the payload quota: the execution fails with States.DataLimitExceeded. */
@@ -639,34 +641,11 @@ export class Simulator {
     if (e.historyLimitExceeded !== undefined) {
       throw new ApiError('ExecutionNotRedrivable', `Execution history event limit exceeded: '${executionArn}'`);
     }
-    const last = [...e.history].reverse().find((h) => h.type.endsWith('StateEntered'))!;
-    if (insideMap(e.stateMachine.definition, last.name!)) {
-      // AWS re-runs only the unsuccessful iterations, each with its recorded input; the interpreter
-      // keeps no iteration's outcome, so the simulator refuses rather than run them all again.
-      throw new Error(`the simulator cannot redrive an execution that stopped inside a Map iteration (state '${last.name}'): test Map redrives on AWS`);
-    }
     const definition = JSON.parse(JSON.stringify(e.stateMachine.definition));
-    const enclosing = enclosingParallels(definition, last.name!);
-    let input = last.input;
-    if (enclosing.length === 0) {
-      definition.StartAt = last.name;
-    } else {
-      definition.StartAt = enclosing[0];
-      input = [...e.history].reverse().find((h) => h.type.endsWith('StateEntered') && h.name === enclosing[0])!.input;
-      let scope = definition.States;
-      for (let i = 0; i < enclosing.length; i++) {
-        const next = enclosing[i + 1] ?? last.name!;
-        const branch = scope[enclosing[i]].Branches.find((b: any) => allStates(b).some(([n]) => n === next));
-        if (i === enclosing.length - 1) {
-          // As AWS does, the unsuccessful state runs again with its own input, not the branch's.
-          branch.States[REDRIVE_RESUME] = { Type: 'Pass', Result: last.input, Next: next };
-          branch.StartAt = REDRIVE_RESUME;
-        } else {
-          branch.StartAt = next;
-        }
-        scope = branch.States;
-      }
-    }
+    const runStart = e.history.map((h) => h.type).lastIndexOf(e.redriveCount === 0 ? 'ExecutionStarted' : 'ExecutionRedriven');
+    const plan = new RedrivePlan(e.history, e.redriveSkippedBranches);
+    const input = plan.resumeExecution(definition, runStart);
+    e.redriveSkippedBranches = plan.skipped;
     e.restart(this.now());
     this.track(this.run(e, { definition, input }));
     return e.done;
@@ -855,7 +834,7 @@ export class Simulator {
     const counting = (async () => {
       for await (const event of run.eventLogs) {
         // The state a redrive starts a branch with is the simulator's, not the definition's: no transition, no history.
-        if ('state' in event && (event as { state: { name: string } }).state.name === REDRIVE_RESUME) continue;
+        if ('state' in event && (event as { state: { name: string } }).state.name.startsWith(REDRIVE_RESUME)) continue;
         const key = 'state' in event ? `${event.state.name}#${(event as { index?: number }).index ?? ''}` : '';
         const types = historyEventsOf(event as any, 'state' in event ? definitionStates.get(event.state.name) : undefined, caught.has(key));
         if (event.type === 'StateCaught') caught.add(key);
@@ -871,6 +850,9 @@ export class Simulator {
           for (const type of types) {
             if (type.endsWith('StateEntered') && 'state' in event) {
               execution.history.push({ type, name: event.state.name, input: event.state.input, timestamp });
+            } else if (type.endsWith('StateExited') && 'state' in event) {
+              // The output is kept for a redrive: a Parallel branch that ended with it is not run again.
+              execution.history.push({ type, state: event.state.name, output: event.state.output, timestamp });
             } else {
               execution.history.push({ type, ...('state' in event ? { state: event.state.name } : {}), timestamp });
             }
@@ -1294,23 +1276,99 @@ export function allStates(definition: any): Array<[string, any]> {
   return result;
 }
 
-/** Names of the Parallel states that enclose `stateName`, outermost first. */
-/** Whether `stateName` is a state of a Map's iterations (at any depth). */
-function insideMap(definition: any, stateName: string): boolean {
-  return allStates(definition).some(
-    ([, state]) => state.Type === 'Map' && allStates(state.ItemProcessor ?? state.Iterator ?? {}).some(([name]) => name === stateName),
-  );
+type HistoryEntry = Execution['history'][number];
+
+/**
+ * How `RedriveExecution` resumes an execution, as AWS documents it: "Redrive ... restarts the execution
+ * from the unsuccessful step" with that step's input, and "for Parallel states, redrive only reruns
+ * the failed or aborted branches" (https://docs.aws.amazon.com/step-functions/latest/dg/redrive-executions.html).
+ * The definition is rewritten: the execution starts at the top-level state that failed or encloses the
+ * failure; in each enclosing Parallel, a branch that ended is replaced by a Pass state giving its recorded
+ * output, and an unsuccessful branch starts with a Pass state giving its unsuccessful state's input
+ * (these Pass states, named REDRIVE_RESUME..., make no transition and no history). Map iterations are
+ * refused: the interpreter keeps no iteration's outcome.
+ */
+class RedrivePlan {
+  /** Branches not run again, by `parallel#branch`, with their output: the next redrive skips them too. */
+  public readonly skipped = new Map<string, unknown>();
+  private resumes = 0;
+
+  constructor(
+    private readonly history: HistoryEntry[],
+    private readonly previouslySkipped: Map<string, unknown>,
+  ) {}
+
+  /** Rewrites `definition` to resume the run whose events follow history index `since`; returns the run's input. */
+  public resumeExecution(definition: any, since: number): unknown {
+    const last = this.lastEntered(definition, since);
+    if (!last) throw new Error('the simulator cannot redrive an execution that entered no state');
+    const top = topLevelStateOf(definition, last.name);
+    definition.StartAt = top;
+    if (top === last.name) return last.input;
+    const entry = this.lastEntered({ States: { [top]: {} } }, since)!;
+    this.resumeParallel(definition.States[top], top, entry.index);
+    return entry.input;
+  }
+
+  private resumeParallel(parallel: any, parallelName: string, since: number): void {
+    parallel.Branches.forEach((branch: any, index: number) => {
+      const key = `${parallelName}#${index}`;
+      const last = this.lastEntered(branch, since);
+      const ended = last ? this.endedWith(branch, last) : this.previouslySkipped.has(key) ? { output: this.previouslySkipped.get(key) } : undefined;
+      const resume = `${REDRIVE_RESUME} ${++this.resumes}`;
+      if (ended) {
+        this.skipped.set(key, ended.output);
+        branch.States[resume] = { Type: 'Pass', Result: ended.output, End: true };
+      } else if (last) {
+        const top = topLevelStateOf(branch, last.name);
+        let input = last.input;
+        if (top !== last.name) {
+          const entry = this.lastEntered({ States: { [top]: {} } }, since)!;
+          this.resumeParallel(branch.States[top], top, entry.index);
+          input = entry.input;
+        }
+        branch.States[resume] = { Type: 'Pass', Result: input, Next: top };
+      } else {
+        return; // never started: it runs from its start
+      }
+      branch.StartAt = resume;
+    });
+  }
+
+  /** The last state of `scope` (at any depth) entered after history index `since`. */
+  private lastEntered(scope: any, since: number): { index: number; name: string; input: unknown } | undefined {
+    const names = new Set(allStates(scope).map(([name]) => name));
+    for (let i = this.history.length - 1; i > since; i--) {
+      const h = this.history[i];
+      if (h.type.endsWith('StateEntered') && names.has(h.name!)) return { index: i, name: h.name!, input: h.input };
+    }
+    return undefined;
+  }
+
+  /**
+   * The output a branch ended with: its last state entered is one of its end states, and exited (a
+   * caught end state would have been followed by its catcher's state).
+   */
+  private endedWith(branch: any, last: { index: number; name: string }): { output: unknown } | undefined {
+    const state = branch.States[last.name];
+    if (state === undefined || (state.End !== true && state.Type !== 'Succeed')) return undefined;
+    const exit = this.history.slice(last.index + 1).find((h) => h.type.endsWith('StateExited') && h.state === last.name);
+    return exit ? { output: exit.output } : undefined;
+  }
 }
 
-function enclosingParallels(definition: any, stateName: string): string[] {
-  for (const [name, state] of Object.entries<any>(definition.States ?? {})) {
-    if (name === stateName) return [];
-    for (const branch of state.Branches ?? []) {
-      const inner = enclosingParallels(branch, stateName);
-      if (inner.length > 0 || Object.keys(branch.States).includes(stateName)) return [name, ...inner];
+/** The state of `scope`'s top level that is `stateName` or encloses it in a Parallel branch; a Map iteration's is refused. */
+function topLevelStateOf(scope: any, stateName: string): string {
+  for (const [name, state] of Object.entries<any>(scope.States ?? {})) {
+    if (name === stateName) return name;
+    if ((state.Branches ?? []).some((branch: any) => allStates(branch).some(([n]) => n === stateName))) return name;
+    if (allStates(state.ItemProcessor ?? state.Iterator ?? {}).some(([n]) => n === stateName)) {
+      // AWS re-runs only the unsuccessful iterations, each with its recorded input; the interpreter
+      // keeps no iteration's outcome, so the simulator refuses rather than run them all again.
+      throw new Error(`the simulator cannot redrive an execution that stopped inside a Map iteration (state '${stateName}'): test Map redrives on AWS`);
     }
   }
-  return [];
+  throw new Error(`state '${stateName}' is not in the definition`);
 }
 
 /** `rate(5 minutes)` in seconds. */

@@ -397,6 +397,79 @@ describe('state machines', () => {
     }
   });
 
+  test('a redrive re-runs only the unsuccessful branches of a Parallel: one that ended keeps its output, an aborted one resumes where it stopped', async () => {
+    const failInputs: unknown[] = [];
+    let doneRuns = 0;
+    const { stack, sm } = machineStack((s) => {
+      const done = new sfn.CustomState(s, 'Done Branch', { stateJson: { Type: 'Task', Resource: 'arn:aws:states:::done', ResultPath: '$.done' } });
+      const beforeFailing = new sfn.Wait(s, 'Wait Before Failing', { time: sfn.WaitTime.duration(Duration.seconds(2)) });
+      const failOnce = new sfn.CustomState(s, 'Fail Once', { stateJson: { Type: 'Task', Resource: 'arn:aws:states:::failOnce', ResultPath: '$.failed' } });
+      const beforeWait = new sfn.Pass(s, 'Before Wait', { result: sfn.Result.fromNumber(1), resultPath: '$.before' });
+      const longWait = new sfn.Wait(s, 'Long Wait', { time: sfn.WaitTime.duration(Duration.seconds(30)) });
+      return new sfn.Parallel(s, 'Fork').branch(done).branch(beforeFailing.next(failOnce)).branch(beforeWait.next(longWait));
+    });
+    const sim = await Simulator.start(stack, {
+      taskHandlers: { 'Done Branch': () => `run ${++doneRuns}`, 'Fail Once': failsFirstRun(failInputs) },
+    });
+    try {
+      const again = await failThenRedrive(sim, sm, { job: 'b' });
+
+      expect(again.status).toBe('SUCCEEDED');
+      // The branch that ended is not run again: its recorded output stands in the Parallel's result.
+      expect(doneRuns).toBe(1);
+      expect(again.output).toEqual([
+        { job: 'b', done: 'run 1' },
+        { job: 'b', failed: 'ok' },
+        { job: 'b', before: 1 },
+      ]);
+      // The failed branch resumes at its failed state, the aborted one at the state it was in.
+      expect(Object.fromEntries(again.stateTransitions)).toEqual({
+        'Fork': 2,
+        'Done Branch': 1,
+        'Wait Before Failing': 1,
+        'Fail Once': 2,
+        'Before Wait': 1,
+        'Long Wait': 2,
+      });
+      expect(failInputs).toEqual([{ job: 'b' }, { job: 'b' }]);
+    } finally {
+      await sim.stop();
+    }
+  });
+
+  test('a second redrive still skips the branch the first one skipped', async () => {
+    let failRuns = 0;
+    let doneRuns = 0;
+    const { stack, sm } = machineStack((s) => {
+      const done = new sfn.CustomState(s, 'Done Branch', { stateJson: { Type: 'Task', Resource: 'arn:aws:states:::done', ResultPath: '$.done' } });
+      const beforeFailing = new sfn.Wait(s, 'Wait Before Failing', { time: sfn.WaitTime.duration(Duration.seconds(2)) });
+      const failTwice = new sfn.CustomState(s, 'Fail Twice', { stateJson: { Type: 'Task', Resource: 'arn:aws:states:::failTwice', ResultPath: '$.failed' } });
+      return new sfn.Parallel(s, 'Fork').branch(done).branch(beforeFailing.next(failTwice));
+    });
+    const sim = await Simulator.start(stack, {
+      taskHandlers: {
+        'Done Branch': () => `run ${++doneRuns}`,
+        'Fail Twice': () => {
+          if (++failRuns <= 2) throw Object.assign(new Error(`run ${failRuns}`), { name: 'NotYet' });
+          return 'ok';
+        },
+      },
+    });
+    try {
+      const once = await failThenRedrive(sim, sm, { job: 'c' });
+      expect(once.status).toBe('FAILED');
+      const twice = await sim.redriveExecution(once.arn);
+
+      expect(twice.status).toBe('SUCCEEDED');
+      expect(twice.redriveCount).toBe(2);
+      expect(doneRuns).toBe(1);
+      expect(twice.output).toEqual([{ job: 'c', done: 'run 1' }, { job: 'c', failed: 'ok' }]);
+      expect(Object.fromEntries(twice.stateTransitions)).toEqual({ 'Fork': 3, 'Done Branch': 1, 'Wait Before Failing': 1, 'Fail Twice': 3 });
+    } finally {
+      await sim.stop();
+    }
+  });
+
   test('a redrive inside a Parallel branch runs the unsuccessful state again with its own input, as AWS does', async () => {
     const inputs: unknown[] = [];
     const { stack, sm } = machineStack((s) => {
@@ -414,7 +487,7 @@ describe('state machines', () => {
       // The branch's first state did not run again, and the simulator's own resume state is invisible.
       expect([...again.stateTransitions.keys()]).toEqual(['Branch', 'Mark', 'Fail Once']);
       expect(again.stateTransitions.get('Mark')).toBe(1);
-      expect(again.history.filter((h) => h.name === REDRIVE_RESUME)).toEqual([]);
+      expect(again.history.filter((h) => h.name?.startsWith(REDRIVE_RESUME))).toEqual([]);
     } finally {
       await sim.stop();
     }
@@ -423,7 +496,7 @@ describe('state machines', () => {
   test('a redrive of an execution that stopped inside a Map iteration is refused, naming the state', async () => {
     const { stack, sm } = machineStack((s) => {
       const work = new sfn.CustomState(s, 'Item Work', { stateJson: { Type: 'Task', Resource: 'arn:aws:states:::itemWork' } });
-      return new sfn.Map(s, 'Each', { itemsPath: '$.items' }).iterator(work);
+      return new sfn.Map(s, 'Each', { itemsPath: '$.items' }).itemProcessor(work);
     });
     const sim = await Simulator.start(stack, {
       taskHandlers: {
@@ -807,7 +880,7 @@ describe('callbacks: .waitForTaskToken', () => {
       integrationPattern: sfn.IntegrationPattern.WAIT_FOR_TASK_TOKEN,
       iamResources: [table.tableArn],
       parameters: { TableName: table.tableName, Item: { pk: { S: 'waiter' }, token: { S: sfn.JsonPath.taskToken } } },
-      heartbeat: waitProps.heartbeat,
+      heartbeatTimeout: waitProps.heartbeat && sfn.Timeout.duration(waitProps.heartbeat),
       taskTimeout: waitProps.timeout && sfn.Timeout.duration(waitProps.timeout),
     });
     if (waitProps.retry) waitForCallback.addRetry({ errors: ['States.HeartbeatTimeout'], maxAttempts: 1, interval: Duration.seconds(1) });
