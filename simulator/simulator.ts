@@ -594,6 +594,7 @@ export class Simulator {
 
   /** `ListExecutions` as a caller sees it: with `staleReads`, each execution sometimes as of a moment ago. */
   public listExecutionsAsSeen(stateMachineArn: string, statusFilter?: string, redriveFilter?: string): Array<Record<string, unknown>> {
+    refusePendingRedrive(statusFilter);
     return this.listExecutions(stateMachineArn)
       .flatMap((listed) => {
         const view = this.staleView(this.executions.get(String(listed.executionArn))!);
@@ -669,6 +670,7 @@ export class Simulator {
 
   /** `ListExecutions`: "Results are sorted by time, with the most recent execution first." */
   public listExecutions(stateMachineArn: string, statusFilter?: string, redriveFilter?: string): Array<Record<string, unknown>> {
+    refusePendingRedrive(statusFilter);
     return [...this.executions.values()]
       .filter((e) => e.stateMachine.arn === stateMachineArn && (!statusFilter || e.status === statusFilter))
       .filter((e) => !redriveFilter || (redriveFilter === 'REDRIVEN') === e.redriveCount > 0)
@@ -1215,6 +1217,11 @@ export function refuseWhatItCannotRun(logicalId: string, definition: any, type?:
   if (definition.QueryLanguage === 'JSONata') refuse(undefined, 'it uses JSONata, and the simulator interprets JSONPath only');
   for (const [name, state] of allStates(definition)) {
     if (state.QueryLanguage === 'JSONata') refuse(name, 'it uses JSONata, and the simulator interprets JSONPath only');
+    // A Distributed Map's iterations are child executions (their own histories, events, quotas, Map Run
+    // redrive); the interpreter would run them inline, as an inline Map.
+    if (state.Type === 'Map' && (state.ItemProcessor?.ProcessorConfig?.Mode === 'DISTRIBUTED' || state.ItemReader || state.ResultWriter)) {
+      refuse(name, 'a Distributed Map (child executions, ItemReader, ResultWriter): the simulator runs inline Map states only');
+    }
     if (state.Type !== 'Task' || typeof state.Resource !== 'string') continue;
     const dynamo = /^arn:aws:states:::(aws-sdk:)?dynamodb:([A-Za-z]+)(\.[A-Za-z]+)?$/.exec(state.Resource);
     if (dynamo && DYNALITE_LACKS.includes(dynamo[2])) {
@@ -1249,6 +1256,17 @@ function staleDescription(current: Record<string, unknown>, view: { status: Exec
     // An ended run's details are its own only if it is the run now shown; an earlier run's are gone.
     ...(ended && same ? { stopDate, output, outputDetails, error, cause } : {}),
   };
+}
+
+/**
+ * PENDING_REDRIVE is a status of a Distributed Map's child executions only: "If you provide a
+ * stateMachineArn and a PENDING_REDRIVE statusFilter, the API returns a validation exception"
+ * (https://docs.aws.amazon.com/step-functions/latest/apireference/API_ListExecutions.html).
+ */
+function refusePendingRedrive(statusFilter: string | undefined): void {
+  if (statusFilter === 'PENDING_REDRIVE') {
+    throw new ApiError('ValidationException', 'A PENDING_REDRIVE statusFilter requires a mapRunArn, not a stateMachineArn');
+  }
 }
 
 /** Lambda service errors Step Functions advises to retry (`lambdaServiceErrorRate`). */

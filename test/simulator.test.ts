@@ -169,6 +169,12 @@ describe('state machines', () => {
     ['the optimized DynamoDB integration with a callback', { Type: 'Task', Resource: 'arn:aws:states:::dynamodb:putItem.waitForTaskToken' }, undefined, /supports Request Response only/],
     ['a callback in Express', { Type: 'Task', Resource: 'arn:aws:states:::sqs:sendMessage.waitForTaskToken' }, 'EXPRESS', /an Express state machine supports neither/],
     [
+      'a Distributed Map',
+      { Type: 'Map', ItemProcessor: { ProcessorConfig: { Mode: 'DISTRIBUTED', ExecutionType: 'STANDARD' }, StartAt: 'I', States: { I: { Type: 'Pass', End: true } } } },
+      undefined,
+      /state 'S': a Distributed Map \(child executions, ItemReader, ResultWriter\): the simulator runs inline Map states only/,
+    ],
+    [
       'an eventually consistent read, with stale reads on',
       { Type: 'Task', Resource: 'arn:aws:states:::dynamodb:getItem', Parameters: { TableName: 't', Key: {} } },
       'STALE',
@@ -194,6 +200,8 @@ describe('state machines', () => {
       const second = sim.startExecution(machine, {}, { name: 'later' });
       const listed = sim.listExecutions(machine.arn);
       expect(listed.map((x) => [x.name, x.status, x.stopDate !== undefined])).toEqual([['later', 'RUNNING', false], ['job', 'SUCCEEDED', true]]);
+      // PENDING_REDRIVE belongs to a Distributed Map's child executions: refused for a state machine.
+      expect(() => sim.listExecutions(machine.arn, 'PENDING_REDRIVE')).toThrow(expect.objectContaining({ name: 'ValidationException' }));
       second.abort();
     } finally {
       await sim.stop();
