@@ -42,7 +42,7 @@ const project = new awscdk.AwsCdkConstructLibrary({
   // looks for a tsconfig.json next to each file).
   eslintOptions: {
     dirs: ['src'],
-    devdirs: ['test', 'integ', 'simulator', 'demo', 'bench', 'lambda', 'client', 'checker', 'projenrc'],
+    devdirs: ['test', 'integ', 'simulator', 'demo', 'bench', 'lambda', 'client', 'checker', 'projenrc', 'testing'],
     tsconfigPath: './tsconfig.dev.json',
     projectService: false,
   },
@@ -50,17 +50,15 @@ const project = new awscdk.AwsCdkConstructLibrary({
   lambdaAutoDiscover: false, // the handlers live in lambda/, registered below
   // The constructs check JMESPath key expressions at synth time with the same library the key
   // function runs; jsii packages need their non-jsii dependencies bundled.
-  bundledDeps: ['jmespath@^0.16.0'],
+  // aws-local-stepfunctions is the testing kit's interpreter (see below): bundled rather than optional,
+  // because its engines field asks for Node.js 22 and npm skips an optional dependency that asks more
+  // than the Node.js it runs on (the simulator supplies what Node.js 20 lacks, local-sfn.ts patch 6).
+  bundledDeps: ['jmespath@^0.16.0', 'aws-local-stepfunctions@3.0.0'],
   devDeps: [
-    '@aws-sdk/client-dynamodb@^3',
-    '@aws-sdk/client-sfn@^3',
-    '@aws-sdk/lib-dynamodb@^3',
     '@aws-sdk/util-dynamodb@^3', // the protocol checker marshals the document client's calls itself
     'aws-sdk-client-mock@^4',
     '@types/jmespath@^0.15.2',
-    'aws-local-stepfunctions@^3',
     'asl-validator@^4',
-    'dynalite@^4',
     'cdk-nag@2.28.9', // the newest cdk-nag whose peer range admits our aws-cdk-lib floor (3.x needs >= 2.257)
   ],
   jestOptions: {
@@ -84,7 +82,9 @@ project.deps.addDependency(`@aws-cdk/integ-tests-alpha@${CDK_VERSION}-alpha.0`, 
 project.deps.removeDependency('eslint-import-resolver-typescript');
 project.deps.addDependency('eslint-import-resolver-typescript@~3.8.0', DependencyType.BUILD);
 
-['/integ/', '/.ci/', '/simulator/', '/demo/', '/bench/', '/bench-results/', '/rosetta/', '/client/', '/checker/'].forEach((p) => project.addPackageIgnore(p));
+['/integ/', '/.ci/', '/simulator/', '/demo/', '/bench/', '/bench-results/', '/rosetta/', '/client/', '/checker/', '/testing/', '/tsconfig.subpaths.json'].forEach((p) =>
+  project.addPackageIgnore(p),
+);
 
 // The Lambda handlers live in lambda/ (outside src/, so jsii never compiles them); esbuild bundles each,
 // with the modules of src/private it imports, into assets/lambda/<name>/index.js and leaves the AWS SDK v3
@@ -111,6 +111,46 @@ project.bundler.addBundle('client/cli.ts', {
 });
 project.bundler.addBundle('client/index.ts', { platform: 'node', target: 'node20', outfile: 'index.js', externals: [] });
 project.addBins({ 'cdk-sfn-semaphore': 'assets/client/cli/cdk-sfn-semaphore.js' });
+
+// cdk-sfn-semaphore/testing: the simulator, for users' tests. Bundled like the client, but its heavy
+// parts stay packages: aws-cdk-lib and constructs are the user's own (a Stack must be theirs),
+// aws-local-stepfunctions is patched at load time from its installed file, dynalite loads its storage
+// backends itself, and the AWS SDK v3 is what the simulated Lambda runtime gives the functions' code.
+// These are optional dependencies: installed by default, and outside jsii's check that every dependency
+// is a jsii module (`npm install --omit=optional` leaves the kit out). aws-local-stepfunctions is pinned
+// exactly (a bundled dependency, above): the load-time patches are written against its code, and fail
+// loudly on any other.
+// (projen renders no optionalDependencies of its own: the field is written here.)
+project.package.addField('optionalDependencies', {
+  'dynalite': '^4.0.0',
+  '@aws-sdk/client-dynamodb': '^3.600.0',
+  '@aws-sdk/client-sfn': '^3.600.0',
+  '@aws-sdk/lib-dynamodb': '^3.600.0',
+});
+project.bundler.addBundle('testing/index.ts', {
+  platform: 'node',
+  target: 'node20',
+  outfile: 'index.js',
+  externals: ['aws-cdk-lib', 'constructs', 'aws-local-stepfunctions', 'dynalite', '@aws-sdk/*'],
+});
+// Their type declarations (jsii documents src/ only): tsc, then the constructs named as lib/'s.
+project.gitignore.addPatterns('/types/');
+project.postCompileTask.exec('tsc -p tsconfig.subpaths.json');
+project.postCompileTask.exec('ts-node --transpile-only --project tsconfig.dev.json projenrc/subpath-types.ts');
+// The subpaths, for Node (`exports`) and for TypeScript with the older module resolution (`typesVersions`).
+project.package.addField('exports', {
+  '.': { types: './lib/index.d.ts', default: './lib/index.js' },
+  './testing': { types: './types/testing/index.d.ts', default: './assets/testing/index/index.js' },
+  './client': { types: './types/client/index.d.ts', default: './assets/client/index/index.js' },
+  './assets/*': './assets/*',
+  './package.json': './package.json',
+  './.jsii': './.jsii',
+});
+// The kit's code (simulator/, testing/, lambda/, client/) imports the optional dependencies.
+project.tryFindObjectFile('.eslintrc.json')?.addOverride('rules.import/no-extraneous-dependencies.1.optionalDependencies', true);
+project.package.addField('typesVersions', {
+  '*': { testing: ['types/testing/index.d.ts'], client: ['types/client/index.d.ts'] },
+});
 
 // Integration tests live in integ/ (deployable apps, kept away from Jest); the test command verifies
 // their committed snapshots without deploying, `integ:update` rewrites them.
@@ -159,6 +199,14 @@ checkProtocol.exec('ts-node --transpile-only --project tsconfig.dev.json checker
 // The test command searches every configuration too, outside Jest: two processes, one per core, without
 // Jest's module sandbox and coverage, which made the same searches take twice as long.
 project.testTask.exec('ts-node --transpile-only --project tsconfig.dev.json checker/run.ts', { name: 'check-protocol' });
+// Proof from an installed package: the README's "Test your workflow locally" example, in a fresh CDK app
+// that installs the packed library (about a minute; needs the npm registry).
+const testPackaged = project.addTask('test:packaged', {
+  description: "Pack the library, install it into a fresh CDK app and run the README's testing-kit example there",
+  exec: 'ts-node --transpile-only --project tsconfig.dev.json test/packaged/run.ts',
+  receiveArgs: true,
+});
+project.testTask.spawn(testPackaged);
 
 // Only the JavaScript package can be built on our machines and in CI (no Python, Java, .NET or Go
 // toolchains); the release workflow packages the other languages.

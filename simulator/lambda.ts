@@ -20,7 +20,14 @@ export interface LambdaContext {
   getRemainingTimeInMillis(): number;
 }
 
-const REPO_NODE_MODULES = path.resolve(__dirname, '..', 'node_modules');
+/**
+ * The node_modules directory that holds the AWS SDK v3, which the Lambda runtime provides to bundles
+ * that leave it out: this repository's, or the one the installed package's dependencies are in.
+ */
+function sdkNodeModules(): string {
+  const sdk = require.resolve('@aws-sdk/client-dynamodb/package.json');
+  return sdk.slice(0, sdk.lastIndexOf(`${path.sep}@aws-sdk${path.sep}`));
+}
 
 /**
  * Load a CommonJS module whose `Date` is the simulation's clock (`Date.now()` and `new Date()` give
@@ -65,10 +72,10 @@ export function loadHandler(resource: CfnResource, assemblyDir: string, clock: (
     }
     codeDir = path.join(assemblyDir, staged);
   }
-  // The runtime provides the AWS SDK; here it comes from the repository's node_modules.
+  // The runtime provides the AWS SDK; here it comes from the node_modules that has it.
   const modules = path.join(codeDir, 'node_modules');
   if (!fs.existsSync(modules)) {
-    fs.symlinkSync(REPO_NODE_MODULES, modules, 'dir');
+    fs.symlinkSync(sdkNodeModules(), modules, 'dir');
   }
   const mod = loadWithClock(path.join(codeDir, `${file}.js`), clock, log);
   const handler = mod[exportName] as LambdaHandler;

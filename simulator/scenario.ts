@@ -2,7 +2,7 @@ import { Stack } from 'aws-cdk-lib';
 import { CapacityOptions, DynamoFaults } from './dynamodb';
 import { seededRandom } from './random';
 import { InsideTracker, LockLayout, LockMonitor, lockStates } from './semaphore';
-import { Execution, Simulator, StaleReads } from './simulator';
+import { Execution, Simulator, StaleReads, TaskHandler } from './simulator';
 import { GRACE_MS } from '../lambda/reconciler-flows';
 
 /*
@@ -82,6 +82,11 @@ export interface ScenarioOptions {
   readonly lostWakeUpRate?: number;
   /** Eventually consistent DescribeExecution and ListExecutions (see SimulatorOptions.staleReads). @default - always current */
   readonly staleReads?: StaleReads;
+  /** Handlers of Task states by state name, and of Lambda functions by logical ID (see SimulatorOptions). @default - none */
+  readonly taskHandlers?: Record<string, TaskHandler>;
+  readonly lambdaHandlers?: Record<string, TaskHandler>;
+  /** The input of execution number `id`; `id`, `workSeconds` and `fail` are added to it. @default - {} */
+  readonly input?: (id: number) => Record<string, unknown>;
   /** @default 1 */
   readonly seed?: number;
   /** @default 0.02 */
@@ -194,6 +199,8 @@ export async function runScenario(subject: Subject, options: ScenarioOptions): P
     taskTokenLength: options.taskTokenLength,
     lostWakeUpRate: options.lostWakeUpRate,
     staleReads: options.staleReads,
+    taskHandlers: options.taskHandlers,
+    lambdaHandlers: options.lambdaHandlers,
     eventFaults: {
       lossRate: options.lostEventRate,
       duplicateRate: options.duplicateEventRate,
@@ -208,7 +215,12 @@ export async function runScenario(subject: Subject, options: ScenarioOptions): P
 
     // Decide every execution's fate up front, so that both subjects get the same ones.
     const plans = Array.from({ length: options.executions }, (_, id) => ({
-      input: { id, workSeconds: workSeconds * (1 + jitter * (2 * random() - 1)), fail: random() < (options.failureRate ?? 0) },
+      input: {
+        ...options.input?.(id),
+        id,
+        workSeconds: workSeconds * (1 + jitter * (2 * random() - 1)),
+        fail: random() < (options.failureRate ?? 0),
+      },
       abortAfter: random() < (options.abortRate ?? 0) ? random() * idealSeconds : undefined,
       abortInside: random() < (options.abortInsideRate ?? 0),
       abortInsideAfter: random(),

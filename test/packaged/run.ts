@@ -1,0 +1,56 @@
+import { execFileSync } from 'child_process';
+import * as fs from 'fs';
+import * as os from 'os';
+import * as path from 'path';
+
+/*
+ * Proof from an installed package, as a user's CI would run it: pack the library (built by the test
+ * command before this runs), install the tarball into a fresh CDK app (test/packaged/app: TypeScript,
+ * Jest, ts-jest type-checking every file, the package's declarations included), and run there the
+ * README's "Test your workflow locally" example as its test. The example is read from the README, so
+ * what the README shows is what compiles and passes.
+ *
+ * Usage: ts-node --transpile-only --project tsconfig.dev.json test/packaged/run.ts [--keep]
+ */
+const repo = path.resolve(__dirname, '..', '..');
+const keep = process.argv.includes('--keep');
+
+function run(command: string, args: string[], cwd: string): string {
+  console.log(`$ ${command} ${args.join(' ')}   (in ${cwd})`);
+  return execFileSync(command, args, { cwd, stdio: ['ignore', 'pipe', 'inherit'], encoding: 'utf-8', env: { ...process.env, CI: 'true' } });
+}
+
+/** The TypeScript block under the README heading `heading`. */
+export function readmeExample(readme: string, heading: string): string {
+  const start = readme.indexOf(`\n${heading}\n`);
+  if (start < 0) throw new Error(`README.md has no heading "${heading}"`);
+  const block = /```(?:ts|TypeScript)[^\n]*\n([\s\S]*?)```/.exec(readme.slice(start));
+  if (!block) throw new Error(`README.md has no TypeScript block under "${heading}"`);
+  return block[1];
+}
+
+function main(): void {
+  const work = fs.mkdtempSync(path.join(os.tmpdir(), 'cdk-sfn-semaphore-packaged-'));
+  try {
+    const tarball = run('npm', ['pack', '--silent', '--pack-destination', work], repo).trim().split('\n').pop()!;
+    const app = path.join(work, 'app');
+    fs.cpSync(path.join(__dirname, 'app'), app, { recursive: true });
+    fs.mkdirSync(path.join(app, 'test'));
+    const example = readmeExample(fs.readFileSync(path.join(repo, 'README.md'), 'utf-8'), '## Test your workflow locally');
+    fs.writeFileSync(path.join(app, 'test', 'workflow.test.ts'), example);
+    run('npm', ['install', '--no-audit', '--no-fund', '--loglevel=error', path.join(work, tarball)], app);
+    // The kit's dependencies came with the package, not with the app.
+    const installed = JSON.parse(fs.readFileSync(path.join(app, 'package.json'), 'utf-8'));
+    if (Object.keys(installed.dependencies ?? {}).join() !== 'cdk-sfn-semaphore') {
+      throw new Error(`the app should depend on cdk-sfn-semaphore only, got: ${JSON.stringify(installed.dependencies)}`);
+    }
+    process.stdout.write(run('npx', ['jest', '--ci', '--colors=false'], app));
+  } finally {
+    if (keep) console.log(`kept ${work}`);
+    else fs.rmSync(work, { recursive: true, force: true });
+  }
+}
+
+if (require.main === module) {
+  main();
+}
