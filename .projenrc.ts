@@ -133,10 +133,11 @@ project.bundler.addBundle('testing/index.ts', {
   outfile: 'index.js',
   externals: ['aws-cdk-lib', 'constructs', 'aws-local-stepfunctions', 'dynalite', '@aws-sdk/*'],
 });
-// Their type declarations (jsii documents src/ only): tsc, then the constructs named as lib/'s.
+// Their type declarations (jsii documents src/ only): tsc, then the constructs named as lib/'s. Part of
+// `compile`, which the test command and the packaging run (post-compile only `build` does).
 project.gitignore.addPatterns('/types/');
-project.postCompileTask.exec('tsc -p tsconfig.subpaths.json');
-project.postCompileTask.exec('ts-node --transpile-only --project tsconfig.dev.json projenrc/subpath-types.ts');
+project.compileTask.exec('tsc -p tsconfig.subpaths.json');
+project.compileTask.exec('ts-node --transpile-only --project tsconfig.dev.json projenrc/subpath-types.ts');
 // The subpaths, for Node (`exports`) and for TypeScript with the older module resolution (`typesVersions`).
 project.package.addField('exports', {
   '.': { types: './lib/index.d.ts', default: './lib/index.js' },

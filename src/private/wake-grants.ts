@@ -1,4 +1,4 @@
-import { ArnFormat, Stack, Token } from 'aws-cdk-lib';
+import { Annotations, ArnFormat, Stack, Token } from 'aws-cdk-lib';
 import * as iam from 'aws-cdk-lib/aws-iam';
 import * as sfn from 'aws-cdk-lib/aws-stepfunctions';
 import { Construct, IConstruct } from 'constructs';
@@ -94,8 +94,8 @@ function waiterArn(scope: Construct, stateMachine: sfn.IStateMachine): string {
   if (name !== undefined) {
     return Stack.of(scope).formatArn({ service: 'states', resource: 'stateMachine', resourceName: name, arnFormat: ArnFormat.COLON_RESOURCE_NAME });
   }
-  scope.node.addMetadata(
-    'aws:cdk:warning',
+  Annotations.of(scope).addWarningV2(
+    'cdk-sfn-semaphore:wakeAnyStateMachine',
     `${stateMachine.node.path} waits on a shared lock from another stack and has a generated name: ` +
       `${scope.node.path} may wake the waiters of every state machine of the account and Region (give it a stateMachineName to narrow this)`,
   );

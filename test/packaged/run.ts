@@ -29,6 +29,31 @@ export function readmeExample(readme: string, heading: string): string {
   return block[1];
 }
 
+/** The kit from plain Node: three executions at limit 1 succeed one after another, and the lock is free. */
+const PLAIN_NODE = `
+const { App, Stack } = require('aws-cdk-lib');
+const sfn = require('aws-cdk-lib/aws-stepfunctions');
+const { ConcurrencyControlledWorkflow } = require('cdk-sfn-semaphore');
+const { WorkflowSimulator } = require('cdk-sfn-semaphore/testing');
+
+async function main() {
+  const stack = new Stack(new App(), 'Plain');
+  const workflow = new ConcurrencyControlledWorkflow(stack, 'Workflow', { lockName: 'plain', body: new sfn.Wait(stack, 'Work', { time: sfn.WaitTime.duration(require('aws-cdk-lib').Duration.seconds(30)) }) });
+  const sim = await WorkflowSimulator.start(workflow);
+  try {
+    const executions = [1, 2, 3].map((id) => sim.start({ id }));
+    await Promise.all(executions.map((e) => e.done));
+    const statuses = executions.map((e) => e.status).join();
+    const [lock] = await sim.locks('plain');
+    if (statuses !== 'SUCCEEDED,SUCCEEDED,SUCCEEDED' || lock.permitsInUse !== 0) throw new Error('plain Node: ' + statuses + ', permits in use ' + lock.permitsInUse);
+    console.log('plain Node: 3 executions at limit 1 succeeded, ' + sim.figures(executions).transitions.toFixed(1) + ' transitions each, lock free');
+  } finally {
+    await sim.stop();
+  }
+}
+main().catch((e) => { console.error(e); process.exit(1); });
+`;
+
 function main(): void {
   const work = fs.mkdtempSync(path.join(os.tmpdir(), 'cdk-sfn-semaphore-packaged-'));
   try {
@@ -45,6 +70,9 @@ function main(): void {
       throw new Error(`the app should depend on cdk-sfn-semaphore only, got: ${JSON.stringify(installed.dependencies)}`);
     }
     process.stdout.write(run('npx', ['jest', '--ci', '--colors=false'], app));
+    // And in plain Node, without Jest or TypeScript.
+    fs.writeFileSync(path.join(app, 'plain.js'), PLAIN_NODE);
+    process.stdout.write(run('node', ['plain.js'], app));
   } finally {
     if (keep) console.log(`kept ${work}`);
     else fs.rmSync(work, { recursive: true, force: true });
