@@ -1,7 +1,8 @@
-import { App, Stack } from 'aws-cdk-lib';
+import { App, Duration, Stack } from 'aws-cdk-lib';
 import * as sfn from 'aws-cdk-lib/aws-stepfunctions';
 import { ConcurrencyControlledWorkflow, SemaphoreTable } from '../src';
-import { runWorkflowScenario, workflowSubject } from '../testing';
+import { runWorkflowScenario, WorkflowSimulator, workflowSubject } from '../testing';
+import { until } from './helpers';
 
 /*
  * cdk-sfn-semaphore/testing from the repository; test/packaged/run.ts runs the README's example of it
@@ -31,5 +32,34 @@ describe('cdk-sfn-semaphore/testing', () => {
     await expect(runWorkflowScenario(own, { executions: 2, limit: 1, failureRate: 0.5 })).rejects.toThrow(
       /failureRate needs a handler of one of the body's Task states \(taskHandlers\), one of: Own Work/,
     );
+  });
+
+  test('WorkflowSimulator: the lock shows its holder and its waiter; the figures count the workflow and its cleanup', async () => {
+    const stack = new Stack(new App(), 'Kit');
+    const workflow = new ConcurrencyControlledWorkflow(stack, 'Workflow', {
+      lockName: 'kit',
+      body: new sfn.Wait(stack, 'Work', { time: sfn.WaitTime.duration(Duration.seconds(60)) }),
+    });
+    const sim = await WorkflowSimulator.start(workflow);
+    try {
+      const holder = sim.start({}, { name: 'holder' });
+      await until(async () => (await sim.locks('kit'))[0]?.permitsInUse === 1, 'the holder to take the permit');
+      const waiter = sim.start({}, { name: 'waiter' });
+      await until(async () => (await sim.locks('kit'))[0]?.waiters.length === 1, 'the waiter to queue');
+      const [lock] = await sim.locks('kit');
+      expect([lock.holders, lock.waiters]).toEqual([[holder.arn], [waiter.arn]]);
+
+      holder.abort(); // its cleanup frees the permit and hands it to the waiter
+      await waiter.done;
+      expect(waiter.status).toBe('SUCCEEDED');
+      expect((await sim.locks('kit'))[0]).toEqual({ lockName: 'kit', permitsInUse: 0, holders: [], waiters: [] });
+      const withCleanup = sim.figures([holder, waiter]);
+      const cleanupUnits = [...sim.simulator.executions.values()].filter((e) => e !== holder && e !== waiter).reduce((n, e) => n + e.writeUnits, 0);
+      expect(cleanupUnits).toBeGreaterThan(0);
+      expect(withCleanup.writeUnits).toBeCloseTo((holder.writeUnits + waiter.writeUnits + cleanupUnits) / 2);
+      expect(withCleanup.transitions).toBe((holder.transitions + waiter.transitions) / 2);
+    } finally {
+      await sim.stop();
+    }
   });
 });

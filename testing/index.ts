@@ -117,6 +117,7 @@ export class WorkflowSimulator {
   }
 
   private readonly subject: Subject;
+  private readonly cleanupStateMachine: string;
 
   private constructor(
     workflow: ConcurrencyControlledWorkflow,
@@ -124,6 +125,7 @@ export class WorkflowSimulator {
     public readonly simulator: Simulator,
   ) {
     this.subject = workflowSubject(workflow);
+    this.cleanupStateMachine = Stack.of(workflow).getLogicalId(workflow.cleanupStateMachine.node.defaultChild as CfnElement);
   }
 
   /** Start an execution of the workflow; `await execution.done` for its end, `execution.abort()` to stop it. */
@@ -157,11 +159,12 @@ export class WorkflowSimulator {
   }
 
   /**
-   * The figures of these executions (and of the cleanups the simulator ran), per execution: billed
-   * transitions, DynamoDB calls, write and read units as DynamoDB bills them.
+   * The figures of these executions, per execution: billed transitions and DynamoDB calls, and the write
+   * and read units, as DynamoDB bills them, of their calls and of the workflow's cleanup executions.
    */
   public figures(executions: Execution[]): { transitions: number; dynamoCalls: number; writeUnits: number; readUnits: number } {
-    const cleanups = [...this.simulator.executions.values()].filter((e) => e.stateMachine !== executions[0]?.stateMachine);
+    const cleanup = this.simulator.stateMachine(this.cleanupStateMachine);
+    const cleanups = [...this.simulator.executions.values()].filter((e) => e.stateMachine === cleanup);
     const per = (f: (e: Execution) => number, all: Execution[]) => all.reduce((n, e) => n + f(e), 0) / Math.max(1, executions.length);
     return {
       transitions: per((e) => e.transitions, executions),
