@@ -165,7 +165,16 @@ export class Execution {
    * Its history, event by event as Step Functions logs it (see `historyEventsOf`), all its runs
    * together: `name` and `input` on the events of states entered, `state` on the others of a state.
    */
-  public readonly history: Array<{ type: string; name?: string; state?: string; input?: unknown; output?: unknown; timestamp: number }> = [];
+  public readonly history: Array<{
+    type: string;
+    name?: string;
+    state?: string;
+    input?: unknown;
+    output?: unknown;
+    error?: string;
+    cause?: string;
+    timestamp: number;
+  }> = [];
   /** @internal Outputs of the Parallel branches the last redrive did not run again, by `parallel#branch`. */
   public redriveSkippedBranches = new Map<string, unknown>();
   /** @internal */
@@ -657,13 +666,23 @@ export class Simulator {
     const e = this.executions.get(executionArn);
     if (!e) throw new ApiError('ExecutionDoesNotExist', `Execution Does Not Exist: '${executionArn}'`);
     let redrives = 0;
+    // The details of HistoryEvent (https://docs.aws.amazon.com/step-functions/latest/apireference/API_HistoryEvent.html)
+    // for the execution's start and end and each state entered and exited; a task's own events carry none.
+    const json = (value: unknown) => JSON.stringify(value ?? null);
     const events = e.history.map((h, i) => ({
       id: i + 1,
       timestamp: h.timestamp / 1000,
       type: h.type,
-      ...(h.name !== undefined ? { stateEnteredEventDetails: { name: h.name } } : {}),
-      ...(h.state !== undefined && h.type.endsWith('StateExited') ? { stateExitedEventDetails: { name: h.state } } : {}),
+      ...(h.type === 'ExecutionStarted' ? { executionStartedEventDetails: { input: json(e.input), inputDetails: { truncated: false } } } : {}),
+      ...(h.name !== undefined ? { stateEnteredEventDetails: { name: h.name, input: json(h.input), inputDetails: { truncated: false } } } : {}),
+      ...(h.state !== undefined && h.type.endsWith('StateExited')
+        ? { stateExitedEventDetails: { name: h.state, output: json(h.output), outputDetails: { truncated: false } } }
+        : {}),
       ...(h.type === 'ExecutionRedriven' ? { executionRedrivenEventDetails: { redriveCount: ++redrives } } : {}),
+      ...(h.type === 'ExecutionSucceeded' ? { executionSucceededEventDetails: { output: json(h.output), outputDetails: { truncated: false } } } : {}),
+      ...(h.type === 'ExecutionFailed' ? { executionFailedEventDetails: { error: h.error, cause: h.cause } } : {}),
+      ...(h.type === 'ExecutionAborted' ? { executionAbortedEventDetails: { error: h.error, cause: h.cause } } : {}),
+      ...(h.type === 'ExecutionTimedOut' ? { executionTimedOutEventDetails: { error: h.error, cause: h.cause } } : {}),
     }));
     return reverseOrder ? events.reverse() : events;
   }
@@ -916,7 +935,11 @@ export class Simulator {
     }
     execution.stopDate = this.now();
     execution.statusLog.push({ at: execution.stopDate, status: execution.status, redriveCount: execution.redriveCount });
-    execution.history.push({ type: `Execution${{ SUCCEEDED: 'Succeeded', FAILED: 'Failed', ABORTED: 'Aborted', TIMED_OUT: 'TimedOut', RUNNING: '' }[execution.status]}`, timestamp: execution.stopDate });
+    execution.history.push({
+      type: `Execution${{ SUCCEEDED: 'Succeeded', FAILED: 'Failed', ABORTED: 'Aborted', TIMED_OUT: 'TimedOut', RUNNING: '' }[execution.status]}`,
+      timestamp: execution.stopDate,
+      ...(execution.status === 'SUCCEEDED' ? { output: execution.output } : { error: execution.error, cause: execution.cause }),
+    });
     execution.stopped.abort();
     this.stopListeners.forEach((l) => l(execution));
     this.emitStatusChange(execution);

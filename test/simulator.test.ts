@@ -305,6 +305,20 @@ describe('state machines', () => {
         'PassStateExited',
         'ExecutionSucceeded',
       ]);
+      // With the details of the execution's start and end, and of each state entered and exited.
+      const history = sim.getExecutionHistory(e.arn, false);
+      expect(history[0].executionStartedEventDetails).toEqual({ input: '{}', inputDetails: { truncated: false } });
+      expect(history.find((h) => h.type === 'PassStateEntered')!.stateEnteredEventDetails).toEqual({
+        name: 'After',
+        input: JSON.stringify({ flaky: 'ok' }),
+        inputDetails: { truncated: false },
+      });
+      expect(history.find((h) => h.type === 'TaskStateExited')!.stateExitedEventDetails).toEqual({
+        name: 'Flaky',
+        output: JSON.stringify({ flaky: 'ok' }),
+        outputDetails: { truncated: false },
+      });
+      expect(history[history.length - 1].executionSucceededEventDetails).toEqual({ output: JSON.stringify({ flaky: 'ok' }), outputDetails: { truncated: false } });
     } finally {
       await sim.stop();
     }
@@ -473,6 +487,15 @@ describe('state machines', () => {
       expect(doneRuns).toBe(1);
       expect(twice.output).toEqual([{ job: 'c', done: 'run 1' }, { job: 'c', failed: 'ok' }]);
       expect(Object.fromEntries(twice.stateTransitions)).toEqual({ 'Fork': 3, 'Done Branch': 1, 'Wait Before Failing': 1, 'Fail Twice': 3 });
+      // Each run's end is in the history with its own details.
+      const ends = sim.getExecutionHistory(twice.arn, false).filter((h) => String(h.type).match(/^Execution(Failed|Redriven|Succeeded)$/));
+      expect(ends.map((h) => [h.type, (h.executionFailedEventDetails as any)?.error ?? (h.executionRedrivenEventDetails as any)?.redriveCount ?? null])).toEqual([
+        ['ExecutionFailed', 'NotYet'],
+        ['ExecutionRedriven', 1],
+        ['ExecutionFailed', 'NotYet'],
+        ['ExecutionRedriven', 2],
+        ['ExecutionSucceeded', null],
+      ]);
     } finally {
       await sim.stop();
     }
