@@ -489,7 +489,8 @@ describe('state machines', () => {
       expect(Object.fromEntries(twice.stateTransitions)).toEqual({ 'Fork': 3, 'Done Branch': 1, 'Wait Before Failing': 1, 'Fail Twice': 3 });
       // Each run's end is in the history with its own details.
       const ends = sim.getExecutionHistory(twice.arn, false).filter((h) => String(h.type).match(/^Execution(Failed|Redriven|Succeeded)$/));
-      expect(ends.map((h) => [h.type, (h.executionFailedEventDetails as any)?.error ?? (h.executionRedrivenEventDetails as any)?.redriveCount ?? null])).toEqual([
+      const detail = (h: Record<string, any>) => h.executionFailedEventDetails?.error ?? h.executionRedrivenEventDetails?.redriveCount ?? null;
+      expect(ends.map((h) => [h.type, detail(h)])).toEqual([
         ['ExecutionFailed', 'NotYet'],
         ['ExecutionRedriven', 1],
         ['ExecutionFailed', 'NotYet'],
