@@ -1,7 +1,7 @@
 import type { AttributeValue } from '@aws-sdk/client-dynamodb';
 import { itemSizeBytes } from './dynamodb';
 import { Execution, Simulator } from './simulator';
-import { HOLDER_ACQUIRED_AT, LOCK_KEY, PERMITS_IN_USE, isTicketKey } from '../src/private/lock-schema';
+import { HOLDER_ACQUIRED_AT, LOCK_KEY, PERMITS_IN_USE, QUEUE_HEAD, TICKET_SERVED_BY, TICKET_WAITER, isTicketKey, ticketKey } from '../src/private/lock-schema';
 import { STATE } from '../src/private/state-names';
 
 /*
@@ -42,8 +42,28 @@ export interface LockState {
 
 /** Every lock item of a table (by logical ID prefix), as plain objects. */
 export async function lockStates(sim: Simulator, table: string, layout: LockLayout = LOCK_LAYOUT): Promise<LockState[]> {
+  return lockStatesIn(await sim.scan(table), layout);
+}
+
+/** The lock items among a table's scanned items, as plain objects. */
+export function lockStatesIn(items: Array<Record<string, AttributeValue>>, layout: LockLayout = LOCK_LAYOUT): LockState[] {
   // The queue's ticket items share the table: they are not locks.
-  return (await sim.scan(table)).filter((item) => !isTicketKey(item[layout.key]?.S ?? '')).map((item) => lockStateOf(item, layout));
+  return items.filter((item) => !isTicketKey(item[layout.key]?.S ?? '')).map((item) => lockStateOf(item, layout));
+}
+
+/**
+ * The ticket items still waiting in `lockName`'s queue, first come first, among a table's scanned items:
+ * past the lock's head, not served, with a waiter.
+ */
+export function waitingTickets(items: Array<Record<string, AttributeValue>>, lockName: string): Array<Record<string, AttributeValue>> {
+  const head = Number(items.find((i) => i[LOCK_KEY]?.S === lockName)?.[QUEUE_HEAD]?.N ?? '0');
+  const prefix = ticketKey(lockName, '');
+  return items
+    .filter((item) => item[LOCK_KEY]?.S?.startsWith(prefix))
+    .map((item) => ({ ticket: Number(item[LOCK_KEY].S!.slice(prefix.length)), item }))
+    .filter(({ ticket, item }) => ticket > head && item[TICKET_SERVED_BY] === undefined && item[TICKET_WAITER] !== undefined)
+    .sort((x, y) => x.ticket - y.ticket)
+    .map(({ item }) => item);
 }
 
 function lockStateOf(item: Record<string, AttributeValue>, layout: LockLayout): LockState {

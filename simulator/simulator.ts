@@ -1346,7 +1346,7 @@ class RedrivePlan {
     const top = topLevelStateOf(definition, last.name);
     definition.StartAt = top;
     if (top === last.name) return last.input;
-    const entry = this.lastEntered({ States: { [top]: {} } }, since)!;
+    const entry = this.lastEntryOf(top, since);
     this.resumeParallel(definition.States[top], top, entry.index);
     return entry.input;
   }
@@ -1364,7 +1364,7 @@ class RedrivePlan {
         const top = topLevelStateOf(branch, last.name);
         let input = last.input;
         if (top !== last.name) {
-          const entry = this.lastEntered({ States: { [top]: {} } }, since)!;
+          const entry = this.lastEntryOf(top, since);
           this.resumeParallel(branch.States[top], top, entry.index);
           input = entry.input;
         }
@@ -1384,6 +1384,11 @@ class RedrivePlan {
       if (h.type.endsWith('StateEntered') && names.has(h.name!)) return { index: i, name: h.name!, input: h.input };
     }
     return undefined;
+  }
+
+  /** The last entry of the state `name` after history index `since` (the caller knows there is one). */
+  private lastEntryOf(name: string, since: number): { index: number; name: string; input: unknown } {
+    return this.lastEntered({ States: { [name]: {} } }, since)!;
   }
 
   /**

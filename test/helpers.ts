@@ -2,9 +2,8 @@ import { App, CfnElement, Stack } from 'aws-cdk-lib';
 import * as lambda from 'aws-cdk-lib/aws-lambda';
 import * as sfn from 'aws-cdk-lib/aws-stepfunctions';
 import * as tasks from 'aws-cdk-lib/aws-stepfunctions-tasks';
-import { Execution, lockStates, Simulator, TaskContext } from '../simulator';
+import { Execution, lockStates, Simulator, TaskContext, waitingTickets } from '../simulator';
 import { ConcurrencyControlledWorkflow, ConcurrencyControlledWorkflowProps } from '../src';
-import { ticketKey } from '../src/private/lock-schema';
 
 /** A stack with one workflow whose body is a Lambda task ("Do Work") the simulator runs locally. */
 export function workflowStack(props: Partial<ConcurrencyControlledWorkflowProps> = {}) {
@@ -85,14 +84,7 @@ export function statuses(executions: Execution[]): Record<string, number> {
  * the waiter on it and the run that waits.
  */
 export async function queuedWaiters(sim: Simulator, lockName: string, table = 'WorkflowLockTable'): Promise<Array<[string, string]>> {
-  const items = await sim.scan(table);
-  const head = Number(items.find((i) => i.lockName.S === lockName)?.queueHead?.N ?? '0');
-  const prefix = ticketKey(lockName, '');
-  return items
-    .filter((i) => i.lockName.S!.startsWith(prefix) && Number(i.lockName.S!.slice(prefix.length)) > head)
-    .filter((i) => i.servedBy === undefined && i.waiter !== undefined)
-    .sort((x, y) => Number(x.lockName.S!.slice(prefix.length)) - Number(y.lockName.S!.slice(prefix.length)))
-    .map((i) => [i.waiter.S!, i.redriveCount.N!]);
+  return waitingTickets(await sim.scan(table), lockName).map((i) => [i.waiter.S!, i.redriveCount.N!]);
 }
 
 /**

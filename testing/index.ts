@@ -18,10 +18,10 @@
  */
 import { CfnElement, Stack, Stage } from 'aws-cdk-lib';
 import { runScenario, ScenarioOptions, ScenarioResult, Subject } from '../simulator/scenario';
-import { ACQUIRE_STATES, BODY_ENTER, BODY_LEAVE, LOCK_LAYOUT, lockStates, LockState } from '../simulator/semaphore';
+import { ACQUIRE_STATES, BODY_ENTER, BODY_LEAVE, LOCK_LAYOUT, LockState, lockStatesIn, waitingTickets } from '../simulator/semaphore';
 import { Execution, Simulator, SimulatorOptions, StartOptions, TaskHandler } from '../simulator/simulator';
 import type { ConcurrencyControlledWorkflow } from '../src';
-import { isTicketKey, TICKET_KEY_SEPARATOR, TICKET_SERVED_BY, TICKET_WAITER, QUEUE_HEAD } from '../src/private/lock-schema';
+import { TICKET_WAITER } from '../src/private/lock-schema';
 import { STATE } from '../src/private/state-names';
 
 export { Execution, Simulator } from '../simulator/simulator';
@@ -43,10 +43,6 @@ export interface WorkflowScenarioOptions extends Omit<ScenarioOptions, 'onProgre
    * `INJECTED_BODY_FAILURE` for the executions `failureRate` picks; then your handler runs.
    */
   readonly taskHandlers?: Record<string, TaskHandler>;
-  /** Handlers of Lambda functions, by logical ID (prefix), instead of their synthesized code. */
-  readonly lambdaHandlers?: Record<string, TaskHandler>;
-  /** The input of execution number `id` (0, 1, ...); `id`, `workSeconds` and `fail` are added to it. @default - {} */
-  readonly input?: (id: number) => Record<string, unknown>;
 }
 
 /** What the scenario runner needs to know of a workflow: its stack, state machine, table and body. */
@@ -136,20 +132,9 @@ export class WorkflowSimulator {
   /** Every lock of the workflow's table (or the one named): holders, waiters and permits in use. */
   public async locks(lockName?: string): Promise<LockView[]> {
     const items = await this.simulator.scan(this.subject.table);
-    const locks = await lockStates(this.simulator, this.subject.table);
-    return locks
+    return lockStatesIn(items)
       .filter((lock) => lockName === undefined || lock.lockName === lockName)
-      .map((lock) => {
-        const head = Number(items.find((i) => i.lockName?.S === lock.lockName)?.[QUEUE_HEAD]?.N ?? '0');
-        const prefix = `${lock.lockName}${TICKET_KEY_SEPARATOR}`;
-        const waiters = items
-          .filter((i) => isTicketKey(i.lockName?.S ?? '') && i.lockName.S!.startsWith(prefix))
-          .map((i) => ({ ticket: Number(i.lockName.S!.slice(prefix.length)), item: i }))
-          .filter(({ ticket, item }) => ticket > head && item[TICKET_SERVED_BY] === undefined && item[TICKET_WAITER] !== undefined)
-          .sort((x, y) => x.ticket - y.ticket)
-          .map(({ item }) => item[TICKET_WAITER].S!);
-        return { ...lock, waiters };
-      });
+      .map((lock) => ({ ...lock, waiters: waitingTickets(items, lock.lockName).map((ticket) => ticket[TICKET_WAITER].S!) }));
   }
 
   /** Run every scheduled rule once, as its schedule would (the reconciler's sweep), and wait for the work it started. */
