@@ -7,7 +7,7 @@ import {
   QUEUE_NAMES,
   QUEUE_TAIL,
   QUEUE_VALUES,
-  SERVE_TICKET_CONDITION,
+  MARK_TICKET_CONDITION,
   SERVE_TICKET_UPDATE,
   ticketKey,
   TICKET_SERVED_BY,
@@ -34,7 +34,7 @@ export function* readTicket(tableName: string, lockName: string, ticket: number)
 }
 
 /**
- * Serve a ticket (SERVE_TICKET_CONDITION): mark its item with `handoffId` and return it. A ticket
+ * Serve a ticket (MARK_TICKET_CONDITION): mark its item with `handoffId` and return it. A ticket
  * served already (by a releaser that has not passed it yet, or that stopped) is read instead: whoever
  * passes the ticket first hands the permit.
  */
@@ -44,7 +44,7 @@ export function* serveTicket(tableName: string, lockName: string, ticket: number
       TableName: tableName,
       Key: { [LOCK_KEY]: { S: ticketKey(lockName, ticket) } },
       UpdateExpression: SERVE_TICKET_UPDATE,
-      ConditionExpression: SERVE_TICKET_CONDITION,
+      ConditionExpression: MARK_TICKET_CONDITION,
       ExpressionAttributeNames: { [QUEUE_NAMES.servedBy]: TICKET_SERVED_BY },
       ExpressionAttributeValues: { [QUEUE_VALUES.servedBy]: { S: handoffId } },
       ReturnValues: 'ALL_NEW',

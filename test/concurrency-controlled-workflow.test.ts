@@ -177,13 +177,31 @@ describe('definition', () => {
     });
     // Its ticket item (key: lock name, unit separator, ticket) is marked served, which returns the waiter and its token.
     const ticketKey = { 'S.$': "States.Format('{}\u001f{}', 'db-migrations', $.handoff.next.ticket)" };
+    // Only a ticket with a waiter is served: success leads straight to the hand-off.
     expect(def.States['Serve Ticket']).toMatchObject({
+      Next: 'Hand Off Permit',
+      ResultPath: '$.handoff.ticket',
+      Parameters: {
+        Key: { lockName: ticketKey },
+        UpdateExpression: 'SET #servedBy = :servedBy',
+        ConditionExpression: 'attribute_not_exists(#servedBy) AND attribute_exists(#waiter)',
+        ExpressionAttributeNames: { '#servedBy': 'servedBy', '#waiter': 'waiter' },
+        ReturnValues: 'ALL_NEW',
+      },
+      Catch: [{ ErrorEquals: ['DynamoDB.ConditionalCheckFailedException'], ResultPath: null, Next: 'Mark Ticket Served' }],
+    });
+    // Refused (no waiter yet, or served already): mark it anyway, which refuses a waiter still on its way, or read it.
+    expect(def.States['Mark Ticket Served']).toMatchObject({
       Next: 'Check Ticket',
       ResultPath: '$.handoff.ticket',
       Parameters: { Key: { lockName: ticketKey }, UpdateExpression: 'SET #servedBy = :servedBy', ConditionExpression: 'attribute_not_exists(#servedBy)', ReturnValues: 'ALL_NEW' },
       Catch: [{ ErrorEquals: ['DynamoDB.ConditionalCheckFailedException'], ResultPath: null, Next: 'Read Served Ticket' }],
     });
-    expect(def.States['Read Served Ticket']).toMatchObject({ Resource: expect.stringContaining(':states:::dynamodb:getItem'), Parameters: { Key: { lockName: ticketKey }, ConsistentRead: true } });
+    expect(def.States['Read Served Ticket']).toMatchObject({
+      Next: 'Check Ticket',
+      Resource: expect.stringContaining(':states:::dynamodb:getItem'),
+      Parameters: { Key: { lockName: ticketKey }, ConsistentRead: true },
+    });
     // A ticket without a waiter (skipped) sends the releaser to the next one.
     expect(def.States['Check Ticket']).toEqual({
       Type: 'Choice',

@@ -20,6 +20,7 @@ import {
   QUEUE_NAMES,
   QUEUE_TAIL,
   QUEUE_VALUES,
+  MARK_TICKET_CONDITION,
   SERVE_TICKET_CONDITION,
   SERVE_TICKET_UPDATE,
   TAKE_TICKET_CONDITION,
@@ -192,12 +193,15 @@ const waitOnTicket = (condition: string, run: number): UpdateItemInput => ({
     [QUEUE_VALUES.token]: { S: `token-${run}-renewed` },
   },
 });
-const serve = (servedBy: string): UpdateItemInput => ({
+const serve = (servedBy: string, condition = SERVE_TICKET_CONDITION): UpdateItemInput => ({
   TableName: TABLE,
   Key: ticketItemKey,
-  ConditionExpression: SERVE_TICKET_CONDITION,
+  ConditionExpression: condition,
   UpdateExpression: SERVE_TICKET_UPDATE,
-  ExpressionAttributeNames: { [QUEUE_NAMES.servedBy]: TICKET_SERVED_BY },
+  ExpressionAttributeNames: {
+    [QUEUE_NAMES.servedBy]: TICKET_SERVED_BY,
+    ...(condition === SERVE_TICKET_CONDITION ? { [QUEUE_NAMES.waiter]: TICKET_WAITER } : {}),
+  },
   ExpressionAttributeValues: { [QUEUE_VALUES.servedBy]: { S: servedBy } },
   ReturnValues: 'ALL_NEW',
 });
@@ -242,8 +246,11 @@ describe('edge cases the protocol relies on, on the model and on dynalite alike'
     ['a wait again is refused once served', ticket({ ...mine(0), [TICKET_SERVED_BY]: { S: 'h/0' } }), waitOnTicket(WAIT_AGAIN_CONDITION, 0), 'ConditionalCheckFailedException'],
     ['a wait again is refused once the item is gone', undefined, waitOnTicket(WAIT_AGAIN_CONDITION, 0), 'ConditionalCheckFailedException'],
     ['serving returns the whole ticket (ALL_NEW)', ticket(mine(0)), serve('h/0'), undefined],
-    ['serving a missing ticket creates it marked and without a waiter', undefined, serve('h/0'), undefined],
+    ['serving a missing ticket is refused (its waiter is not there)', undefined, serve('h/0'), 'ConditionalCheckFailedException'],
     ['serving a ticket served already is refused', ticket({ ...mine(0), [TICKET_SERVED_BY]: { S: 'h/0' } }), serve('h/1'), 'ConditionalCheckFailedException'],
+    ['marking a missing ticket creates it marked and without a waiter', undefined, serve('h/0', MARK_TICKET_CONDITION), undefined],
+    ['marking returns the whole ticket (ALL_NEW)', ticket(mine(0)), serve('h/0', MARK_TICKET_CONDITION), undefined],
+    ['marking a ticket served already is refused', ticket({ ...mine(0), [TICKET_SERVED_BY]: { S: 'h/0' } }), serve('h/1', MARK_TICKET_CONDITION), 'ConditionalCheckFailedException'],
     ['the releaser deletes the ticket it served', ticket({ ...mine(0), [TICKET_SERVED_BY]: { S: 'h/0' } }), deleteServed('h/0'), undefined],
     ['... and not one another releaser served', ticket({ ...mine(0), [TICKET_SERVED_BY]: { S: 'h/1' } }), deleteServed('h/0'), 'ConditionalCheckFailedException'],
     ['... nor a missing one', undefined, deleteServed('h/0'), 'ConditionalCheckFailedException'],

@@ -572,13 +572,17 @@ describe('the queue', () => {
       expect(fences.every((t, i) => i === 0 || t > fences[i - 1])).toBe(true);
       // Waiters slept: no polls; each was woken by the release before it. What the README's cost table
       // says: a waiter enters the Parallel, takes a ticket and waits (two writes); a release that hands
-      // off claims, serves, checks, hands off, wakes and deletes beside its refused give-back.
+      // off claims, serves (which finds the waiter), hands off, wakes and deletes beside its refused give-back.
       expect(executions.filter((e) => e.stateTransitions.has('Poll For Permit'))).toEqual([]);
       for (const waiter of executions.slice(1)) {
         expect(['Wait For Permit', 'Take Ticket', 'Wait In Queue'].map((s) => waiter.stateTransitions.get(s))).toEqual([1, 1, 1]);
       }
-      const handOff = ['Release Permit', 'Peek At Next Waiter', 'Serve Ticket', 'Check Ticket', 'Hand Off Permit', 'Wake Next Waiter', 'Delete Served Ticket'];
-      for (const releaser of executions.slice(0, 5)) expect(handOff.map((s) => releaser.stateTransitions.get(s))).toEqual([1, 1, 1, 1, 1, 1, 1]);
+      const handOff = ['Release Permit', 'Peek At Next Waiter', 'Serve Ticket', 'Hand Off Permit', 'Wake Next Waiter', 'Delete Served Ticket'];
+      for (const releaser of executions.slice(0, 5)) {
+        expect(handOff.map((s) => releaser.stateTransitions.get(s))).toEqual([1, 1, 1, 1, 1, 1]);
+        // The rare paths of a ticket without a waiter are not taken.
+        expect(['Mark Ticket Served', 'Read Served Ticket', 'Check Ticket'].filter((s) => releaser.stateTransitions.has(s))).toEqual([]);
+      }
       // The last release finds nobody waiting: one write.
       expect(executions[5].stateTransitions.has('Peek At Next Waiter')).toBe(false);
       expect(await lockState(sim)).toEqual([{ lockName: 'TestStack/Workflow', permitsInUse: 0, holders: [] }]);
@@ -779,6 +783,50 @@ describe('the queue', () => {
       // D was woken, not left to find a free permit when its wait timed out.
       expect(d!.stateTransitions.has('Wait In Queue Again')).toBe(false);
       expect(d!.stateTransitions.get('Wait In Queue')).toBe(1);
+      expect(await lockState(sim)).toEqual([{ lockName: 'TestStack/Workflow', permitsInUse: 0, holders: [] }]);
+    } finally {
+      await sim.stop();
+    }
+  });
+
+  test('a ticket whose waiter is still on its way is marked and skipped: the releaser gives the permit back, the waiter finds it', async () => {
+    // Limit 1: A holds, B takes ticket 1 and is slow to write its ticket item. A's serve is refused
+    // (no waiter yet): it marks the ticket, finds no waiter, looks for the next ticket (none) and gives
+    // the permit back. B's first wait is then refused (its ticket was skipped), and B takes the free permit.
+    const { stack, workflow, workFunctionId } = workflowStack({ concurrencyLimit: 1, waitStrategy: WaitStrategy.QUEUE });
+    const { finish, body } = heldBodies(['A']);
+    let sim!: Simulator;
+    const { until } = lockProbes(() => sim);
+    let ticketTaken = false;
+    let aDone = false;
+    const taskHandlers = {
+      'Take Ticket': async (input: any, context: TaskContext) => {
+        const out = await updateItem(input, context);
+        ticketTaken = true;
+        return out;
+      },
+      'Wait In Queue': async (input: any, context: TaskContext) => {
+        await until(async () => aDone);
+        return context.simulator.dynamo.run('arn:aws:states:::aws-sdk:dynamodb:updateItem', input);
+      },
+    };
+    sim = await Simulator.start(stack, { taskHandlers, lambdaHandlers: { [workFunctionId]: body } });
+    try {
+      const sm = sim.stateMachine(stateMachineLogicalId(workflow.stateMachine));
+      const a = sim.startExecution(sm, {}, { name: 'A' });
+      void a.done.then(() => (aDone = true));
+      await until(async () => finish.has('A'));
+      const b = sim.startExecution(sm, {}, { name: 'B' });
+      await until(async () => ticketTaken);
+      finish.get('A')!();
+      await Promise.all([a.done, b.done]);
+
+      expect([a.status, b.status]).toEqual(['SUCCEEDED', 'SUCCEEDED']);
+      const path = ['Peek At Next Waiter', 'Serve Ticket', 'Mark Ticket Served', 'Check Ticket', 'Release Permit Without Hand-Off'];
+      expect(path.map((s) => a.stateTransitions.get(s))).toEqual([2, 1, 1, 1, 1]);
+      expect(a.stateTransitions.has('Hand Off Permit')).toBe(false);
+      // B's wait was refused on the marked ticket; it found the permit free.
+      expect(['Wait In Queue', 'Check Handed-Off Permit', 'Poll For Permit'].map((s) => b.stateTransitions.get(s))).toEqual([1, 1, 1]);
       expect(await lockState(sim)).toEqual([{ lockName: 'TestStack/Workflow', permitsInUse: 0, holders: [] }]);
     } finally {
       await sim.stop();

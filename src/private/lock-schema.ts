@@ -305,13 +305,21 @@ export const PEEK_CONDITION = `${RELEASE_STOPPED_RUN_CONDITION} AND ${QUEUE_NAME
 export const PEEK_UPDATE = `SET ${QUEUE_NAMES.head} = ${QUEUE_NAMES.head} + ${VALUES.one}`;
 
 /**
- * Serve a ticket: mark its item with the hand-off id (ALL_NEW: the waiter, its run, its lease and the
+ * Mark a ticket served: mark its item with the hand-off id (ALL_NEW: the waiter, its run, its lease and the
  * token of its current wait, which no wait can renew from now on). On a ticket without an item (its
  * waiter is still on its way, or the ticket is an orphan), the write creates it marked and without a
  * waiter: a waiter still on its way is refused and takes a new ticket, and the releaser claims the next one.
  */
-export const SERVE_TICKET_CONDITION = `attribute_not_exists(${QUEUE_NAMES.servedBy})`;
+export const MARK_TICKET_CONDITION = `attribute_not_exists(${QUEUE_NAMES.servedBy})`;
 export const SERVE_TICKET_UPDATE = `SET ${QUEUE_NAMES.servedBy} = ${QUEUE_VALUES.servedBy}`;
+
+/**
+ * Serve a ticket whose waiter wrote its item (the common case): as MARK_TICKET_CONDITION, and only
+ * if the item has a waiter, so that the write that serves the ticket also tells the release it may
+ * hand off, with no Choice after it. Refused (a ticket without an item, or served already), the
+ * release marks the ticket with MARK_TICKET_CONDITION, or reads it, and then looks for its waiter.
+ */
+export const SERVE_TICKET_CONDITION = `${MARK_TICKET_CONDITION} AND attribute_exists(${QUEUE_NAMES.waiter})`;
 
 /**
  * Delete a ticket's item once its waiter was woken (it will never wait on it again). Only the item this

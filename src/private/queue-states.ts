@@ -27,6 +27,7 @@ import {
   QUEUE_VALUES,
   RELEASE_IF_NO_WAITERS_CONDITION,
   RELEASE_UPDATE,
+  MARK_TICKET_CONDITION,
   SERVE_TICKET_CONDITION,
   SERVE_TICKET_UPDATE,
   STILL_HELD_CONDITION,
@@ -60,7 +61,9 @@ import { ISemaphoreTable } from '../semaphore-table';
  *                                                Poll For Permit Again ─full─▶ Wait In Queue Again (same ticket, new token)
  *
  * Release:  Release Permit (only if nobody waits) ─waiters─▶ Peek At Next Waiter ─▶ Serve Ticket
- *           ─▶ Check Ticket ─▶ Hand Off Permit ─▶ Wake Next Waiter ─▶ Delete Served Ticket
+ *           ─▶ Hand Off Permit ─▶ Wake Next Waiter ─▶ Delete Served Ticket
+ *           Serve Ticket refused (the ticket has no waiter yet, or was served) ─▶ Mark Ticket Served
+ *           (or Read Served Ticket) ─▶ Check Ticket ─waiter─▶ Hand Off Permit; none ─▶ Peek At Next Waiter
  *           Peek claims the next ticket for this releaser; after a ticket without a waiter, or one
  *           whose waiter holds a permit already, it claims the next.
  *           Peek finds no waiter (served meanwhile) ─▶ Release Permit Without Hand-Off (only if nobody
@@ -106,6 +109,7 @@ export function releaseStateNames(suffix: string) {
     releaseWithoutHandOff: `${STATE.releaseWithoutHandOff}${suffix}`,
     peek: `${STATE.peekAtNextWaiter}${suffix}`,
     serveTicket: `${STATE.serveTicket}${suffix}`,
+    markTicket: `${STATE.markTicket}${suffix}`,
     readTicket: `${STATE.readTicket}${suffix}`,
     checkTicket: `${STATE.checkTicket}${suffix}`,
     handOff: `${STATE.handOff}${suffix}`,
@@ -238,21 +242,29 @@ export function handOffChain(scope: Construct, props: HandOffProps): sfn.State {
   const handoffIdText = sfn.JsonPath.format('{}/{}', sfn.JsonPath.stringAt(`${HANDOFF_PATH}.next.handoffId`), sfn.JsonPath.stringAt('$$.Execution.RedriveCount'));
   // Serve the ticket: mark its item, which refuses every wait on it from now on (a waiter whose
   // wake-up is lost finds its permit instead of sleeping again), and read it back (ALL_NEW): the
-  // waiter and the token of its current wait, final now. On a ticket without an item (its waiter is
-  // still on its way, or it is an orphan), the write creates the item marked, without a waiter: a
-  // waiter still on its way is refused, and takes a new ticket.
-  const serveTicket = new tasks.DynamoUpdateItem(scope, names.serveTicket, {
-    table,
-    key: ticketItemKeyMap,
-    conditionExpression: SERVE_TICKET_CONDITION,
-    updateExpression: SERVE_TICKET_UPDATE,
-    expressionAttributeNames: { [QUEUE_NAMES.servedBy]: TICKET_SERVED_BY },
-    expressionAttributeValues: { [QUEUE_VALUES.servedBy]: tasks.DynamoAttributeValue.fromString(handoffIdText) },
-    returnValues: tasks.DynamoReturnValues.ALL_NEW,
-    resultSelector: { Item: sfn.JsonPath.objectAt('$.Attributes') },
-    resultPath: ticketPath,
-  }).addRetry(retry);
+  // waiter and the token of its current wait, final now. Only an item with a waiter is served, so
+  // that success leads straight to the hand-off.
+  const serveTask = (id: string, condition: string, attributeNames: Record<string, string>) =>
+    new tasks.DynamoUpdateItem(scope, id, {
+      table,
+      key: ticketItemKeyMap,
+      conditionExpression: condition,
+      updateExpression: SERVE_TICKET_UPDATE,
+      expressionAttributeNames: attributeNames,
+      expressionAttributeValues: { [QUEUE_VALUES.servedBy]: tasks.DynamoAttributeValue.fromString(handoffIdText) },
+      returnValues: tasks.DynamoReturnValues.ALL_NEW,
+      resultSelector: { Item: sfn.JsonPath.objectAt('$.Attributes') },
+      resultPath: ticketPath,
+    }).addRetry(retry);
+  const servedByName = { [QUEUE_NAMES.servedBy]: TICKET_SERVED_BY };
+  const serveTicket = serveTask(names.serveTicket, SERVE_TICKET_CONDITION, { ...servedByName, [QUEUE_NAMES.waiter]: TICKET_WAITER });
   peek.next(serveTicket);
+  // Refused: the ticket has no item (its waiter is still on its way, or it is an orphan), or it was
+  // served already. Mark it all the same: on a ticket without an item the write creates it marked,
+  // without a waiter, so that a waiter still on its way is refused and takes a new ticket (one that
+  // wrote its item just now is served here).
+  const markTicket = serveTask(names.markTicket, MARK_TICKET_CONDITION, servedByName);
+  serveTicket.addCatch(markTicket, { errors: [CONDITIONAL_CHECK_FAILED], resultPath: sfn.JsonPath.DISCARD });
   // Served already: a retry of a write that landed, or marked by the sweep (its releaser stopped
   // before it served it). Read it, and serve it from here.
   const readTicket = new tasks.DynamoGetItem(scope, names.readTicket, {
@@ -262,7 +274,7 @@ export function handOffChain(scope: Construct, props: HandOffProps): sfn.State {
     // No item: deleted by the sweep since it marked it.
     resultPath: ticketPath,
   }).addRetry(retry);
-  serveTicket.addCatch(readTicket, { errors: [CONDITIONAL_CHECK_FAILED], resultPath: sfn.JsonPath.DISCARD });
+  markTicket.addCatch(readTicket, { errors: [CONDITIONAL_CHECK_FAILED], resultPath: sfn.JsonPath.DISCARD });
 
   const waiterId = sfn.JsonPath.stringAt(`${ticketAttributes}.${TICKET_WAITER}.S`);
   // The hand-off's id, with the run that uses it: a run redriven after the hand-off neither confirms
@@ -304,8 +316,9 @@ export function handOffChain(scope: Construct, props: HandOffProps): sfn.State {
     // polling): then DynamoDB rejects the update (its two paths overlap), and the same goes.
     .addCatch(peek, { errors: [CONDITIONAL_CHECK_FAILED, VALIDATION_ERROR], resultPath: sfn.JsonPath.DISCARD });
 
+  serveTicket.next(handOff);
   const checkTicket = new sfn.Choice(scope, names.checkTicket).when(sfn.Condition.isPresent(`${ticketAttributes}.${TICKET_WAITER}`), handOff).otherwise(peek);
-  serveTicket.next(checkTicket);
+  markTicket.next(checkTicket);
   readTicket.next(checkTicket);
 
   const wakeUpLost = props.next ?? new sfn.Succeed(scope, names.wakeUpLost, { outputPath: props.outputPath });
