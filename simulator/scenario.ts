@@ -132,6 +132,8 @@ export interface ScenarioResult {
   readonly invariantViolations: string[];
   readonly transitionsPerExecution: number;
   readonly overheadTransitionsPerExecution: number;
+  /** Transitions per execution by state, beside the body's: where the overhead goes. */
+  readonly overheadTransitionsByState: Readonly<Record<string, number>>;
   readonly dynamoCallsPerExecution: number;
   /** Write and read units per execution, as DynamoDB bills them: the workflow's and its cleanups' calls (not the reconciler's). */
   readonly writeUnitsPerExecution: number;
@@ -180,6 +182,16 @@ export interface ScenarioResult {
   readonly idealSeconds: number;
   readonly drainRatio: number;
   readonly realSeconds: number;
+}
+
+function transitionsByState(executions: Execution[], bodyStates: readonly string[]): Record<string, number> {
+  const total = new Map<string, number>();
+  for (const e of executions) {
+    for (const [name, count] of e.stateTransitions) {
+      if (!bodyStates.includes(name)) total.set(name, (total.get(name) ?? 0) + count);
+    }
+  }
+  return Object.fromEntries([...total].sort(([, a], [, b]) => b - a).map(([name, count]) => [name, count / Math.max(1, executions.length)]));
 }
 
 /** Run one scenario against one subject. */
@@ -316,6 +328,7 @@ export async function runScenario(subject: Subject, options: ScenarioOptions): P
       invariantViolations: [...new Set(monitor.violations)],
       transitionsPerExecution: mean((e) => e.transitions),
       overheadTransitionsPerExecution: overhead,
+      overheadTransitionsByState: transitionsByState(protectedRuns, subject.bodyStates),
       dynamoCallsPerExecution: mean((e) => e.dynamoCalls),
       writeUnitsPerExecution: perExecution((e) => e.writeUnits),
       readUnitsPerExecution: perExecution((e) => e.readUnits),
