@@ -90,7 +90,8 @@ export interface SimulatorOptions {
   readonly staleReads?: StaleReads;
   /**
    * Lambda functions by logical ID, in place of their synthesized code, for `lambda:invoke` tasks,
-   * direct function ARN tasks and rule targets.
+   * direct function ARN tasks and rule targets. They run under the function's `Timeout` (default 3 s):
+   * past it the task fails with `Lambda.Unknown`, as on AWS.
    */
   readonly lambdaHandlers?: Record<string, TaskHandler>;
   /** Overrides of any Task state, by state name. */
@@ -1084,12 +1085,28 @@ export class Simulator {
   private async invokeLambda(fn: PhysicalResource, payload: unknown, taskContext?: TaskContext): Promise<unknown> {
     this.lambdaInvocations.set(fn.logicalId, (this.lambdaInvocations.get(fn.logicalId) ?? 0) + 1);
     const registered = this.options.lambdaHandlers?.[fn.logicalId];
+    const props = this.template.Resources[fn.logicalId].Properties ?? {};
+    const timeoutSeconds = Number(props.Timeout ?? 3);
+    const deadline = this.now() + timeoutSeconds * 1000;
+    const awsRequestId = `req-${Math.floor(this.random() * 1e12)}`;
+    // The function's Timeout, registered handlers included: Lambda stops the function, and Step
+    // Functions reports an error without a type.
+    const timedOut = new AbortController();
+    const withinTimeout = async (run: Promise<unknown>) => {
+      const timer = this.sleep(timeoutSeconds, timedOut.signal).then(() =>
+        timedOut.signal.aborted ? undefined : Promise.reject(lambdaTimedOut(awsRequestId, this.now(), timeoutSeconds)),
+      );
+      try {
+        return await Promise.race([run, timer]);
+      } finally {
+        timedOut.abort();
+      }
+    };
     try {
       if (registered) {
         if (!taskContext) throw new Error(`registered handler of ${fn.logicalId} needs a task context`);
-        return await registered(payload, taskContext);
+        return await withinTimeout(Promise.resolve(registered(payload, taskContext)));
       }
-      const props = this.template.Resources[fn.logicalId].Properties ?? {};
       this.setEnv(resolve(props.Environment?.Variables ?? {}, this.resources, this.stackName));
       let handler = this.lambdas.get(fn.logicalId);
       if (!handler) {
@@ -1098,23 +1115,12 @@ export class Simulator {
         handler = loadHandler(this.template.Resources[fn.logicalId], this.assemblyDir, () => this.now(), (line) => logs.push(line));
         this.lambdas.set(fn.logicalId, handler);
       }
-      const timeoutSeconds = Number(props.Timeout ?? 3);
-      const deadline = this.now() + timeoutSeconds * 1000;
       const context: LambdaContext = {
         functionName: fn.ref,
-        awsRequestId: `req-${Math.floor(this.random() * 1e12)}`,
+        awsRequestId,
         getRemainingTimeInMillis: () => Math.max(0, deadline - this.now()),
       };
-      // The function's Timeout: Lambda stops it, and Step Functions reports an error without a type.
-      const timedOut = new AbortController();
-      const timer = this.sleep(timeoutSeconds, timedOut.signal).then(() =>
-        timedOut.signal.aborted ? undefined : Promise.reject(lambdaTimedOut(context.awsRequestId, this.now(), timeoutSeconds)),
-      );
-      try {
-        return await Promise.race([handler(payload, context), timer]);
-      } finally {
-        timedOut.abort();
-      }
+      return await withinTimeout(handler(payload, context));
     } catch (e) {
       if (e instanceof TaskError) throw e;
       const err = e as Error;
@@ -1222,13 +1228,72 @@ export class Simulator {
  */
 const DYNALITE_LACKS = ['transactWriteItems', 'transactGetItems', 'executeStatement', 'executeTransaction', 'batchExecuteStatement'];
 
+/** The table of which integration pattern each service integration supports. */
+const INTEGRATION_PATTERNS_URL = 'https://docs.aws.amazon.com/step-functions/latest/dg/integrate-optimized.html';
+
+type Pattern = 'sync' | 'waitForTaskToken';
+
+/**
+ * The patterns beside Request Response that each optimized integration supports in Standard workflows,
+ * by the service's name in `arn:aws:states:::<service>:<action>`, as AWS's table gives them per service
+ * (INTEGRATION_PATTERNS_URL). `.sync:2` is Step Functions' StartExecution only. The AWS SDK integrations
+ * (`aws-sdk:`) support `.waitForTaskToken` and never `.sync`; the HTTP Task, Request Response only.
+ */
+const OPTIMIZED_PATTERNS: Record<string, Pattern[]> = {
+  'apigateway': ['waitForTaskToken'],
+  'athena': ['sync'],
+  'batch': ['sync'],
+  'bedrock': ['sync', 'waitForTaskToken'],
+  'codebuild': ['sync'],
+  'dynamodb': [],
+  'ecs': ['sync', 'waitForTaskToken'],
+  'eks': ['sync', 'waitForTaskToken'],
+  'elasticmapreduce': ['sync'],
+  'emr-containers': ['sync'],
+  'emr-serverless': ['sync'],
+  'events': ['waitForTaskToken'],
+  'glue': ['sync'],
+  'databrew': ['sync'],
+  'lambda': ['waitForTaskToken'],
+  'mediaconvert': ['sync'],
+  'sagemaker': ['sync'],
+  'sns': ['waitForTaskToken'],
+  'sqs': ['waitForTaskToken'],
+  'states': ['sync', 'waitForTaskToken'],
+  'http': [],
+  'aws-sdk': ['waitForTaskToken'],
+};
+
+/**
+ * Why AWS refuses a Task's resource for its integration pattern, or undefined if it accepts it (or the
+ * service is not in the table: then the simulator has no handler for it either, and says so when the
+ * task runs). Checked per service, as AWS's table gives it; an action of a service that supports fewer
+ * patterns than its service is not known here.
+ */
+export function unsupportedPattern(resource: string): string | undefined {
+  const match = /^arn:aws[a-z-]*:states:::([a-z0-9-]+):([A-Za-z0-9:.-]+?)(?:\.(sync|waitForTaskToken)(:2)?)?$/.exec(resource);
+  if (!match) return undefined;
+  const [, service, action, pattern, version] = match;
+  const supported = OPTIMIZED_PATTERNS[service];
+  if (!supported) return undefined;
+  const integration = service === 'aws-sdk' ? `the AWS SDK integration ${action}` : `the optimized ${service} integration`;
+  if (version !== undefined && !(service === 'states' && pattern === 'sync' && action === 'startExecution')) {
+    return `${integration} has no .${pattern}:2 (only Step Functions' startExecution.sync:2 does)`;
+  }
+  if (pattern !== undefined && !supported.includes(pattern as Pattern)) {
+    const patterns = ['Request Response', ...supported.map((p) => `.${p}`)].join(' and ');
+    return `${integration} supports ${patterns} only, not .${pattern}`;
+  }
+  return undefined;
+}
+
 /**
  * What the simulator cannot run, or what AWS refuses at creation, refused when the simulator starts,
  * naming the state machine and the state, rather than run differently from AWS:
  * - JSONata (aws-local-stepfunctions interprets JSONPath only);
  * - DynamoDB actions and parameters dynalite lacks (transactions, PartiQL, `ReturnValuesOnConditionCheckFailure`);
- * - `.waitForTaskToken` on the optimized DynamoDB integration, which supports Request Response only
- *   (https://docs.aws.amazon.com/step-functions/latest/dg/connect-ddb.html);
+ * - an integration pattern the integration does not support (unsupportedPattern): `.waitForTaskToken`
+ *   on the optimized DynamoDB integration, `.sync` on an AWS SDK integration, ...;
  * - `.waitForTaskToken` and `.sync` in an Express state machine, which supports neither
  *   (https://docs.aws.amazon.com/step-functions/latest/dg/choosing-workflow-type.html);
  * - with `staleReads`, an eventually consistent DynamoDB read, which dynalite cannot answer stale.
@@ -1258,9 +1323,8 @@ export function refuseWhatItCannotRun(logicalId: string, definition: any, type?:
     if (staleReads && dynamo && ['getItem', 'query', 'scan', 'batchGetItem'].includes(dynamo[2]) && state.Parameters?.ConsistentRead !== true) {
       refuse(name, `an eventually consistent DynamoDB ${dynamo[2]}: with staleReads on, the simulator would answer it with the latest version only (set ConsistentRead, or test it on AWS)`);
     }
-    if (dynamo && !dynamo[1] && dynamo[3] !== undefined) {
-      refuse(name, `the optimized DynamoDB integration supports Request Response only, not ${dynamo[3]} (AWS refuses the definition)`);
-    }
+    const unsupported = unsupportedPattern(state.Resource);
+    if (unsupported) refuse(name, `${unsupported} (AWS refuses the definition; ${INTEGRATION_PATTERNS_URL})`);
     if (type === 'EXPRESS' && /\.(waitForTaskToken|sync)(:2)?$/.test(state.Resource)) {
       refuse(name, 'an Express state machine supports neither .waitForTaskToken nor .sync (AWS refuses the definition)');
     }

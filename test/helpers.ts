@@ -1,9 +1,15 @@
-import { App, CfnElement, Stack } from 'aws-cdk-lib';
+import { App, CfnElement, Duration, Stack } from 'aws-cdk-lib';
 import * as lambda from 'aws-cdk-lib/aws-lambda';
 import * as sfn from 'aws-cdk-lib/aws-stepfunctions';
 import * as tasks from 'aws-cdk-lib/aws-stepfunctions-tasks';
 import { Execution, lockStates, Simulator, TaskContext, waitingTickets } from '../simulator';
 import { ConcurrencyControlledWorkflow, ConcurrencyControlledWorkflowProps } from '../src';
+
+/**
+ * The work functions' Timeout: Lambda's longest (15 minutes), since the simulator enforces a function's
+ * Timeout on handlers registered in its place too, and the tests' bodies hold executions for minutes.
+ */
+export const WORK_FUNCTION_TIMEOUT = Duration.minutes(15);
 
 /** A stack with one workflow whose body is a Lambda task ("Do Work") the simulator runs locally. */
 export function workflowStack(props: Partial<ConcurrencyControlledWorkflowProps> = {}) {
@@ -13,6 +19,7 @@ export function workflowStack(props: Partial<ConcurrencyControlledWorkflowProps>
     runtime: lambda.Runtime.NODEJS_18_X,
     handler: 'index.handler',
     code: lambda.Code.fromInline('exports.handler = async (event) => event;'),
+    timeout: WORK_FUNCTION_TIMEOUT,
   });
   const body = new tasks.LambdaInvoke(stack, 'Do Work', { lambdaFunction: workFunction, payloadResponseOnly: true });
   const workflow = new ConcurrencyControlledWorkflow(stack, 'Workflow', { body, ...props });

@@ -3,7 +3,7 @@ import { App, CfnElement, Duration, Stack } from 'aws-cdk-lib';
 import * as lambda from 'aws-cdk-lib/aws-lambda';
 import * as sfn from 'aws-cdk-lib/aws-stepfunctions';
 import * as tasks from 'aws-cdk-lib/aws-stepfunctions-tasks';
-import { lockState, logicalId, stateMachineLogicalId, statuses, WorkTracker } from './helpers';
+import { lockState, logicalId, stateMachineLogicalId, statuses, WORK_FUNCTION_TIMEOUT, WorkTracker } from './helpers';
 import { ApiError, Execution, Simulator, SimulatorOptions, TaskContext } from '../simulator';
 import { ConcurrencyControlledWorkflow, ConcurrencyControlledWorkflowProps, IdempotencyKey, IdempotencyOptions, IdempotentWorkflow } from '../src';
 
@@ -26,6 +26,7 @@ function idempotentStack(options: IdempotencyOptions = {}, limit?: number, semap
     runtime: lambda.Runtime.NODEJS_18_X,
     handler: 'index.handler',
     code: lambda.Code.fromInline('exports.handler = async (event) => event;'),
+    timeout: WORK_FUNCTION_TIMEOUT,
   });
   const body = new tasks.LambdaInvoke(stack, 'Do Work', { lambdaFunction: workFunction, payloadResponseOnly: true });
   const stateMachine =

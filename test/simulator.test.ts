@@ -11,7 +11,7 @@ import * as lambda from 'aws-cdk-lib/aws-lambda';
 import * as sqs from 'aws-cdk-lib/aws-sqs';
 import * as sfn from 'aws-cdk-lib/aws-stepfunctions';
 import * as tasks from 'aws-cdk-lib/aws-stepfunctions-tasks';
-import { DynamoTaskRunner, jsonPath, LocalDynamoDb, matchesPattern, REDRIVE_RESUME, refuseWhatItCannotRun, seededRandom, Simulator, targetInput } from '../simulator';
+import { DynamoTaskRunner, jsonPath, LocalDynamoDb, matchesPattern, REDRIVE_RESUME, refuseWhatItCannotRun, seededRandom, Simulator, targetInput, unsupportedPattern } from '../simulator';
 import { logicalId, workflowStack } from './helpers';
 
 /*
@@ -166,7 +166,13 @@ describe('state machines', () => {
       undefined,
       /state 'S': ReturnValuesOnConditionCheckFailure: dynalite, the simulator's DynamoDB, would ignore it/,
     ],
-    ['the optimized DynamoDB integration with a callback', { Type: 'Task', Resource: 'arn:aws:states:::dynamodb:putItem.waitForTaskToken' }, undefined, /supports Request Response only/],
+    ['the optimized DynamoDB integration with a callback', { Type: 'Task', Resource: 'arn:aws:states:::dynamodb:putItem.waitForTaskToken' }, undefined, /supports Request Response only, not .waitForTaskToken/],
+    ['an AWS SDK integration that runs a job', { Type: 'Task', Resource: 'arn:aws:states:::aws-sdk:batch:submitJob.sync' }, undefined, /the AWS SDK integration batch:submitJob supports Request Response and .waitForTaskToken only, not .sync/],
+    ['Lambda that runs a job', { Type: 'Task', Resource: 'arn:aws:states:::lambda:invoke.sync' }, undefined, /the optimized lambda integration supports Request Response and .waitForTaskToken only, not .sync/],
+    ['SQS that runs a job', { Type: 'Task', Resource: 'arn:aws:states:::sqs:sendMessage.sync' }, undefined, /optimized sqs integration supports Request Response and .waitForTaskToken only/],
+    ['AWS Batch with a callback', { Type: 'Task', Resource: 'arn:aws:states:::batch:submitJob.waitForTaskToken' }, undefined, /optimized batch integration supports Request Response and .sync only, not .waitForTaskToken/],
+    ['an HTTP Task with a callback', { Type: 'Task', Resource: 'arn:aws:states:::http:invoke.waitForTaskToken' }, undefined, /optimized http integration supports Request Response only/],
+    ['.sync:2 beside Step Functions', { Type: 'Task', Resource: 'arn:aws:states:::glue:startJobRun.sync:2' }, undefined, /has no .sync:2/],
     ['a callback in Express', { Type: 'Task', Resource: 'arn:aws:states:::sqs:sendMessage.waitForTaskToken' }, 'EXPRESS', /an Express state machine supports neither/],
     [
       'a Distributed Map',
@@ -184,6 +190,26 @@ describe('state machines', () => {
     const definition = { StartAt: 'Start', States: { Start: { Type: 'Parallel', Branches: [{ StartAt: 'S', States: { S: { ...state, End: true } } }], End: true } } };
     expect(() => refuseWhatItCannotRun('Machine', definition, type, type === 'STALE')).toThrow(message);
     expect(() => refuseWhatItCannotRun('Machine', { StartAt: 'S', States: { S: { Type: 'Pass', End: true } } }, type)).not.toThrow();
+  });
+
+  test('accepts the integration patterns AWS supports (per its table of integrations)', () => {
+    const accepted = [
+      'arn:aws:states:::dynamodb:updateItem',
+      'arn:aws:states:::aws-sdk:dynamodb:updateItem.waitForTaskToken',
+      'arn:aws:states:::aws-sdk:sfn:sendTaskSuccess',
+      'arn:aws:states:::lambda:invoke.waitForTaskToken',
+      'arn:aws:states:::sqs:sendMessage.waitForTaskToken',
+      'arn:aws:states:::states:startExecution.sync:2',
+      'arn:aws:states:::states:startExecution.waitForTaskToken',
+      'arn:aws:states:::ecs:runTask.sync',
+      'arn:aws:states:::ecs:runTask.waitForTaskToken',
+      'arn:aws:states:::glue:startJobRun.sync',
+      'arn:aws:states:::http:invoke',
+      'arn:aws:lambda:us-east-1:123456789012:function:f',
+    ];
+    expect(accepted.filter((r) => unsupportedPattern(r) !== undefined)).toEqual([]);
+    const definition = { StartAt: 'S', States: { S: { Type: 'Task', Resource: 'arn:aws:states:::ecs:runTask.sync', End: true } } };
+    expect(() => refuseWhatItCannotRun('Machine', definition)).not.toThrow();
   });
 
   test('StartExecution with the name of a running execution: the same input returns it; other input, or a closed one, ExecutionAlreadyExists; ListExecutions newest first', async () => {
@@ -742,7 +768,8 @@ describe('Lambda functions, schedules and the Step Functions API', () => {
     }
   });
 
-  test('a function that runs past its Timeout fails the task with Lambda.Unknown; Lambda service errors can be injected', async () => {
+  test('a function that runs past its Timeout fails the task with Lambda.Unknown, a registered handler too; Lambda service errors can be injected', async () => {
+    let slowFunction!: lambda.Function;
     const { stack, sm } = machineStack((s) => {
       const fn = new lambda.Function(s, 'Slow', {
         runtime: lambda.Runtime.NODEJS_18_X,
@@ -751,6 +778,7 @@ describe('Lambda functions, schedules and the Step Functions API', () => {
         // Two real seconds: 200 simulated ones at the tests' time scale.
         code: lambda.Code.fromInline('exports.handler = async (e) => { if (e.slow) await new Promise((r) => setTimeout(r, 2000)); return { ok: true }; };'),
       });
+      slowFunction = fn;
       return new tasks.LambdaInvoke(s, 'Invoke Slow', { lambdaFunction: fn, payloadResponseOnly: true });
     });
     const sim = await Simulator.start(stack);
@@ -763,6 +791,26 @@ describe('Lambda functions, schedules and the Step Functions API', () => {
       expect([quick.status, quick.output]).toEqual(['SUCCEEDED', { ok: true }]);
     } finally {
       await sim.stop();
+    }
+    // A handler registered in the function's place runs under the same Timeout.
+    const functionId = logicalId(slowFunction.node.defaultChild as any);
+    const registered = await Simulator.start(stack, {
+      lambdaHandlers: {
+        [functionId]: async (input: any, context) => {
+          await context.simulator.sleep(input.seconds);
+          return { ok: true };
+        },
+      },
+    });
+    try {
+      const machine = registered.stateMachine(logicalId(sm.node.defaultChild as any));
+      const late = await registered.startExecution(machine, { seconds: 4 }).done;
+      expect([late.status, late.error]).toEqual(['FAILED', 'Lambda.Unknown']);
+      expect(late.cause).toMatch(/Task timed out after 3\.00 seconds/);
+      const inTime = await registered.startExecution(machine, { seconds: 2 }).done;
+      expect([inTime.status, inTime.output]).toEqual(['SUCCEEDED', { ok: true }]);
+    } finally {
+      await registered.stop();
     }
     const faulty = await Simulator.start(stack, { lambdaServiceErrorRate: 1 });
     try {

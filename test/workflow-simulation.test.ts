@@ -4,7 +4,7 @@ import * as lambda from 'aws-cdk-lib/aws-lambda';
 import * as sfn from 'aws-cdk-lib/aws-stepfunctions';
 import * as tasks from 'aws-cdk-lib/aws-stepfunctions-tasks';
 import { ConcurrencyControlledWorkflow, SemaphoreTable, WaitStrategy } from '../src';
-import { lockState, logicalId, stateMachineLogicalId, statuses, WorkTracker, workflowStack } from './helpers';
+import { lockState, logicalId, stateMachineLogicalId, statuses, WORK_FUNCTION_TIMEOUT, WorkTracker, workflowStack } from './helpers';
 import { Execution, LockMonitor, seededRandom, Simulator, SimulatorOptions, TaskContext, TaskError } from '../simulator';
 import { isTicketKey, ticketKey } from '../src/private/lock-schema';
 
@@ -400,6 +400,7 @@ test('workflows sharing a table and lock name share its permits', async () => {
     runtime: lambda.Runtime.NODEJS_18_X,
     handler: 'index.handler',
     code: lambda.Code.fromInline('exports.handler = async () => ({});'),
+    timeout: WORK_FUNCTION_TIMEOUT,
   });
   const workflows = ['First', 'Second'].map(
     (id) =>
@@ -517,10 +518,11 @@ describe('history budget: a wait gives up with SemaphoreAcquireTimeout well befo
     [WaitStrategy.QUEUE, { queueCheckInterval: Duration.seconds(1) }, 'Wait Budget Spent', 17_000],
     [WaitStrategy.POLLING, { pollInterval: Duration.seconds(1) }, 'Acquire Timed Out', 5_000],
   ])('%s', async (waitStrategy, intervals, endState, leastEvents) => {
-    const { stack, workflow, workFunctionId } = workflowStack({ concurrencyLimit: 1, waitStrategy, ...intervals, reconcilerScheduleEnabled: false });
-    // The holder outlasts the waiter's whole budget.
+    const { stack, workflow } = workflowStack({ concurrencyLimit: 1, waitStrategy, ...intervals, reconcilerScheduleEnabled: false });
+    // The holder outlasts the waiter's whole budget: a body of 4,000 s, longer than a Lambda function
+    // may run, so the task itself is replaced (as a job run with .sync would take that long).
     const work = new WorkTracker((input) => input.seconds);
-    await simulate(stack, { timeScale: 0.002, lambdaHandlers: { [workFunctionId]: work.handler } }, async (sim) => {
+    await simulate(stack, { timeScale: 0.002, taskHandlers: { 'Do Work': work.handler } }, async (sim) => {
       const sm = sim.stateMachine(stateMachineLogicalId(workflow.stateMachine));
       const holder = sim.startExecution(sm, { seconds: 4000 });
       await sim.sleep(5);

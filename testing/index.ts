@@ -11,7 +11,8 @@
  *   start, wait for and stop executions, read the lock (holders, waiters, permits in use), sweep.
  *
  * Task states are replaced by handlers by state name (`taskHandlers`), Lambda functions by logical ID
- * (`lambdaHandlers`); functions without a handler run their synthesized code. What the simulator cannot
+ * (`lambdaHandlers`, which run under the function's `Timeout` as its code would); functions without a
+ * handler run their synthesized code. What the simulator cannot
  * run as AWS would (JSONata, DynamoDB transactions, a Distributed Map, ...) is refused when it starts,
  * naming the state. The behaviours it models, and its known gaps, are listed in
  * docs/simulator-fidelity.md of the repository.
