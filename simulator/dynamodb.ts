@@ -76,6 +76,77 @@ export interface ConsumedUnits {
   readonly read: number;
 }
 
+/** A read that asks for no strong consistency: `ConsistentRead` not true (a query of an index never is). */
+export function eventuallyConsistentRead(action: string, input: Record<string, any>): boolean {
+  if (action === 'BatchGetItem') return Object.values<any>(input.RequestItems ?? {}).some((r) => r?.ConsistentRead !== true);
+  return ['GetItem', 'Query', 'Scan'].includes(action) && input.ConsistentRead !== true;
+}
+
+/**
+ * The DynamoDB endpoint of the code under test (Lambda functions, and the SDK clients of the process)
+ * when `staleReads` is on: dynalite behind a gate that refuses an eventually consistent read, loudly,
+ * with a ValidationException naming the gap. DynamoDB may answer such a read with an item's previous
+ * version ("the response might not reflect the results of a recently completed write operation",
+ * https://docs.aws.amazon.com/amazondynamodb/latest/developerguide/HowItWorks.ReadConsistency.html);
+ * dynalite always answers with the latest, so code that passed here could fail on AWS. Every other
+ * request passes through unchanged.
+ */
+export class ReadConsistencyGate {
+  public static async start(target: LocalDynamoDb): Promise<ReadConsistencyGate> {
+    const gate = new ReadConsistencyGate(new URL(target.endpoint));
+    await new Promise<void>((resolve) => gate.server.listen(0, '127.0.0.1', () => resolve()));
+    return gate;
+  }
+
+  /** The reads refused: action and table. */
+  public readonly refused: Array<{ action: string; tableName: string }> = [];
+  private readonly server: http.Server;
+
+  private constructor(target: URL) {
+    this.server = http.createServer((req, res) => {
+      const chunks: Buffer[] = [];
+      req.on('data', (c: Buffer) => chunks.push(c));
+      req.on('end', () => {
+        const body = Buffer.concat(chunks);
+        const action = String(req.headers['x-amz-target'] ?? '').split('.').pop() ?? '';
+        let input: Record<string, any> = {};
+        try {
+          input = JSON.parse(body.toString() || '{}');
+        } catch {
+          // Not JSON: dynalite answers it.
+        }
+        if (eventuallyConsistentRead(action, input)) {
+          const tableName = String(input.TableName ?? Object.keys(input.RequestItems ?? {}).join(', '));
+          this.refused.push({ action, tableName });
+          const message =
+            `the simulator refuses an eventually consistent ${action} on ${tableName} (staleReads is on): DynamoDB may answer it ` +
+            'with the previous version of an item, and the simulator\'s DynamoDB (dynalite) cannot. Set ConsistentRead: true, or test this read on AWS';
+          const payload = JSON.stringify({ __type: 'com.amazon.coral.validate#ValidationException', message });
+          res.writeHead(400, { 'Content-Type': 'application/x-amz-json-1.0', 'Content-Length': Buffer.byteLength(payload) });
+          res.end(payload);
+          return;
+        }
+        const upstream = http.request({ host: target.hostname, port: target.port, method: req.method, path: req.url, headers: req.headers }, (up) => {
+          res.writeHead(up.statusCode!, up.headers);
+          up.pipe(res);
+        });
+        upstream.on('error', () => res.destroy());
+        upstream.end(body);
+      });
+    });
+  }
+
+  /** Endpoint URL for the code under test (`AWS_ENDPOINT_URL_DYNAMODB`). */
+  public get endpoint(): string {
+    return `http://127.0.0.1:${(this.server.address() as AddressInfo).port}`;
+  }
+
+  public stop(): Promise<void> {
+    this.server.closeAllConnections();
+    return new Promise((resolve) => this.server.close(() => resolve()));
+  }
+}
+
 /** A running dynalite server, with an SDK client and a fast raw client for it. */
 export class LocalDynamoDb {
   /** Start dynalite on a free port of 127.0.0.1. */

@@ -855,6 +855,51 @@ describe('Lambda functions, schedules and the Step Functions API', () => {
     }
   });
 
+  test('staleReads: a Lambda function\'s eventually consistent DynamoDB read is refused with a ValidationException naming the gap; a consistent one is served', async () => {
+    const { stack, sm } = machineStack((s, t) => {
+      const fn = new lambda.Function(s, 'Reader', {
+        runtime: lambda.Runtime.NODEJS_22_X,
+        handler: 'index.handler',
+        environment: { TABLE: t.tableName },
+        code: lambda.Code.fromInline(
+          `const ddb = require('@aws-sdk/client-dynamodb');
+           const client = new ddb.DynamoDBClient({ maxAttempts: 1 });
+           exports.handler = async (event) => {
+             const input = { TableName: process.env.TABLE, ConsistentRead: event.consistent };
+             if (event.scan) return (await client.send(new ddb.ScanCommand(input))).Count;
+             const out = await client.send(new ddb.GetItemCommand({ ...input, Key: { pk: { S: 'a' } } }));
+             return out.Item ? out.Item.pk.S : 'none';
+           };`,
+        ),
+      });
+      t.grantReadData(fn);
+      return new tasks.LambdaInvoke(s, 'Read', { lambdaFunction: fn, payloadResponseOnly: true });
+    });
+    const read = async (options: { staleReads?: { windowSeconds: number; rate: number } }, inputs: object[]) => {
+      const sim = await Simulator.start(stack, options);
+      try {
+        const machine = sim.stateMachine(logicalId(sm.node.defaultChild as any));
+        const results = [];
+        for (const input of inputs) results.push(await sim.startExecution(machine, input).done);
+        return { results, refused: sim.readGate?.refused ?? [] };
+      } finally {
+        await sim.stop();
+      }
+    };
+    const inputs = [{ consistent: false }, { consistent: true }, { scan: true }, { scan: true, consistent: true }];
+    const stale = await read({ staleReads: { windowSeconds: 5, rate: 0.5 } }, inputs);
+    expect(stale.results.map((e) => e.status)).toEqual(['FAILED', 'SUCCEEDED', 'FAILED', 'SUCCEEDED']);
+    expect(stale.results[0].error).toBe('ValidationException');
+    expect(stale.results[0].cause).toMatch(/the simulator refuses an eventually consistent GetItem on .* \(staleReads is on\).*Set ConsistentRead: true, or test this read on AWS/);
+    expect(stale.results[2].cause).toMatch(/eventually consistent Scan/);
+    expect(stale.results[1].output).toBe('none');
+    expect(stale.results[3].output).toBe(0);
+    expect(stale.refused.map((r) => r.action)).toEqual(['GetItem', 'Scan']);
+    // Without staleReads the same reads are served (DynamoDB would answer them, maybe stale).
+    const current = await read({}, [{ consistent: false }, { scan: true }]);
+    expect(current.results.map((e) => [e.status, e.output])).toEqual([['SUCCEEDED', 'none'], ['SUCCEEDED', 0]]);
+  });
+
   test('fires a rate() rule on the simulated clock; its function sees the Step Functions API', async () => {
     const stack = new Stack(new App(), 'Sched');
     const sm = new sfn.StateMachine(stack, 'Machine', {
