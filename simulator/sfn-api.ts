@@ -90,7 +90,10 @@ export class StepFunctionsApi {
         return { executions: page, ...(start + size < all.length ? { nextToken: String(start + size) } : {}) };
       }
       case 'GetExecutionHistory': {
-        const all = this.backend.getExecutionHistory(input.executionArn, input.reverseOrder === true);
+        const history = this.backend.getExecutionHistory(input.executionArn, input.reverseOrder === true);
+        // "You can select whether execution data (input or output of a history event) is returned. The
+        // default is true." (API_GetExecutionHistory.html)
+        const all = input.includeExecutionData === false ? history.map(withoutExecutionData) : history;
         const start = Number(input.nextToken ?? 0);
         const size = input.maxResults || 1000;
         return { events: all.slice(start, start + size), ...(start + size < all.length ? { nextToken: String(start + size) } : {}) };
@@ -108,4 +111,14 @@ export class StepFunctionsApi {
         throw new ApiError('UnknownOperationException', `the simulator does not serve ${operation}`);
     }
   }
+}
+
+/** A history event without its execution data: the inputs, outputs and parameters of its details. */
+function withoutExecutionData(event: Record<string, unknown>): Record<string, unknown> {
+  const data = ['input', 'inputDetails', 'output', 'outputDetails', 'parameters'];
+  return Object.fromEntries(
+    Object.entries(event).map(([k, v]) =>
+      k.endsWith('EventDetails') && typeof v === 'object' && v !== null ? [k, Object.fromEntries(Object.entries(v).filter(([f]) => !data.includes(f)))] : [k, v],
+    ),
+  );
 }

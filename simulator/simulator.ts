@@ -177,8 +177,17 @@ export class Execution {
     output?: unknown;
     error?: string;
     cause?: string;
+    /** A task's events: which of its state's task calls (TaskCall) they are about. */
+    call?: number;
     timestamp: number;
   }> = [];
+  /**
+   * @internal The calls of each Task state, in order (a retry is a call of its own): the parameters it
+   * was called with, and its result; for the details of the task's history events.
+   */
+  public readonly taskCalls = new Map<string, Array<{ parameters: unknown; output?: unknown }>>();
+  /** @internal How many times each Task state (outside a Map) was scheduled: the index of its current call. */
+  public readonly taskScheduled = new Map<string, number>();
   /** @internal Outputs of the Parallel branches the last redrive did not run again, by `parallel#branch`. */
   public redriveSkippedBranches = new Map<string, unknown>();
   /** @internal */
@@ -253,10 +262,102 @@ const HISTORY_LIMIT_CAUSE = `The execution reached the maximum number of history
  * started, (submitted, with a callback,) ends (succeeded, failed or timed out) and is exited (5, 6),
  * and each retry schedules and starts it again after the failure (3, 4); a Parallel or Map is
  * entered, started, ends and is exited (4), each Map iteration starting and ending (2); a Fail state
- * is entered, and the execution's end follows. A failure caught still exits the state. (Lambda tasks
- * are logged as `Task…` here; AWS names some of their events `LambdaFunction…`, as many.)
+ * is entered, and the execution's end follows. A failure caught still exits the state. A Task whose
+ * resource is a function's ARN logs `LambdaFunction…` in place of `Task…`, as many.
  */
 function historyEventsOf(event: { type: string; state?: { name: string; type: string }; Error?: string }, state: any, caught: boolean): string[] {
+  const types = taskHistoryEventsOf(event, state, caught);
+  // A Task whose resource is a function's ARN (the legacy Lambda integration) logs its own events as
+  // LambdaFunction… (LambdaFunctionScheduledEventDetails: "The Amazon Resource Name (ARN) of the
+  // scheduled Lambda function").
+  return isLegacyLambda(state) ? types.map((t) => LEGACY_LAMBDA_EVENTS[t] ?? t) : types;
+}
+
+const LEGACY_LAMBDA_EVENTS: Record<string, string> = {
+  TaskScheduled: 'LambdaFunctionScheduled',
+  TaskStarted: 'LambdaFunctionStarted',
+  TaskSucceeded: 'LambdaFunctionSucceeded',
+  TaskFailed: 'LambdaFunctionFailed',
+  TaskTimedOut: 'LambdaFunctionTimedOut',
+};
+
+function isLegacyLambda(state: any): boolean {
+  return state?.Type === 'Task' && typeof state.Resource === 'string' && /^arn:aws[a-z-]*:lambda:/.test(state.Resource);
+}
+
+/** An error's cause as the history gives it: text. */
+function causeText(cause: unknown): string | undefined {
+  if (cause === undefined || cause === null) return undefined;
+  return typeof cause === 'string' ? cause : cause instanceof Error ? cause.message : JSON.stringify(cause);
+}
+
+/** A task's own history events (not its state's entry and exit). */
+function isTaskEvent(type: string): boolean {
+  return (type.startsWith('Task') && !type.startsWith('TaskState')) || type.startsWith('LambdaFunction');
+}
+
+/**
+ * The details of a task's own history event (HistoryEvent's task… and lambdaFunction… details): the
+ * resource as `resourceType` (the service, or `aws-sdk:<service>`) and `resource` (the action, with its
+ * pattern), the parameters it was called with, its result, or its error.
+ * https://docs.aws.amazon.com/step-functions/latest/apireference/API_HistoryEvent.html
+ */
+function taskEventDetails(
+  h: { type: string; error?: string; cause?: string },
+  state: any,
+  call: { parameters: unknown; output?: unknown } | undefined,
+): Record<string, unknown> {
+  const json = (value: unknown) => JSON.stringify(value ?? null);
+  const resourceArn = String(state?.Resource ?? '');
+  if (isLegacyLambda(state)) {
+    switch (h.type) {
+      case 'LambdaFunctionScheduled':
+        return {
+          lambdaFunctionScheduledEventDetails: {
+            resource: resourceArn,
+            ...(call ? { input: json(call.parameters), inputDetails: { truncated: false } } : {}),
+            ...(state.TimeoutSeconds !== undefined ? { timeoutInSeconds: state.TimeoutSeconds } : {}),
+          },
+        };
+      case 'LambdaFunctionSucceeded':
+        return { lambdaFunctionSucceededEventDetails: call ? { output: json(call.output), outputDetails: { truncated: false } } : {} };
+      case 'LambdaFunctionFailed':
+        return { lambdaFunctionFailedEventDetails: { error: h.error, cause: h.cause } };
+      case 'LambdaFunctionTimedOut':
+        return { lambdaFunctionTimedOutEventDetails: { error: h.error, cause: h.cause } };
+      default:
+        return {};
+    }
+  }
+  const m = /^arn:aws[a-z-]*:states:::(aws-sdk:)?([a-z0-9-]+):(.+)$/.exec(resourceArn);
+  const resource = m ? { resourceType: `${m[1] ?? ''}${m[2]}`, resource: m[3] } : { resourceType: resourceArn, resource: resourceArn };
+  switch (h.type) {
+    case 'TaskScheduled':
+      return {
+        taskScheduledEventDetails: {
+          ...resource,
+          region: REGION,
+          ...(call ? { parameters: json(call.parameters) } : {}),
+          ...(state?.TimeoutSeconds !== undefined ? { timeoutInSeconds: state.TimeoutSeconds } : {}),
+          ...(state?.HeartbeatSeconds !== undefined ? { heartbeatInSeconds: state.HeartbeatSeconds } : {}),
+        },
+      };
+    case 'TaskStarted':
+      return { taskStartedEventDetails: resource };
+    case 'TaskSubmitted':
+      return { taskSubmittedEventDetails: resource };
+    case 'TaskSucceeded':
+      return { taskSucceededEventDetails: { ...resource, ...(call ? { output: json(call.output), outputDetails: { truncated: false } } : {}) } };
+    case 'TaskFailed':
+      return { taskFailedEventDetails: { ...resource, error: h.error, cause: h.cause } };
+    case 'TaskTimedOut':
+      return { taskTimedOutEventDetails: { ...resource, error: h.error, cause: h.cause } };
+    default:
+      return {};
+  }
+}
+
+function taskHistoryEventsOf(event: { type: string; state?: { name: string; type: string }; Error?: string }, state: any, caught: boolean): string[] {
   const type = event.state?.type ?? '';
   const task = type === 'Task';
   const scheduled = task ? ['TaskScheduled', 'TaskStarted', ...(typeof state?.Resource === 'string' && state.Resource.endsWith(WAIT_FOR_TASK_TOKEN) ? ['TaskSubmitted'] : [])] : [];
@@ -677,8 +778,9 @@ export class Simulator {
     if (!e) throw new ApiError('ExecutionDoesNotExist', `Execution Does Not Exist: '${executionArn}'`);
     let redrives = 0;
     // The details of HistoryEvent (https://docs.aws.amazon.com/step-functions/latest/apireference/API_HistoryEvent.html)
-    // for the execution's start and end and each state entered and exited; a task's own events carry none.
+    // for the execution's start and end, each state entered and exited, and a task's own events.
     const json = (value: unknown) => JSON.stringify(value ?? null);
+    const states = new Map(allStates(e.stateMachine.definition));
     const events = e.history.map((h, i) => ({
       id: i + 1,
       timestamp: h.timestamp / 1000,
@@ -687,6 +789,9 @@ export class Simulator {
       ...(h.name !== undefined ? { stateEnteredEventDetails: { name: h.name, input: json(h.input), inputDetails: { truncated: false } } } : {}),
       ...(h.state !== undefined && h.type.endsWith('StateExited')
         ? { stateExitedEventDetails: { name: h.state, output: json(h.output), outputDetails: { truncated: false } } }
+        : {}),
+      ...(isTaskEvent(h.type) && h.state !== undefined
+        ? taskEventDetails(h, states.get(h.state), h.call === undefined ? undefined : e.taskCalls.get(h.state)?.[h.call])
         : {}),
       ...(h.type === 'ExecutionRedriven' ? { executionRedrivenEventDetails: { redriveCount: ++redrives } } : {}),
       ...(h.type === 'ExecutionSucceeded' ? { executionSucceededEventDetails: { output: json(h.output), outputDetails: { truncated: false } } } : {}),
@@ -862,6 +967,9 @@ export class Simulator {
     this.emitStatusChange(execution);
 
     const definitionStates = new Map(allStates(execution.stateMachine.definition));
+    const inMap = new Set(
+      [...definitionStates.values()].filter((st) => st.Type === 'Map').flatMap((st) => allStates(st.ItemProcessor ?? st.Iterator ?? {}).map(([n]) => n)),
+    );
     const caught = new Set<string>();
     const counting = (async () => {
       for await (const event of run.eventLogs) {
@@ -885,6 +993,17 @@ export class Simulator {
             } else if (type.endsWith('StateExited') && 'state' in event) {
               // The output is kept for a redrive: a Parallel branch that ended with it is not run again.
               execution.history.push({ type, state: event.state.name, output: event.state.output, timestamp });
+            } else if (isTaskEvent(type) && 'state' in event) {
+              // The task's own events: which call of its state they are about, and its error.
+              // (Not inside a Map: its iterations call the same state at once, in no known order.)
+              const name = event.state.name;
+              let call: number | undefined;
+              if (!inMap.has(name)) {
+                if (type === 'TaskScheduled' || type === 'LambdaFunctionScheduled') execution.taskScheduled.set(name, (execution.taskScheduled.get(name) ?? 0) + 1);
+                call = (execution.taskScheduled.get(name) ?? 0) - 1;
+              }
+              const failure = event.type === 'StateFailed' ? { error: (event as any).Error, cause: causeText((event as any).Cause) } : {};
+              execution.history.push({ type, state: name, call, ...failure, timestamp });
             } else {
               execution.history.push({ type, ...('state' in event ? { state: event.state.name } : {}), timestamp });
             }
@@ -992,10 +1111,20 @@ export class Simulator {
   }
 
   private async runTask(execution: Execution, stateName: string, resource: string, input: any): Promise<unknown> {
+    const calls = execution.taskCalls.get(stateName) ?? [];
+    execution.taskCalls.set(stateName, calls);
+    const call: { parameters: unknown; output?: unknown } = { parameters: input };
+    calls.push(call);
+    const output = await this.callTask(execution, stateName, resource, input, call);
+    call.output = output;
+    return output;
+  }
+
+  private async callTask(execution: Execution, stateName: string, resource: string, input: any, call: { parameters: unknown }): Promise<unknown> {
     const context: TaskContext = { simulator: this, execution, stateName, signal: execution.stopped.signal };
     this.taskListeners.forEach((l) => l(execution, stateName));
     if (resource.endsWith(WAIT_FOR_TASK_TOKEN)) {
-      return this.runCallbackTask(execution, stateName, resource, input, context);
+      return this.runCallbackTask(execution, stateName, resource, input, context, call);
     }
     checkPayloadSize(stateName, 'an input after Parameters', input);
     const override = this.options.taskHandlers?.[stateName];
@@ -1010,7 +1139,14 @@ export class Simulator {
    * callback. The wait is registered before the call, so that a callback sent while the call is
    * still under way is not lost.
    */
-  private async runCallbackTask(execution: Execution, stateName: string, resource: string, input: any, context: TaskContext): Promise<unknown> {
+  private async runCallbackTask(
+    execution: Execution,
+    stateName: string,
+    resource: string,
+    input: any,
+    context: TaskContext,
+    record: { parameters: unknown },
+  ): Promise<unknown> {
     const token = this.callbacks.issue(execution.arn, stateName);
     const state = allStates(execution.stateMachine.definition).find(([name]) => name === stateName)![1];
     const callback = this.callbacks.wait(
@@ -1023,6 +1159,8 @@ export class Simulator {
     // The callback can come before the call has returned; the task takes its outcome after that.
     callback.catch(() => undefined);
     const call = withToken(input, token);
+    // Its parameters as the history gives them: with the token.
+    record.parameters = call;
     try {
       checkPayloadSize(stateName, 'an input after Parameters', call);
       const override = this.options.taskHandlers?.[stateName];

@@ -2,7 +2,7 @@ import * as fs from 'fs';
 import * as os from 'os';
 import * as path from 'path';
 import { CreateTableCommand } from '@aws-sdk/client-dynamodb';
-import { DescribeExecutionCommand, ListExecutionsCommand, SFNClient, StopExecutionCommand } from '@aws-sdk/client-sfn';
+import { DescribeExecutionCommand, GetExecutionHistoryCommand, ListExecutionsCommand, SFNClient, StopExecutionCommand } from '@aws-sdk/client-sfn';
 import { App, Duration, Stack } from 'aws-cdk-lib';
 import * as dynamodb from 'aws-cdk-lib/aws-dynamodb';
 import * as events from 'aws-cdk-lib/aws-events';
@@ -345,6 +345,62 @@ describe('state machines', () => {
         outputDetails: { truncated: false },
       });
       expect(history[history.length - 1].executionSucceededEventDetails).toEqual({ output: JSON.stringify({ flaky: 'ok' }), outputDetails: { truncated: false } });
+    } finally {
+      await sim.stop();
+    }
+  });
+
+  test('GetExecutionHistory: a task\'s own events carry its resource, parameters, result or error; a function ARN task logs LambdaFunction… events', async () => {
+    const { stack, sm } = machineStack((s, t) => {
+      const fn = new lambda.Function(s, 'Echo', {
+        runtime: lambda.Runtime.NODEJS_22_X,
+        handler: 'index.handler',
+        code: lambda.Code.fromInline('exports.handler = async (e) => { if (e.fail) { const x = new Error(\'asked to\'); x.name = \'Asked\'; throw x; } return { echoed: e.n }; };'),
+      });
+      const put = new tasks.DynamoPutItem(s, 'Put', {
+        table: t,
+        item: { pk: tasks.DynamoAttributeValue.fromString(sfn.JsonPath.stringAt('$.key')) },
+        resultPath: sfn.JsonPath.DISCARD,
+      });
+      const legacy = new tasks.LambdaInvoke(s, 'Echo Legacy', { lambdaFunction: fn, payloadResponseOnly: true, resultPath: '$.legacy' });
+      const invoke = new tasks.LambdaInvoke(s, 'Echo Invoke', { lambdaFunction: fn, resultSelector: { 'echoed.$': '$.Payload.echoed' }, resultPath: '$.invoked' });
+      return put.next(legacy).next(invoke);
+    });
+    const sim = await Simulator.start(stack);
+    try {
+      const machine = sim.stateMachine(logicalId(sm.node.defaultChild as any));
+      const ok = await sim.startExecution(machine, { key: 'a', n: 7 }).done;
+      expect(ok.status).toBe('SUCCEEDED');
+      const history = sim.getExecutionHistory(ok.arn, false);
+      const of = (type: string) => history.filter((h) => h.type === type);
+      expect(of('TaskScheduled').map((h) => h.taskScheduledEventDetails)).toEqual([
+        { resourceType: 'dynamodb', resource: 'putItem', region: 'us-east-1', parameters: expect.stringContaining('"Item":{"pk":{"S":"a"}}') },
+        { resourceType: 'lambda', resource: 'invoke', region: 'us-east-1', parameters: expect.stringContaining('"Payload":{"key":"a","n":7,"legacy":{"echoed":7}}') },
+      ]);
+      expect(of('TaskStarted').map((h) => h.taskStartedEventDetails)).toEqual([
+        { resourceType: 'dynamodb', resource: 'putItem' },
+        { resourceType: 'lambda', resource: 'invoke' },
+      ]);
+      expect(JSON.parse((of('TaskSucceeded')[1].taskSucceededEventDetails as any).output)).toMatchObject({ Payload: { echoed: 7 }, StatusCode: 200 });
+      // The legacy integration (the function's ARN as the resource).
+      expect(of('LambdaFunctionScheduled').map((h) => h.lambdaFunctionScheduledEventDetails)).toEqual([
+        { resource: expect.stringMatching(/^arn:aws:lambda:.*:function:/), input: JSON.stringify({ key: 'a', n: 7 }), inputDetails: { truncated: false } },
+      ]);
+      expect(of('LambdaFunctionStarted')).toHaveLength(1);
+      expect(of('LambdaFunctionSucceeded').map((h) => h.lambdaFunctionSucceededEventDetails)).toEqual([{ output: JSON.stringify({ echoed: 7 }), outputDetails: { truncated: false } }]);
+
+      // A failure: its error and cause.
+      const failed = await sim.startExecution(machine, { key: 'b', n: 1, fail: true }).done;
+      expect([failed.status, failed.error]).toEqual(['FAILED', 'Asked']);
+      const failure = sim.getExecutionHistory(failed.arn, false).find((h) => h.type === 'LambdaFunctionFailed')!;
+      expect(failure.lambdaFunctionFailedEventDetails).toEqual({ error: 'Asked', cause: expect.stringContaining('asked to') });
+
+      // Through the API, without execution data: no inputs, outputs or parameters.
+      const client = new SFNClient({ endpoint: sim.sfnApi!.endpoint, region: 'us-east-1', credentials: { accessKeyId: 'a', secretAccessKey: 'b' } });
+      const page = await client.send(new GetExecutionHistoryCommand({ executionArn: ok.arn, includeExecutionData: false }));
+      client.destroy();
+      expect(page.events!.find((h) => h.type === 'TaskScheduled')!.taskScheduledEventDetails).toEqual({ resourceType: 'dynamodb', resource: 'putItem', region: 'us-east-1' });
+      expect(page.events!.find((h) => h.type === 'TaskStateEntered')!.stateEnteredEventDetails).toEqual({ name: 'Put' });
     } finally {
       await sim.stop();
     }
