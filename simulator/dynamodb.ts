@@ -83,47 +83,66 @@ export function eventuallyConsistentRead(action: string, input: Record<string, a
 }
 
 /**
- * The DynamoDB endpoint of the code under test (Lambda functions, and the SDK clients of the process)
- * when `staleReads` is on: dynalite behind a gate that refuses an eventually consistent read, loudly,
- * with a ValidationException naming the gap. DynamoDB may answer such a read with an item's previous
- * version ("the response might not reflect the results of a recently completed write operation",
- * https://docs.aws.amazon.com/amazondynamodb/latest/developerguide/HowItWorks.ReadConsistency.html);
- * dynalite always answers with the latest, so code that passed here could fail on AWS. Every other
- * request passes through unchanged.
+ * The DynamoDB endpoint of the code under test (Lambda functions, and the SDK clients of the process):
+ * its item calls go through the capacity model as the tasks' do (billed, and throttled beyond a
+ * partition's rate, with DynamoDB's own error names), but not through the tasks' injected faults
+ * (`dynamoFaults`). With `staleReads` on, it refuses an eventually consistent read, loudly, with a
+ * ValidationException naming the gap: DynamoDB may answer such a read with an item's previous version
+ * ("the response might not reflect the results of a recently completed write operation",
+ * https://docs.aws.amazon.com/amazondynamodb/latest/developerguide/HowItWorks.ReadConsistency.html),
+ * and dynalite always answers with the latest, so code that passed here could fail on AWS. Other
+ * requests (table management) pass straight to dynalite.
  */
-export class ReadConsistencyGate {
-  public static async start(target: LocalDynamoDb): Promise<ReadConsistencyGate> {
-    const gate = new ReadConsistencyGate(new URL(target.endpoint));
-    await new Promise<void>((resolve) => gate.server.listen(0, '127.0.0.1', () => resolve()));
-    return gate;
+export class CodeDynamoDbEndpoint {
+  public static async start(db: LocalDynamoDb, runner: DynamoTaskRunner, refuseEventualReads: boolean): Promise<CodeDynamoDbEndpoint> {
+    const endpoint = new CodeDynamoDbEndpoint(new URL(db.endpoint), runner, refuseEventualReads);
+    await new Promise<void>((resolve) => endpoint.server.listen(0, '127.0.0.1', () => resolve()));
+    return endpoint;
   }
 
-  /** The reads refused: action and table. */
+  /** The reads refused (`staleReads`): action and table. */
   public readonly refused: Array<{ action: string; tableName: string }> = [];
+  /** Item calls served through the capacity model. */
+  public calls = 0;
   private readonly server: http.Server;
 
-  private constructor(target: URL) {
+  private constructor(target: URL, runner: DynamoTaskRunner, refuseEventualReads: boolean) {
+    const reply = (res: http.ServerResponse, status: number, body: unknown) => {
+      const payload = JSON.stringify(body);
+      res.writeHead(status, { 'Content-Type': 'application/x-amz-json-1.0', 'Content-Length': Buffer.byteLength(payload) });
+      res.end(payload);
+    };
+    const fail = (res: http.ServerResponse, name: string, message: string) =>
+      reply(res, name === 'InternalServerError' ? 500 : 400, { __type: `com.amazonaws.dynamodb.v20120810#${name}`, message });
     this.server = http.createServer((req, res) => {
       const chunks: Buffer[] = [];
       req.on('data', (c: Buffer) => chunks.push(c));
       req.on('end', () => {
         const body = Buffer.concat(chunks);
         const action = String(req.headers['x-amz-target'] ?? '').split('.').pop() ?? '';
-        let input: Record<string, any> = {};
+        let input: Record<string, any> | undefined;
         try {
           input = JSON.parse(body.toString() || '{}');
         } catch {
-          // Not JSON: dynalite answers it.
+          input = undefined;
         }
-        if (eventuallyConsistentRead(action, input)) {
+        if (input !== undefined && refuseEventualReads && eventuallyConsistentRead(action, input)) {
           const tableName = String(input.TableName ?? Object.keys(input.RequestItems ?? {}).join(', '));
           this.refused.push({ action, tableName });
-          const message =
+          fail(
+            res,
+            'ValidationException',
             `the simulator refuses an eventually consistent ${action} on ${tableName} (staleReads is on): DynamoDB may answer it ` +
-            'with the previous version of an item, and the simulator\'s DynamoDB (dynalite) cannot. Set ConsistentRead: true, or test this read on AWS';
-          const payload = JSON.stringify({ __type: 'com.amazon.coral.validate#ValidationException', message });
-          res.writeHead(400, { 'Content-Type': 'application/x-amz-json-1.0', 'Content-Length': Buffer.byteLength(payload) });
-          res.end(payload);
+              "with the previous version of an item, and the simulator's DynamoDB (dynalite) cannot. Set ConsistentRead: true, or test this read on AWS",
+          );
+          return;
+        }
+        if (input !== undefined && ITEM_ACTIONS.includes(action)) {
+          this.calls++;
+          runner.call(action, input, { faults: false }).then(
+            (response) => reply(res, 200, response),
+            (e: Error) => fail(res, e.name, e.message),
+          );
           return;
         }
         const upstream = http.request({ host: target.hostname, port: target.port, method: req.method, path: req.url, headers: req.headers }, (up) => {
@@ -287,20 +306,38 @@ export class DynamoTaskRunner {
     }
     const sdkIntegration = m[1] !== undefined;
     const action = `${m[2][0].toUpperCase()}${m[2].slice(1)}`;
-
-    this.calls++;
-    if (chance(this.random, this.faults.throttleRate ?? 0)) {
-      this.throttled++;
-      throw errorName(sdkIntegration, 'ProvisionedThroughputExceededException', 'Rate of requests exceeds the allowed throughput (injected)');
+    try {
+      return await this.call(action, parameters, { faults: true, onConsumed });
+    } catch (e) {
+      const err = e as Error;
+      throw errorName(sdkIntegration, err.name, err.message);
     }
-    if (this.faults.maxLatencySeconds) {
+  }
+
+  /**
+   * One call as DynamoDB serves it: billed and throttled by the capacity model, with the injected
+   * `faults` if asked (the tasks' calls; code under test gets the capacity model only). Errors carry
+   * DynamoDB's own names (`ConditionalCheckFailedException`, `ProvisionedThroughputExceededException`, ...).
+   */
+  public async call(
+    action: string,
+    parameters: Record<string, any>,
+    options: { faults: boolean; onConsumed?: (units: ConsumedUnits) => void },
+  ): Promise<unknown> {
+    const { onConsumed } = options;
+    this.calls++;
+    if (options.faults && chance(this.random, this.faults.throttleRate ?? 0)) {
+      this.throttled++;
+      throw new TaskError('ProvisionedThroughputExceededException', 'Rate of requests exceeds the allowed throughput (injected)');
+    }
+    if (options.faults && this.faults.maxLatencySeconds) {
       await this.sleep(this.random() * this.faults.maxLatencySeconds);
     }
     const partition = this.partitionOf(parameters);
     if (partition !== undefined && this.overCapacity(partition, action)) {
       this.throttled++;
       this.capacityThrottled++;
-      throw errorName(sdkIntegration, 'ProvisionedThroughputExceededException', 'The level of configured provisioned throughput for one partition was exceeded (capacity model)');
+      throw new TaskError('ProvisionedThroughputExceededException', 'The level of configured provisioned throughput for one partition was exceeded (capacity model)');
     }
     const measured = parameters.ReturnConsumedCapacity === undefined ? { ...parameters, ReturnConsumedCapacity: 'TOTAL' } : parameters;
     let response: Record<string, unknown>;
@@ -316,15 +353,16 @@ export class DynamoTaskRunner {
             : (await this.db.call('GetItem', { TableName: parameters.TableName, Key: parameters.Key, ConsistentRead: true })).Item;
         this.consume(partition, { write: writeUnits(item ? itemSizeBytes(item as Record<string, unknown>) : 0), read: 0 }, onConsumed);
       }
-      throw errorName(sdkIntegration, err.name, err.message);
+      throw err instanceof TaskError ? err : new TaskError(err.name, err.message);
     }
-    const consumed = response.ConsumedCapacity as { CapacityUnits?: number } | undefined;
+    const consumed = response.ConsumedCapacity as { CapacityUnits?: number } | Array<{ CapacityUnits?: number }> | undefined;
     if (measured !== parameters) delete response.ConsumedCapacity;
-    const units = consumed?.CapacityUnits ?? 0;
+    // A batch reports its capacity per table.
+    const units = Array.isArray(consumed) ? consumed.reduce((n, c) => n + (c.CapacityUnits ?? 0), 0) : (consumed?.CapacityUnits ?? 0);
     const factor = action.startsWith('Transact') ? 2 : 1;
     this.consume(partition, READ_ACTIONS.includes(action) ? { write: 0, read: units * factor } : { write: units * factor, read: 0 }, onConsumed);
-    if (chance(this.random, this.faults.serverErrorAfterWriteRate ?? 0)) {
-      throw errorName(sdkIntegration, 'InternalServerError', 'Internal server error after the write was applied (injected)');
+    if (options.faults && chance(this.random, this.faults.serverErrorAfterWriteRate ?? 0)) {
+      throw new TaskError('InternalServerError', 'Internal server error after the write was applied (injected)');
     }
     return response;
   }
@@ -371,6 +409,8 @@ export class DynamoTaskRunner {
 
 const WRITE_ACTIONS = ['UpdateItem', 'PutItem', 'DeleteItem'];
 const READ_ACTIONS = ['GetItem', 'Query', 'Scan', 'BatchGetItem'];
+/** The actions the capacity model serves for code under test; any other passes straight to dynalite. */
+const ITEM_ACTIONS = [...WRITE_ACTIONS, ...READ_ACTIONS, 'BatchWriteItem'];
 
 /**
  * The name Step Functions gives a DynamoDB error. Optimized integrations report the Java SDK v1

@@ -2,7 +2,7 @@ import * as ddb from '@aws-sdk/client-dynamodb';
 import { Stack, Stage } from 'aws-cdk-lib';
 import { CallbackTokens, executionStopped, WAIT_FOR_TASK_TOKEN, withToken, withTokenMarkers } from './callbacks';
 import { ACCOUNT, CfnTemplate, PhysicalResource, physicalResources, REGION, resolve } from './cfn';
-import { CapacityOptions, DynamoFaults, DynamoTaskRunner, LocalDynamoDb, ReadConsistencyGate, TaskError } from './dynamodb';
+import { CapacityOptions, DynamoFaults, DynamoTaskRunner, CodeDynamoDbEndpoint, LocalDynamoDb, TaskError } from './dynamodb';
 import { EventPattern, matchesPattern, TargetInput, targetInput } from './eventbridge';
 import { LambdaContext, LambdaHandler, loadHandler } from './lambda';
 import { loadLocalStepFunctions, LocalStepFunctions } from './local-sfn';
@@ -88,7 +88,7 @@ export interface SimulatorOptions {
    * not found, one that changed since shows its previous status. DynamoDB reads that are not strongly
    * consistent, which dynalite cannot answer stale, are refused instead: a state machine's when the
    * simulator starts, a Lambda function's (or an SDK client's) when it is made, with a ValidationException
-   * (`readGate`). @default - always current
+   * (`codeDynamoDb.refused`). @default - always current
    */
   readonly staleReads?: StaleReads;
   /**
@@ -457,10 +457,10 @@ export class Simulator {
   public readonly resources: Map<string, PhysicalResource>;
   public sfnApi?: StepFunctionsApi;
   /**
-   * With `staleReads`, what stands between the code under test (Lambda functions, SDK clients) and
-   * DynamoDB: it refuses their eventually consistent reads (`readGate.refused` lists them).
+   * The DynamoDB of the code under test (Lambda functions, SDK clients of the process): dynalite behind
+   * the capacity model, and with `staleReads`, refusing eventually consistent reads (`refused` lists them).
    */
-  public readGate?: ReadConsistencyGate;
+  public codeDynamoDb!: CodeDynamoDbEndpoint;
   public readonly timeScale: number;
 
   private readonly sfn: LocalStepFunctions;
@@ -664,7 +664,7 @@ export class Simulator {
     for (const execution of this.executions.values()) execution.abort();
     await this.idle();
     await this.sfnApi?.stop();
-    await this.readGate?.stop();
+    await this.codeDynamoDb?.stop();
     await this.db.stop();
     for (const [k, v] of Object.entries(this.savedEnv)) {
       if (v === undefined) delete process.env[k];
@@ -847,7 +847,7 @@ export class Simulator {
   // ---- internals ----
 
   private async startServices(): Promise<void> {
-    if (this.options.staleReads !== undefined) this.readGate = await ReadConsistencyGate.start(this.db);
+    this.codeDynamoDb = await CodeDynamoDbEndpoint.start(this.db, this.dynamo, this.options.staleReads !== undefined);
     this.sfnApi = await StepFunctionsApi.start({
       describeExecution: (arn) => this.describeExecutionAsSeen(arn),
       stopExecution: (arn, error, cause) => this.stopExecution(arn, error, cause),
@@ -863,7 +863,7 @@ export class Simulator {
       AWS_REGION: REGION,
       AWS_ACCESS_KEY_ID: 'local',
       AWS_SECRET_ACCESS_KEY: 'local',
-      AWS_ENDPOINT_URL_DYNAMODB: this.readGate?.endpoint ?? this.db.endpoint,
+      AWS_ENDPOINT_URL_DYNAMODB: this.codeDynamoDb.endpoint,
       AWS_ENDPOINT_URL_SFN: this.sfnApi.endpoint,
       SIM_TIME_SCALE: String(this.timeScale),
     });

@@ -1,7 +1,7 @@
 import * as fs from 'fs';
 import * as os from 'os';
 import * as path from 'path';
-import { CreateTableCommand } from '@aws-sdk/client-dynamodb';
+import { CreateTableCommand, DescribeTableCommand, DynamoDBClient, GetItemCommand, UpdateItemCommand } from '@aws-sdk/client-dynamodb';
 import { DescribeExecutionCommand, GetExecutionHistoryCommand, ListExecutionsCommand, SFNClient, StopExecutionCommand } from '@aws-sdk/client-sfn';
 import { App, Duration, Stack } from 'aws-cdk-lib';
 import * as dynamodb from 'aws-cdk-lib/aws-dynamodb';
@@ -11,7 +11,7 @@ import * as lambda from 'aws-cdk-lib/aws-lambda';
 import * as sqs from 'aws-cdk-lib/aws-sqs';
 import * as sfn from 'aws-cdk-lib/aws-stepfunctions';
 import * as tasks from 'aws-cdk-lib/aws-stepfunctions-tasks';
-import { DynamoTaskRunner, jsonPath, LocalDynamoDb, matchesPattern, REDRIVE_RESUME, refuseWhatItCannotRun, seededRandom, Simulator, targetInput, unsupportedPattern } from '../simulator';
+import { CodeDynamoDbEndpoint, DynamoTaskRunner, jsonPath, LocalDynamoDb, matchesPattern, REDRIVE_RESUME, refuseWhatItCannotRun, seededRandom, Simulator, targetInput, unsupportedPattern } from '../simulator';
 import { logicalId, workflowStack } from './helpers';
 
 /*
@@ -937,7 +937,7 @@ describe('Lambda functions, schedules and the Step Functions API', () => {
         const machine = sim.stateMachine(logicalId(sm.node.defaultChild as any));
         const results = [];
         for (const input of inputs) results.push(await sim.startExecution(machine, input).done);
-        return { results, refused: sim.readGate?.refused ?? [] };
+        return { results, refused: sim.codeDynamoDb.refused };
       } finally {
         await sim.stop();
       }
@@ -1262,5 +1262,35 @@ describe('DynamoDB capacity, as DynamoDB bills and throttles it', () => {
     now += 1000;
     await runner.run(update, setBig('hot', 10));
     expect(runner.capacityThrottled).toBe(2);
+  });
+
+  test('code under test (functions, SDK clients) is billed and throttled by the same model, with DynamoDB\'s error names; the tasks\' injected faults do not reach it', async () => {
+    const faults = { throttleRate: 1, serverErrorAfterWriteRate: 1 };
+    const runner = new DynamoTaskRunner(db, seededRandom(1), async () => undefined, faults, { partitionLimits: true }, () => now);
+    const endpoint = await CodeDynamoDbEndpoint.start(db, runner, false);
+    const client = new DynamoDBClient({ endpoint: endpoint.endpoint, region: 'us-east-1', credentials: { accessKeyId: 'a', secretAccessKey: 'b' }, maxAttempts: 1 });
+    try {
+      const write = (pk: string, bytes: number) =>
+        client.send(new UpdateItemCommand({ ...key(pk), UpdateExpression: 'SET big = :big', ExpressionAttributeValues: { ':big': { S: 'x'.repeat(bytes) } } }));
+      for (let i = 0; i < 10; i++) await write('code-hot', 100 * 1024 - 100);
+      expect(runner.writeUnits).toBe(1000);
+      await expect(write('code-hot', 10)).rejects.toMatchObject({ name: 'ProvisionedThroughputExceededException' });
+      expect(runner.capacityThrottled).toBe(1);
+      // A refused condition is billed, and named as DynamoDB names it.
+      await expect(
+        client.send(new UpdateItemCommand({ ...key('code-cold'), UpdateExpression: 'SET a = :a', ConditionExpression: 'attribute_exists(pk)', ExpressionAttributeValues: { ':a': { S: 'x' } } })),
+      ).rejects.toMatchObject({ name: 'ConditionalCheckFailedException' });
+      expect(runner.writeUnits).toBe(1001);
+      // Reads are served and billed; table management passes through.
+      const read = await client.send(new GetItemCommand({ ...key('code-hot'), ConsistentRead: true }));
+      expect((read.Item!.big.S as string).length).toBe(100 * 1024 - 100);
+      expect(read.ConsumedCapacity).toBeUndefined();
+      expect(runner.readUnits).toBe(25);
+      expect((await client.send(new DescribeTableCommand({ TableName: 'Capacity' }))).Table!.TableName).toBe('Capacity');
+      expect(endpoint.calls).toBe(13);
+    } finally {
+      client.destroy();
+      await endpoint.stop();
+    }
   });
 });
