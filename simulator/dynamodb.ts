@@ -76,6 +76,16 @@ export interface ConsumedUnits {
   readonly read: number;
 }
 
+/**
+ * A local server of the simulator keeps its clients' idle keep-alive connections open until it stops.
+ * Node closes them after 5 s by default, and a client that sends a request on a connection just as
+ * the server closes it gets "socket hang up" (ECONNRESET): a fault of the simulation, not of DynamoDB
+ * or Step Functions, which would fail the code under test at random.
+ */
+export function keepIdleConnections(server: http.Server): void {
+  server.keepAliveTimeout = 0;
+}
+
 /** A read that asks for no strong consistency: `ConsistentRead` not true (a query of an index never is). */
 export function eventuallyConsistentRead(action: string, input: Record<string, any>): boolean {
   if (action === 'BatchGetItem') return Object.values<any>(input.RequestItems ?? {}).some((r) => r?.ConsistentRead !== true);
@@ -96,6 +106,7 @@ export function eventuallyConsistentRead(action: string, input: Record<string, a
 export class CodeDynamoDbEndpoint {
   public static async start(db: LocalDynamoDb, runner: DynamoTaskRunner, refuseEventualReads: boolean): Promise<CodeDynamoDbEndpoint> {
     const endpoint = new CodeDynamoDbEndpoint(new URL(db.endpoint), runner, refuseEventualReads);
+    keepIdleConnections(endpoint.server);
     await new Promise<void>((resolve) => endpoint.server.listen(0, '127.0.0.1', () => resolve()));
     return endpoint;
   }
@@ -171,6 +182,7 @@ export class LocalDynamoDb {
   /** Start dynalite on a free port of 127.0.0.1. */
   public static async start(): Promise<LocalDynamoDb> {
     const server = dynalite({ createTableMs: 0, deleteTableMs: 0, updateTableMs: 0 });
+    keepIdleConnections(server);
     await new Promise<void>((resolve) => server.listen(0, '127.0.0.1', () => resolve()));
     const { port } = server.address() as AddressInfo;
     return new LocalDynamoDb(server, port);
@@ -256,6 +268,8 @@ export class LocalDynamoDb {
   public async stop(): Promise<void> {
     this.client.destroy();
     this.agent.destroy();
+    // Idle keep-alive connections stay open (keepIdleConnections): close them, or close() would wait.
+    this.server.closeAllConnections();
     await new Promise<void>((resolve) => this.server.close(() => resolve()));
   }
 }

@@ -1,5 +1,6 @@
 import * as http from 'http';
 import { AddressInfo } from 'net';
+import { keepIdleConnections } from './dynamodb';
 
 /*
  * The part of the Step Functions API that code under test (Lambda handlers, the CLI) calls, served
@@ -33,6 +34,7 @@ export class ApiError extends Error {
 export class StepFunctionsApi {
   public static async start(backend: StepFunctionsBackend): Promise<StepFunctionsApi> {
     const api = new StepFunctionsApi(backend);
+    keepIdleConnections(api.server);
     await new Promise<void>((resolve) => api.server.listen(0, '127.0.0.1', () => resolve()));
     return api;
   }

@@ -177,7 +177,7 @@ export class Execution {
     output?: unknown;
     error?: string;
     cause?: string;
-    /** A task's events: which of its state's task calls (TaskCall) they are about. */
+    /** A task's own events: which of its state's calls (`taskCalls`) they are about. */
     call?: number;
     timestamp: number;
   }> = [];
@@ -265,8 +265,8 @@ const HISTORY_LIMIT_CAUSE = `The execution reached the maximum number of history
  * is entered, and the execution's end follows. A failure caught still exits the state. A Task whose
  * resource is a function's ARN logs `LambdaFunction…` in place of `Task…`, as many.
  */
-function historyEventsOf(event: { type: string; state?: { name: string; type: string }; Error?: string }, state: any, caught: boolean): string[] {
-  const types = taskHistoryEventsOf(event, state, caught);
+function historyEventsOf(event: InterpreterEvent, state: any, caught: boolean): string[] {
+  const types = stateHistoryEventsOf(event, state, caught);
   // A Task whose resource is a function's ARN (the legacy Lambda integration) logs its own events as
   // LambdaFunction… (LambdaFunctionScheduledEventDetails: "The Amazon Resource Name (ARN) of the
   // scheduled Lambda function").
@@ -357,7 +357,9 @@ function taskEventDetails(
   }
 }
 
-function taskHistoryEventsOf(event: { type: string; state?: { name: string; type: string }; Error?: string }, state: any, caught: boolean): string[] {
+type InterpreterEvent = { type: string; state?: { name: string; type: string }; Error?: string };
+
+function stateHistoryEventsOf(event: InterpreterEvent, state: any, caught: boolean): string[] {
   const type = event.state?.type ?? '';
   const task = type === 'Task';
   const scheduled = task ? ['TaskScheduled', 'TaskStarted', ...(typeof state?.Resource === 'string' && state.Resource.endsWith(WAIT_FOR_TASK_TOKEN) ? ['TaskSubmitted'] : [])] : [];
