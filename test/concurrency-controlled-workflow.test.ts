@@ -310,7 +310,8 @@ describe('definition', () => {
         ConditionExpression: '#permits >= :limit AND attribute_not_exists(#holder)',
         ReturnValues: 'UPDATED_NEW',
       },
-      Catch: [{ ErrorEquals: ['DynamoDB.ConditionalCheckFailedException'], ResultPath: null, Next: 'Check Handed-Off Permit' }],
+      // Refused: a permit is free (or the execution holds one, which the acquire tells): poll.
+      Catch: [{ ErrorEquals: ['DynamoDB.ConditionalCheckFailedException'], ResultPath: null, Next: 'Poll For Permit' }],
     });
     const wait = states['Wait In Queue'];
     expect(wait).toMatchObject({

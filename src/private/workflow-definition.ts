@@ -191,12 +191,11 @@ function checkRuntimeLockName(scope: Construct, spec: DefinitionSpec, next: sfn.
  * it checks for a handed-off permit and tries once to take one before it takes a new ticket:
  *
  *   Take Ticket ─▶ Wait In Queue ─woken─▶ body; timed out ─▶ Poll For Permit Again ─full─▶ Wait In Queue Again
- *     │ refused: a permit is free        │ refused
- *     ▼                                  ▼
- *   Check Handed-Off Permit ─yes─▶ body
- *     │ no
+ *     │ refused: a permit is free,       │ refused
+ *     │ or it holds one                  ▼
+ *     │                                Check Handed-Off Permit ─yes─▶ body; no ─▶ Poll For Permit
  *     ▼
- *   Poll For Permit ─yes─▶ body; full ─▶ Take Ticket
+ *   Poll For Permit ─yes─▶ body; full ─▶ Take Ticket; it holds one ─▶ Check Handed-Off Permit Again
  *
  *   Wait In Queue Again ─woken─▶ body; timed out ─▶ Poll For Permit Again
  *     │ refused
@@ -284,8 +283,11 @@ function renderQueueWait(
     .addCatch(checkAgain, { errors: [VALIDATION_ERROR], resultPath: sfn.JsonPath.DISCARD });
 
   // Refused: the lock has a free permit, or this execution already holds one (handed over while it
-  // was not waiting: after a lost wake-up, or to an older ticket of it).
-  takeTicket.addCatch(check, { errors: [CONDITIONAL_CHECK_FAILED], resultPath: sfn.JsonPath.DISCARD });
+  // was not waiting: after a lost wake-up, or to an older ticket of it). Take the free permit: the
+  // acquire also tells the second case (ValidationException: it holds one), which it then claims.
+  // Polling first saves a refused claim, a write billed at the lock item's size, on the common case
+  // (a lock that flips between full and not full under load).
+  takeTicket.addCatch(poll, { errors: [CONDITIONAL_CHECK_FAILED], resultPath: sfn.JsonPath.DISCARD });
   takeTicket.next(waitInQueue);
   waitInQueue.addCatch(pollAgain, { errors: WAIT_TIMED_OUT, resultPath: sfn.JsonPath.DISCARD });
   // Refused: the ticket's turn has come (served: the wake-up was lost, or the permit was taken back;
