@@ -33,7 +33,10 @@ import type { Random } from './random';
  *    `States.TaskFailed` "matches any known error name except for States.Timeout", and the module
  *    excepts only its own timeouts, not a callback task's `States.Timeout` raised by the simulator;
  *    `States.ALL` "can't catch the States.DataLimitExceeded terminal error type" (a catcher naming it
- *    can). (`States.Runtime` the module already never catches nor retries, as AWS.)
+ *    can), and neither does `States.TaskFailed` here: AWS calls the error terminal, and an emulator
+ *    built from recorded executions (fakecloud) matches it by name only; if AWS's TaskFailed did
+ *    catch it, the simulator fails where AWS passes, never the other way round. (`States.Runtime` the
+ *    module already never catches nor retries, as AWS.)
  * 11. The context object's `State` is not set at all. Each state entered gets `$$.State.Name`, its
  *    `EnteredTime` (on the simulated clock, fixed for that entry, retries included) and `RetryCount`
  *    (0, one more on each retry), as the context object documents
@@ -88,11 +91,11 @@ const PATCHES: Array<[string, string]> = [
   ],
   [
     '        const isErrorWildcard = catcherError === WILDCARD_ERROR;\n        const isErrorTaskWildcard = catcherError === TASK_STATE_WILDCARD_ERROR && this.stateDefinition.Type === "Task" && !(error instanceof StatesTimeoutError);\n',
-    '        const isErrorWildcard = catcherError === WILDCARD_ERROR && error.name !== "States.DataLimitExceeded";\n        const isErrorTaskWildcard = catcherError === TASK_STATE_WILDCARD_ERROR && this.stateDefinition.Type === "Task" && !(error instanceof StatesTimeoutError) && error.name !== "States.Timeout";\n',
+    '        const isErrorWildcard = catcherError === WILDCARD_ERROR && error.name !== "States.DataLimitExceeded";\n        const isErrorTaskWildcard = catcherError === TASK_STATE_WILDCARD_ERROR && this.stateDefinition.Type === "Task" && !(error instanceof StatesTimeoutError) && error.name !== "States.Timeout" && error.name !== "States.DataLimitExceeded";\n',
   ],
   [
     '        const isErrorTaskWildcard = retrierError === TASK_STATE_WILDCARD_ERROR && this.stateDefinition.Type === "Task" && !(error instanceof StatesTimeoutError);\n',
-    '        const isErrorTaskWildcard = retrierError === TASK_STATE_WILDCARD_ERROR && this.stateDefinition.Type === "Task" && !(error instanceof StatesTimeoutError) && error.name !== "States.Timeout";\n',
+    '        const isErrorTaskWildcard = retrierError === TASK_STATE_WILDCARD_ERROR && this.stateDefinition.Type === "Task" && !(error instanceof StatesTimeoutError) && error.name !== "States.Timeout" && error.name !== "States.DataLimitExceeded";\n',
   ],
 ];
 

@@ -710,7 +710,7 @@ describe('state machines', () => {
     }
   });
 
-  test('States.ALL does not catch States.DataLimitExceeded; a catcher naming it does', async () => {
+  test('States.ALL and States.TaskFailed do not catch States.DataLimitExceeded; a catcher naming it does', async () => {
     const { stack, sm } = machineStack((s) => {
       // Any task will do: the simulator runs the handlers below in their place.
       const task = (id: string) =>
@@ -722,11 +722,17 @@ describe('state machines', () => {
         });
       const store = task('Store');
       const named = task('Store Again');
+      const taskFailed = task('Store Once More');
       store.addCatch(new sfn.Pass(s, 'Caught By All'), { errors: ['States.ALL'] });
       named.addCatch(new sfn.Pass(s, 'Caught By Name'), { errors: ['States.DataLimitExceeded'] });
-      return new sfn.Choice(s, 'Which').when(sfn.Condition.isPresent('$.named'), named).otherwise(store);
+      taskFailed.addRetry({ errors: ['States.TaskFailed'], maxAttempts: 2 }).addCatch(new sfn.Pass(s, 'Caught By TaskFailed'), { errors: ['States.TaskFailed'] });
+      return new sfn.Choice(s, 'Which')
+        .when(sfn.Condition.isPresent('$.named'), named)
+        .when(sfn.Condition.isPresent('$.taskFailed'), taskFailed)
+        .otherwise(store);
     });
-    const sim = await Simulator.start(stack, { taskHandlers: { 'Store': async () => 1, 'Store Again': async () => 1 } });
+    const handler = async () => 1;
+    const sim = await Simulator.start(stack, { taskHandlers: { 'Store': handler, 'Store Again': handler, 'Store Once More': handler } });
     try {
       const machine = sim.stateMachine(logicalId(sm.node.defaultChild as any));
       const q = '"'.repeat(100_000);
@@ -734,6 +740,10 @@ describe('state machines', () => {
       expect([all.status, all.error, all.stateTransitions.has('Caught By All')]).toEqual(['FAILED', 'States.DataLimitExceeded', false]);
       const named = await sim.startExecution(machine, { q, named: true }).done;
       expect([named.status, named.stateTransitions.get('Caught By Name')]).toEqual(['SUCCEEDED', 1]);
+      // Nor does States.TaskFailed catch or retry it.
+      const taskFailed = await sim.startExecution(machine, { q, taskFailed: true }).done;
+      expect([taskFailed.status, taskFailed.error, taskFailed.stateTransitions.has('Caught By TaskFailed')]).toEqual(['FAILED', 'States.DataLimitExceeded', false]);
+      expect(taskFailed.stateTransitions.get('Store Once More')).toBe(1);
     } finally {
       await sim.stop();
     }
