@@ -308,7 +308,8 @@ export async function runScenario(subject: Subject, options: ScenarioOptions): P
     const cleanups = [...sim.executions.values()].filter((e) => e.stateMachine !== sm);
     const mean = (f: (e: Execution) => number) => protectedRuns.reduce((n, e) => n + f(e), 0) / protectedRuns.length;
     const drainSeconds = (lastStop - simStart) / 1000;
-    const overhead = mean((e) => [...e.stateTransitions].filter(([name]) => !subject.bodyStates.includes(name)).reduce((n, [, c]) => n + c, 0));
+    const overheadByState = transitionsByState(protectedRuns, subject.bodyStates);
+    const overhead = Object.values(overheadByState).reduce((n, c) => n + c, 0);
     /** A figure of the workflow's executions and their cleanups, per workflow execution. */
     const perExecution = (f: (e: Execution) => number) => [...protectedRuns, ...cleanups].reduce((n, e) => n + f(e), 0) / protectedRuns.length;
     const semaphoreInvocations = [...sim.lambdaInvocations]
@@ -328,7 +329,7 @@ export async function runScenario(subject: Subject, options: ScenarioOptions): P
       invariantViolations: [...new Set(monitor.violations)],
       transitionsPerExecution: mean((e) => e.transitions),
       overheadTransitionsPerExecution: overhead,
-      overheadTransitionsByState: transitionsByState(protectedRuns, subject.bodyStates),
+      overheadTransitionsByState: overheadByState,
       dynamoCallsPerExecution: mean((e) => e.dynamoCalls),
       writeUnitsPerExecution: perExecution((e) => e.writeUnits),
       readUnitsPerExecution: perExecution((e) => e.readUnits),

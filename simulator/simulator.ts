@@ -2,7 +2,7 @@ import * as ddb from '@aws-sdk/client-dynamodb';
 import { Stack, Stage } from 'aws-cdk-lib';
 import { CallbackTokens, executionStopped, WAIT_FOR_TASK_TOKEN, withToken, withTokenMarkers } from './callbacks';
 import { ACCOUNT, CfnTemplate, PhysicalResource, physicalResources, REGION, resolve } from './cfn';
-import { CapacityOptions, DynamoFaults, DynamoTaskRunner, CodeDynamoDbEndpoint, LocalDynamoDb, TaskError } from './dynamodb';
+import { CapacityOptions, DynamoFaults, DynamoTaskRunner, CodeDynamoDbEndpoint, eventuallyConsistentRead, LocalDynamoDb, TaskError } from './dynamodb';
 import { EventPattern, matchesPattern, TargetInput, targetInput } from './eventbridge';
 import { LambdaContext, LambdaHandler, loadHandler } from './lambda';
 import { loadLocalStepFunctions, LocalStepFunctions } from './local-sfn';
@@ -285,6 +285,16 @@ function isLegacyLambda(state: any): boolean {
   return state?.Type === 'Task' && typeof state.Resource === 'string' && /^arn:aws[a-z-]*:lambda:/.test(state.Resource);
 }
 
+/** A value as a history event's details give it: JSON text. */
+function historyJson(value: unknown): string {
+  return JSON.stringify(value ?? null);
+}
+
+/** A history event's `input` or `output` with its details (never truncated here). */
+function historyData(field: 'input' | 'output', value: unknown): Record<string, unknown> {
+  return { [field]: historyJson(value), [`${field}Details`]: { truncated: false } };
+}
+
 /** An error's cause as the history gives it: text. */
 function causeText(cause: unknown): string | undefined {
   if (cause === undefined || cause === null) return undefined;
@@ -307,7 +317,6 @@ function taskEventDetails(
   state: any,
   call: { parameters: unknown; output?: unknown } | undefined,
 ): Record<string, unknown> {
-  const json = (value: unknown) => JSON.stringify(value ?? null);
   const resourceArn = String(state?.Resource ?? '');
   if (isLegacyLambda(state)) {
     switch (h.type) {
@@ -315,12 +324,12 @@ function taskEventDetails(
         return {
           lambdaFunctionScheduledEventDetails: {
             resource: resourceArn,
-            ...(call ? { input: json(call.parameters), inputDetails: { truncated: false } } : {}),
+            ...(call ? historyData('input', call.parameters) : {}),
             ...(state.TimeoutSeconds !== undefined ? { timeoutInSeconds: state.TimeoutSeconds } : {}),
           },
         };
       case 'LambdaFunctionSucceeded':
-        return { lambdaFunctionSucceededEventDetails: call ? { output: json(call.output), outputDetails: { truncated: false } } : {} };
+        return { lambdaFunctionSucceededEventDetails: call ? historyData('output', call.output) : {} };
       case 'LambdaFunctionFailed':
         return { lambdaFunctionFailedEventDetails: { error: h.error, cause: h.cause } };
       case 'LambdaFunctionTimedOut':
@@ -337,7 +346,7 @@ function taskEventDetails(
         taskScheduledEventDetails: {
           ...resource,
           region: REGION,
-          ...(call ? { parameters: json(call.parameters) } : {}),
+          ...(call ? { parameters: historyJson(call.parameters) } : {}),
           ...(state?.TimeoutSeconds !== undefined ? { timeoutInSeconds: state.TimeoutSeconds } : {}),
           ...(state?.HeartbeatSeconds !== undefined ? { heartbeatInSeconds: state.HeartbeatSeconds } : {}),
         },
@@ -347,7 +356,7 @@ function taskEventDetails(
     case 'TaskSubmitted':
       return { taskSubmittedEventDetails: resource };
     case 'TaskSucceeded':
-      return { taskSucceededEventDetails: { ...resource, ...(call ? { output: json(call.output), outputDetails: { truncated: false } } : {}) } };
+      return { taskSucceededEventDetails: { ...resource, ...(call ? historyData('output', call.output) : {}) } };
     case 'TaskFailed':
       return { taskFailedEventDetails: { ...resource, error: h.error, cause: h.cause } };
     case 'TaskTimedOut':
@@ -781,22 +790,21 @@ export class Simulator {
     let redrives = 0;
     // The details of HistoryEvent (https://docs.aws.amazon.com/step-functions/latest/apireference/API_HistoryEvent.html)
     // for the execution's start and end, each state entered and exited, and a task's own events.
-    const json = (value: unknown) => JSON.stringify(value ?? null);
     const states = new Map(allStates(e.stateMachine.definition));
     const events = e.history.map((h, i) => ({
       id: i + 1,
       timestamp: h.timestamp / 1000,
       type: h.type,
-      ...(h.type === 'ExecutionStarted' ? { executionStartedEventDetails: { input: json(e.input), inputDetails: { truncated: false } } } : {}),
-      ...(h.name !== undefined ? { stateEnteredEventDetails: { name: h.name, input: json(h.input), inputDetails: { truncated: false } } } : {}),
+      ...(h.type === 'ExecutionStarted' ? { executionStartedEventDetails: historyData('input', e.input) } : {}),
+      ...(h.name !== undefined ? { stateEnteredEventDetails: { name: h.name, ...historyData('input', h.input) } } : {}),
       ...(h.state !== undefined && h.type.endsWith('StateExited')
-        ? { stateExitedEventDetails: { name: h.state, output: json(h.output), outputDetails: { truncated: false } } }
+        ? { stateExitedEventDetails: { name: h.state, ...historyData('output', h.output) } }
         : {}),
       ...(isTaskEvent(h.type) && h.state !== undefined
         ? taskEventDetails(h, states.get(h.state), h.call === undefined ? undefined : e.taskCalls.get(h.state)?.[h.call])
         : {}),
       ...(h.type === 'ExecutionRedriven' ? { executionRedrivenEventDetails: { redriveCount: ++redrives } } : {}),
-      ...(h.type === 'ExecutionSucceeded' ? { executionSucceededEventDetails: { output: json(h.output), outputDetails: { truncated: false } } } : {}),
+      ...(h.type === 'ExecutionSucceeded' ? { executionSucceededEventDetails: historyData('output', h.output) } : {}),
       ...(h.type === 'ExecutionFailed' ? { executionFailedEventDetails: { error: h.error, cause: h.cause } } : {}),
       ...(h.type === 'ExecutionAborted' ? { executionAbortedEventDetails: { error: h.error, cause: h.cause } } : {}),
       ...(h.type === 'ExecutionTimedOut' ? { executionTimedOutEventDetails: { error: h.error, cause: h.cause } } : {}),
@@ -1470,7 +1478,7 @@ export function refuseWhatItCannotRun(logicalId: string, definition: any, type?:
     }
     // With stale reads on, a DynamoDB read that is not strongly consistent could return the previous
     // version of an item on AWS; the simulator's DynamoDB (dynalite) always returns the latest.
-    if (staleReads && dynamo && ['getItem', 'query', 'scan', 'batchGetItem'].includes(dynamo[2]) && state.Parameters?.ConsistentRead !== true) {
+    if (staleReads && dynamo && eventuallyConsistentRead(`${dynamo[2][0].toUpperCase()}${dynamo[2].slice(1)}`, state.Parameters ?? {})) {
       refuse(name, `an eventually consistent DynamoDB ${dynamo[2]}: with staleReads on, the simulator would answer it with the latest version only (set ConsistentRead, or test it on AWS)`);
     }
     const unsupported = unsupportedPattern(state.Resource);
