@@ -193,12 +193,20 @@ export class LocalDynamoDb {
   /** An SDK client, for tests and tools. */
   public readonly client: ddb.DynamoDBClient;
   private readonly agent = new http.Agent({ keepAlive: true, maxSockets: 64 });
+  /** Requests dynalite has received and not yet answered. */
+  private inFlight = 0;
+  private drained?: () => void;
 
   private constructor(
     private readonly server: http.Server,
     private readonly port: number,
   ) {
     this.endpoint = `http://127.0.0.1:${port}`;
+    server.on('request', (_req: http.IncomingMessage, res: http.ServerResponse) => {
+      this.inFlight++;
+      // 'close' follows the answer, or a client that hung up first: either way, never missed.
+      res.once('close', () => this.answered());
+    });
     this.client = new ddb.DynamoDBClient({
       endpoint: this.endpoint,
       region: 'us-east-1',
@@ -265,7 +273,19 @@ export class LocalDynamoDb {
     }
   }
 
+  private answered(): void {
+    this.inFlight--;
+    if (this.inFlight === 0) this.drained?.();
+  }
+
+  /**
+   * Stop the server once every request it received is answered. A request can outlive the
+   * execution that sent it (a stopped execution does not wait for its call); dynalite throws an
+   * uncaught "Database is closed" if its database closes while such a request waits for the item's
+   * lock.
+   */
   public async stop(): Promise<void> {
+    if (this.inFlight > 0) await new Promise<void>((resolve) => (this.drained = resolve));
     this.client.destroy();
     this.agent.destroy();
     // Idle keep-alive connections stay open (keepIdleConnections): close them, or close() would wait.

@@ -1304,3 +1304,30 @@ describe('DynamoDB capacity, as DynamoDB bills and throttles it', () => {
     }
   });
 });
+
+test('stopping DynamoDB answers the requests it has first: a call that outlived its execution does not crash dynalite', async () => {
+  const db = await LocalDynamoDb.start();
+  await db.call('CreateTable', {
+    TableName: 'Closing',
+    KeySchema: [{ AttributeName: 'pk', KeyType: 'HASH' }],
+    AttributeDefinitions: [{ AttributeName: 'pk', AttributeType: 'S' }],
+    BillingMode: 'PAY_PER_REQUEST',
+  });
+  const uncaught: Error[] = [];
+  const record = (e: Error) => uncaught.push(e);
+  process.on('uncaughtException', record);
+  try {
+    // Writes to one item queue on its lock; before this, the database closed under the queue and
+    // dynalite threw "Database is closed" from its callback.
+    const add = { TableName: 'Closing', Key: { pk: { S: 'a' } }, UpdateExpression: 'ADD c :one', ExpressionAttributeValues: { ':one': { N: '1' } } };
+    const calls = Array.from({ length: 200 }, () => db.call('UpdateItem', add).then(() => 1, () => 0));
+    await new Promise((resolve) => setTimeout(resolve, 10));
+    await db.stop();
+    await new Promise((resolve) => setTimeout(resolve, 200));
+    expect(uncaught).toEqual([]);
+    // Every request dynalite received was answered; one still in the client's queue may be refused.
+    expect((await Promise.all(calls)).reduce((a, b) => a + b, 0)).toBeGreaterThan(100);
+  } finally {
+    process.off('uncaughtException', record);
+  }
+});
