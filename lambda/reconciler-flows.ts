@@ -64,6 +64,12 @@ export interface ReconcilerConfig {
    * invokes it again) before it stops the execution instead, milliseconds. @default GUARD_PATIENCE_MS
    */
   readonly guardPatienceMs?: number;
+  /**
+   * The workflows' rate interval, milliseconds: every start of a body holds its permit at least this
+   * long, so a stopped holder's permit is freed only this long after it stopped (plus `clockSkewMs`).
+   * @default - none: freed as soon as its holder is seen stopped
+   */
+  readonly holdAfterStopMs?: number;
 }
 
 /**
@@ -317,14 +323,38 @@ function* isGone(config: ReconcilerConfig, executionArn: string, run: number): F
 }
 
 /** What DescribeExecution says: status (DOES_NOT_EXIST for one it does not find), run, input. */
-function* describe(executionArn: string): Flow<{ status: string; redriveCount: number; input?: string }> {
+function* describe(executionArn: string): Flow<Described> {
   try {
     const d = yield* stepFunctions('DescribeExecution', { executionArn });
-    return { status: d.status ?? 'UNKNOWN', redriveCount: d.redriveCount ?? 0, input: d.input };
+    return {
+      status: d.status ?? 'UNKNOWN',
+      redriveCount: d.redriveCount ?? 0,
+      input: d.input,
+      stopDate: epochMillis(d.stopDate),
+      redriveDate: epochMillis(d.redriveDate),
+    };
   } catch (e) {
     if (errorName(e) !== 'ExecutionDoesNotExist') throw e;
     return { status: 'DOES_NOT_EXIST', redriveCount: 0 };
   }
+}
+
+interface Described {
+  readonly status: string;
+  readonly redriveCount: number;
+  readonly input?: string;
+  /** When the run stopped, epoch ms (a stopped run). */
+  readonly stopDate?: number;
+  /** When it was last redriven, epoch ms. */
+  readonly redriveDate?: number;
+}
+
+/** A timestamp of the Step Functions API: a Date (the SDK), epoch seconds (its JSON) or ISO-8601. */
+function epochMillis(value: unknown): number | undefined {
+  if (value instanceof Date) return value.getTime();
+  if (typeof value === 'number') return value * 1000;
+  if (typeof value === 'string') return Date.parse(value);
+  return undefined;
 }
 
 interface HolderEntry {
@@ -378,15 +408,25 @@ function* reconcileHolder(
     if (!dryRun && !(yield* release(config, lockName, holder, { acquiredAt, run }))) return undefined;
     return reason;
   };
+  // Under a rate limit, a permit is freed only once the rate's interval has passed since its holder
+  // last could have started the body: since it stopped (or, for a run that has ended, since the
+  // redrive that followed it). A time this code cannot read holds the permit until the next sweep.
+  const hold = config.holdAfterStopMs ?? 0;
+  const heldLongEnough = (since: number | undefined) => hold === 0 || (since !== undefined && now >= since + hold + config.clockSkewMs);
   if (status === 'DOES_NOT_EXIST') {
     // Older than the grace period, so its execution would be visible: it has gone (or never was).
+    if (!heldLongEnough(Date.parse(acquiredAt))) return undefined;
     return yield* releaseRun(entryRun, 'execution DOES_NOT_EXIST');
   }
   if (redriveCount < entryRun) return undefined; // a description from before the run that took the entry
-  if (RELEASABLE_STATUSES.includes(status)) return yield* releaseRun(redriveCount, `execution ${status}`);
+  if (RELEASABLE_STATUSES.includes(status)) {
+    if (!heldLongEnough(described.stopDate)) return undefined;
+    return yield* releaseRun(redriveCount, `execution ${status}`);
+  }
   if (status !== 'RUNNING') return undefined; // PENDING_REDRIVE, or a status this code does not know: leave it
   if (entryRun < redriveCount) {
     // Left by a run that has ended: the running one stamps every entry it takes into the body.
+    if (!heldLongEnough(described.redriveDate)) return undefined;
     return yield* releaseRun(redriveCount - 1, `entry of run ${entryRun}; the execution runs run ${redriveCount}`);
   }
 
@@ -404,6 +444,9 @@ function* reconcileHolder(
     cause: `Held a permit of lock '${lockName}' for more than its lease of ${leaseSeconds} s (since ${acquiredAt})`,
   });
   result.stopped.push(holder);
+  // Under a rate limit the body may have started just before the stop: the cleanup, or a later
+  // sweep, frees the permit once the interval has passed.
+  if (hold > 0) return undefined;
   return yield* releaseRun(redriveCount, `lease of ${leaseSeconds} s expired at ${new Date(leaseEnd).toISOString()}; execution stopped`);
 }
 

@@ -83,6 +83,7 @@ function configFromEnvironment(): ReconcilerConfig {
     concurrencyLimit: number('CONCURRENCY_LIMIT'),
     concurrencyLimitPath: process.env.CONCURRENCY_LIMIT_PATH,
     leaseSeconds: number('LEASE_SECONDS'),
+    holdAfterStopMs: process.env.HOLD_AFTER_STOP_SECONDS === undefined ? undefined : Number(process.env.HOLD_AFTER_STOP_SECONDS) * 1000,
   };
 }
 

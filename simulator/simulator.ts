@@ -704,6 +704,7 @@ export class Simulator {
       input: JSON.stringify(e.input),
       inputDetails: { included: true },
       redriveCount: e.redriveCount,
+      ...(e.redriveDate !== undefined ? { redriveDate: e.redriveDate / 1000 } : {}),
       ...(e.status === 'SUCCEEDED' ? { output: JSON.stringify(e.output), outputDetails: { included: true } } : {}),
       ...(e.error !== undefined ? { error: e.error } : {}),
       ...(e.cause !== undefined ? { cause: e.cause } : {}),

@@ -10,7 +10,7 @@ import { defaultDeadLetterQueue } from './private/dead-letter-queue';
 import { HANDOFF_PATH, handOffChain, WAKE_ACTIONS } from './private/queue-states';
 import { pathFromParsedInput, stringValue } from './private/runtime-value';
 import { stateMachineLogs } from './private/state-machine-defaults';
-import { validateLockName } from './private/validation';
+import { validateLockName, validateWholeSeconds } from './private/validation';
 import { grantWakeToRole } from './private/wake-grants';
 import { ISemaphoreTable } from './semaphore-table';
 
@@ -71,6 +71,15 @@ export interface CleanFromIncompleteProps {
    * @default true
    */
   readonly tracingEnabled?: boolean;
+
+  /**
+   * Wait so long after a stop before freeing the stopped execution's permit: the protected workflow's
+   * `rateLimit` interval, for which every start of its body holds the permit (the body may have started
+   * just before the stop). A whole number of seconds, at least 1.
+   *
+   * @default - no wait: the permit is freed at once
+   */
+  readonly holdAfterStop?: Duration;
 }
 
 /**
@@ -120,6 +129,11 @@ export class CleanFromIncomplete extends Construct {
       throw new Error(`\`retryAttempts\` must be an integer from 0 to 185, got: ${retryAttempts}`);
     }
     const maxEventAge = props.maxEventAge ?? Duration.hours(24);
+    if (props.holdAfterStop) {
+      if (validateWholeSeconds('holdAfterStop', props.holdAfterStop, 1) === undefined) {
+        throw new Error('`holdAfterStop` must be known at synth (the cleanup\'s Wait state is rendered from it), got a token');
+      }
+    }
 
     this.stateMachine = new sfn.StateMachine(this, 'StateMachine', {
       definitionBody: sfn.DefinitionBody.fromChainable(this.renderDefinition(props)),
@@ -173,7 +187,11 @@ export class CleanFromIncomplete extends Construct {
           alreadyReleased: notHeld,
         }),
       );
-      return prepare;
+      if (!props.holdAfterStop) return prepare;
+      // Under a rate limit: the stop may have come just after the body started.
+      const hold = new sfn.Wait(this, 'Hold Permit For Rate Interval', { time: sfn.WaitTime.duration(props.holdAfterStop) });
+      hold.next(prepare);
+      return hold;
     };
 
     if (lockName.inputPath === undefined) {

@@ -1,4 +1,4 @@
-import { Annotations, Duration, Names, RemovalPolicy } from 'aws-cdk-lib';
+import { Annotations, Duration, Names, RemovalPolicy, Token } from 'aws-cdk-lib';
 import * as cloudwatch from 'aws-cdk-lib/aws-cloudwatch';
 import * as events from 'aws-cdk-lib/aws-events';
 import * as iam from 'aws-cdk-lib/aws-iam';
@@ -26,6 +26,7 @@ import { STATE } from './private/state-names';
 import { humanSeconds, validateConcurrencyLimit, validateLockName, validatePermitPath, validateWholeSeconds } from './private/validation';
 import { grantWakeToRole, registerWaiter } from './private/wake-grants';
 import { ACQUIRE_TIMEOUT_ERROR, INVALID_LIMIT_ERROR, INVALID_LOCK_NAME_ERROR, renderDefinition } from './private/workflow-definition';
+import { RateLimit } from './rate-limit';
 import { SemaphoreReconciler } from './semaphore-reconciler';
 import { ISemaphoreTable, SemaphoreTable } from './semaphore-table';
 import { WaitStrategy } from './wait-strategy';
@@ -63,7 +64,7 @@ export interface ConcurrencyControlledWorkflowProps {
    * holds 400 KB. A limit read from the input above that fails the execution with
    * `SemaphoreInvalidLimit` before it takes anything.
    *
-   * @default 1
+   * @default 1, or with a `rateLimit`, the rate's count (no concurrency limit beside the rate)
    */
   readonly concurrencyLimit?: number;
 
@@ -244,6 +245,23 @@ export interface ConcurrencyControlledWorkflowProps {
    * @default - not idempotent: every execution runs the body
    */
   readonly idempotency?: IdempotencyOptions;
+
+  /**
+   * At most so many acquisitions of the lock in any interval (for example `RateLimit.perSecond(10)`),
+   * beside or instead of `concurrencyLimit`. An execution over the rate waits, as for a full lock.
+   *
+   * Each acquisition holds its permit for at least the interval: the body runs beside a Wait of that
+   * length, and the cleanup and the reconciler free a stopped execution's permit only once the interval
+   * has passed since it stopped. So at most `count` bodies start in any interval, wherever it begins
+   * (a sliding window: the worst burst is `count`, never twice that). The lock's permits are then the
+   * smaller of `concurrencyLimit` and `count`, each held for the longer of the body and the interval;
+   * with a `concurrencyLimit` below `count` and bodies shorter than the interval, fewer than `count`
+   * start per interval. Every workflow on the lock must declare the same rate (the CLI does not yet
+   * take part in it). A lease must be at least the interval.
+   *
+   * @default - no rate limit: only `concurrencyLimit` applies
+   */
+  readonly rateLimit?: RateLimit;
 }
 
 /**
@@ -358,10 +376,17 @@ export class ConcurrencyControlledWorkflow extends Construct {
     }
     this.lockName = props.lockName ?? defaultLockName(this);
     validateLockName(this.lockName);
-    const limit = props.concurrencyLimit ?? 1;
-    validateConcurrencyLimit(limit);
+    validateConcurrencyLimit(props.concurrencyLimit ?? 1);
+    const rate = props.rateLimit;
+    const limit = rateLimitedConcurrency(props.concurrencyLimit, rate);
     const pollSeconds = validateWholeSeconds('pollInterval', props.pollInterval ?? Duration.seconds(3), 1);
     const leaseSeconds = props.leaseDuration && validateWholeSeconds('leaseDuration', props.leaseDuration, 1);
+    if (rate && leaseSeconds !== undefined && leaseSeconds < rate.intervalSeconds) {
+      throw new Error(
+        `\`leaseDuration\` (${props.leaseDuration!.toHumanString()}) must be at least the \`rateLimit\` interval (${rate.interval.toHumanString()}): ` +
+          'an expired lease frees the permit, and the rate needs every permit held for the interval',
+      );
+    }
     if (props.reconcileEvery) {
       validateWholeSeconds('reconcileEvery', props.reconcileEvery, 60);
     }
@@ -428,6 +453,7 @@ export class ConcurrencyControlledWorkflow extends Construct {
       waitStrategy,
       queueCheckInterval,
       permitPath: props.permitPath,
+      holdSeconds: rate?.intervalSeconds,
     });
 
     const logOptions = stateMachineLogs(this, props.logs);
@@ -457,6 +483,7 @@ export class ConcurrencyControlledWorkflow extends Construct {
       lockName: this.lockName,
       protectedStateMachines: [this.stateMachine],
       tracingEnabled: props.tracingEnabled,
+      holdAfterStop: rate?.interval,
     });
     this.cleanupStateMachine = this.cleanup.stateMachine;
     this.cleanupRule = this.cleanup.rule;
@@ -470,6 +497,7 @@ export class ConcurrencyControlledWorkflow extends Construct {
       lockName: this.lockName,
       concurrencyLimit: limit,
       leaseDuration: props.leaseDuration,
+      holdAfterStop: rate?.interval,
     });
 
     this.logGroup = logOptions.destination;
@@ -658,4 +686,20 @@ export class ConcurrencyControlledWorkflow extends Construct {
 function defaultLockName(scope: Construct): string {
   const path = scope.node.path;
   return path.length <= MAX_LOCK_NAME_LENGTH ? path : Names.uniqueResourceName(scope, { maxLength: MAX_LOCK_NAME_LENGTH });
+}
+
+/**
+ * The lock's permits under a rate limit: the smaller of the concurrency limit and the rate's count
+ * (each permit is held for at least the rate's interval), or the count alone without a concurrency limit.
+ */
+function rateLimitedConcurrency(concurrencyLimit: number | undefined, rate: RateLimit | undefined): number {
+  if (!rate) return concurrencyLimit ?? 1;
+  if (concurrencyLimit === undefined) return rate.count;
+  if (Token.isUnresolved(concurrencyLimit) || Token.isUnresolved(rate.count)) {
+    throw new Error(
+      '`concurrencyLimit` and `rateLimit` must both be known at synth when both are set (the lock\'s permits are the smaller of the two), ' +
+        `got: ${Token.isUnresolved(concurrencyLimit) ? 'a concurrencyLimit read at run time' : 'a rateLimit count that is a token'}`,
+    );
+  }
+  return Math.min(concurrencyLimit, rate.count);
 }

@@ -6,3 +6,4 @@ export * from './semaphore-reconciler';
 export * from './idempotency-table';
 export * from './idempotency-options';
 export * from './idempotent-workflow';
+export * from './rate-limit';

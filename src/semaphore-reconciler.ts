@@ -106,6 +106,15 @@ export interface SemaphoreReconcilerProps {
    * @default lambda.Runtime.NODEJS_22_X
    */
   readonly runtime?: lambda.Runtime;
+
+  /**
+   * Free the permit of a stopped execution only so long after it stopped: the `rateLimit` interval of
+   * the `stateMachines`, for which every start of their body holds the permit. A lease that expires
+   * then stops the execution and leaves its permit to the cleanup or a later sweep. Whole seconds.
+   *
+   * @default - no wait: a stopped execution's permit is freed when the sweep finds it
+   */
+  readonly holdAfterStop?: Duration;
 }
 
 /**
@@ -179,6 +188,7 @@ export class SemaphoreReconciler extends Construct {
           STATE_MACHINE_ARNS: stateMachines.map((sm) => sm.stateMachineArn).join(','),
           CLOCK_SKEW_SECONDS: String(clockSkew.toSeconds()),
           METRICS_NAMESPACE: this.namespace,
+          ...(props.holdAfterStop ? { HOLD_AFTER_STOP_SECONDS: String(holdAfterStopSeconds(props.holdAfterStop)) } : {}),
         },
       }),
     );
@@ -343,4 +353,10 @@ class SendOnlyQueueDestination implements lambda.IDestination {
     this.queue.encryptionMasterKey?.grant(fn, 'kms:GenerateDataKey*', 'kms:Decrypt');
     return { destination: this.queue.queueArn };
   }
+}
+
+function holdAfterStopSeconds(hold: Duration): number {
+  const seconds = validateWholeSeconds('holdAfterStop', hold, 1);
+  if (seconds === undefined) throw new Error('`holdAfterStop` must be known at synth, got a token');
+  return seconds;
 }

@@ -45,6 +45,8 @@ export class WorkTracker {
   public readonly byExecution = new Map<string, number>();
   /** When each execution's work started, simulated epoch ms. */
   public readonly startedAt = new Map<string, number>();
+  /** Every start of the work (redriven runs included), simulated epoch ms, in order. */
+  public readonly starts: number[] = [];
 
   /** `seconds` gets the input and which run of the work this is for its execution (1, then 2 after a redrive...). */
   constructor(private readonly seconds: (input: any, run: number) => number = () => 1) {}
@@ -54,6 +56,7 @@ export class WorkTracker {
     const run = (this.byExecution.get(context.execution.arn) ?? 0) + 1;
     this.byExecution.set(context.execution.arn, run);
     this.startedAt.set(context.execution.arn, context.simulator.now());
+    this.starts.push(context.simulator.now());
     this.inside++;
     this.maxInside = Math.max(this.maxInside, this.inside);
     try {

@@ -27,6 +27,12 @@ export const STATE = {
   prepareRelease: 'Prepare Release',
   prepareReleaseAfterFailure: 'Prepare Release After Failure',
 
+  // The rate limit: a permit is held for at least the rate's interval after every start of the body.
+  holdForRate: 'Hold Permit For Rate Interval',
+  redrivenRun: 'Redriven Run?',
+  holdAfterRedrive: 'Hold Permit After Redriven Body',
+  holdAfterFailure: 'Hold Permit After Failure',
+
   // The queue (wait strategy QUEUE).
   takeTicket: 'Take Ticket',
   pollAgain: 'Poll For Permit Again',

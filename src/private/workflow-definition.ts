@@ -71,30 +71,52 @@ export function renderDefinition(scope: Construct, table: ISemaphoreTable, spec:
   };
 
   // Failure path: give the permit back if we hold it, then fail with the error that brought us here.
+  // Under a rate limit, only once the interval has passed: the body may have started just now (and
+  // its failure ended the Parallel's Wait branch early).
   const failWithError = idem ? idem.markFailed : new sfn.Fail(scope, STATE.failWithError, { errorPath: '$.Error', causePath: '$.Cause' });
-  const releaseAfterFailure = new sfn.Pass(scope, STATE.prepareReleaseAfterFailure, { parameters: holderOfThisRun, resultPath: HANDOFF_PATH });
-  releaseAfterFailure.next(handOffChain(scope, { table: table, lockName, lockNameText, suffix: ' After Failure', next: failWithError }));
+  const prepareReleaseAfterFailure = new sfn.Pass(scope, STATE.prepareReleaseAfterFailure, { parameters: holderOfThisRun, resultPath: HANDOFF_PATH });
+  prepareReleaseAfterFailure.next(handOffChain(scope, { table: table, lockName, lockNameText, suffix: ' After Failure', next: failWithError }));
+  let releaseAfterFailure: sfn.State = prepareReleaseAfterFailure;
+  if (spec.holdSeconds !== undefined) {
+    releaseAfterFailure = new sfn.Wait(scope, STATE.holdAfterFailure, { time: seconds(spec.holdSeconds) });
+    (releaseAfterFailure as sfn.Wait).next(prepareReleaseAfterFailure);
+  }
 
   // Success path. The Parallel wraps the body's output in an array: `$[0]` unwraps it.
   let runBody: sfn.Parallel;
+  let release: sfn.State;
   if (idem) {
     runBody = new sfn.Parallel(scope, STATE.runBody, { inputPath: IDEMPOTENT_INPUT_PATH, resultPath: IDEMPOTENT_OUTPUT_PATH });
-    runBody.next(
-      new sfn.Pass(scope, STATE.prepareRelease, { parameters: holderOfThisRun, resultPath: HANDOFF_PATH }).next(
-        handOffChain(scope, { table: table, lockName, lockNameText, suffix: '', next: idem.saveResult, alreadyReleased: idem.saveResult }),
-      ),
+    release = new sfn.Pass(scope, STATE.prepareRelease, { parameters: holderOfThisRun, resultPath: HANDOFF_PATH });
+    (release as sfn.Pass).next(
+      handOffChain(scope, { table: table, lockName, lockNameText, suffix: '', next: idem.saveResult, alreadyReleased: idem.saveResult }),
     );
   } else {
     // The output and the release's holder in one object, without a state of its own.
     runBody = new sfn.Parallel(scope, STATE.runBody, {
       resultSelector: { output: sfn.JsonPath.objectAt('$[0]'), handoff: holderOfThisRun },
     });
-    runBody.next(handOffChain(scope, { table: table, lockName, lockNameText, suffix: '', outputPath: '$.output' }));
+    release = handOffChain(scope, { table: table, lockName, lockNameText, suffix: '', outputPath: '$.output' });
   }
   runBody
     .branch(spec.body)
     // resultPath '$': the failure path needs only the error, and the lock name comes from the context.
     .addCatch(releaseAfterFailure, { errors: [sfn.Errors.ALL], resultPath: errorPath });
+  if (spec.holdSeconds === undefined) {
+    runBody.next(release);
+  } else {
+    // Under a rate limit the permit is held for at least the interval after the body starts: a second
+    // branch waits it out beside the body (its output left out of the Parallel's). A redrive does not
+    // run a branch that ended again, so a redriven run, whose body may just have started again, waits
+    // the whole interval after the body before it releases.
+    const hold = seconds(spec.holdSeconds);
+    runBody.branch(sfn.Wait.jsonPath(scope, STATE.holdForRate, { time: hold, outputPath: sfn.JsonPath.DISCARD }));
+    runBody.next(
+      new sfn.Choice(scope, STATE.redrivenRun)
+        .when(sfn.Condition.numberGreaterThan('$$.Execution.RedriveCount', 0), new sfn.Wait(scope, STATE.holdAfterRedrive, { time: hold }).next(release))
+        .otherwise(release),
+    );
+  }
 
   // A permit taken inside a Parallel (whose result is discarded) reads its fencing token after it.
   // (Only where a Parallel takes the permit: polling, or the queue with an acquire timeout.)
@@ -415,4 +437,10 @@ export interface DefinitionSpec {
   readonly waitStrategy: WaitStrategy;
   readonly queueCheckInterval: Duration;
   readonly permitPath?: string;
+  /** Under a rate limit: the rate's interval, for which every start of the body holds the permit. */
+  readonly holdSeconds?: number;
+}
+
+function seconds(n: number): sfn.WaitTime {
+  return sfn.WaitTime.duration(Duration.seconds(n));
 }

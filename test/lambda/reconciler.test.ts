@@ -129,6 +129,67 @@ test('stops a running execution past its lease, and only then releases it', asyn
   expect(result.stopped).toEqual([exec('slow')]);
 });
 
+describe('under a rate limit (HOLD_AFTER_STOP_SECONDS)', () => {
+  beforeEach(() => {
+    process.env.HOLD_AFTER_STOP_SECONDS = '600';
+    process.env.CLOCK_SKEW_SECONDS = '30';
+  });
+  afterEach(() => {
+    delete process.env.HOLD_AFTER_STOP_SECONDS;
+    delete process.env.CLOCK_SKEW_SECONDS;
+  });
+  const ago = (ms: number) => new Date(Date.now() - ms);
+
+  test('frees a stopped holder only once the interval and the clock skew have passed since it stopped', async () => {
+    ddb.on(ScanCommand).resolves({
+      Items: [{ lockName: 'db', permitsInUse: 3, [exec('recent')]: entry(), [exec('old')]: entry(ago(3_600_000).toISOString()), [exec('nodate')]: entry() }],
+    });
+    sfn.on(DescribeExecutionCommand, { executionArn: exec('recent') }).resolves({ status: 'ABORTED', redriveCount: 0, stopDate: ago(600_000) });
+    sfn.on(DescribeExecutionCommand, { executionArn: exec('old') }).resolves({ status: 'FAILED', redriveCount: 0, stopDate: ago(631_000) });
+    // No stop time to judge by: held until a sweep can read one.
+    sfn.on(DescribeExecutionCommand, { executionArn: exec('nodate') }).resolves({ status: 'TIMED_OUT', redriveCount: 0 });
+    ddb.on(UpdateCommand).resolves({});
+
+    const result = await sweep({});
+
+    expect(releasedHolders()).toEqual([exec('old')]);
+    expect(result.reclaimed.map((r) => r.reason)).toEqual(['execution FAILED']);
+  });
+
+  test('an entry of a run that has ended goes once the interval has passed since the redrive; an unknown execution since the entry', async () => {
+    ddb.on(ScanCommand).resolves({
+      Items: [
+        {
+          lockName: 'db',
+          permitsInUse: 3,
+          [exec('soon')]: entry(undefined, { redriveCount: 0 }),
+          [exec('later')]: entry(undefined, { redriveCount: 0 }),
+          [exec('unknown')]: entry(ago(300_000).toISOString()),
+        },
+      ],
+    });
+    sfn.on(DescribeExecutionCommand, { executionArn: exec('soon') }).resolves({ status: 'RUNNING', redriveCount: 1, redriveDate: ago(700_000) });
+    sfn.on(DescribeExecutionCommand, { executionArn: exec('later') }).resolves({ status: 'RUNNING', redriveCount: 1, redriveDate: ago(60_000) });
+    sfn.on(DescribeExecutionCommand, { executionArn: exec('unknown') }).rejects(new ExecutionDoesNotExist({ message: 'no such execution', $metadata: {} }));
+    ddb.on(UpdateCommand).resolves({});
+
+    await sweep({});
+
+    expect(releasedHolders()).toEqual([exec('soon')]);
+  });
+
+  test('stops a running execution past its lease, and leaves its permit to the cleanup or a later sweep', async () => {
+    ddb.on(ScanCommand).resolves({ Items: [{ lockName: 'db', permitsInUse: 1, [exec('slow')]: entry(ago(3_600_000).toISOString(), { leaseSeconds: 900 }) }] });
+    statuses({ [exec('slow')]: 'RUNNING' });
+    sfn.on(StopExecutionCommand).resolves({});
+
+    const result = await sweep({});
+
+    expect(result.stopped).toEqual([exec('slow')]);
+    expect(ddb.commandCalls(UpdateCommand)).toHaveLength(0);
+  });
+});
+
 test('leaves a running execution within its lease', async () => {
   ddb.on(ScanCommand).resolves({ Items: [{ lockName: 'db', permitsInUse: 1, [exec('ok')]: entry(new Date().toISOString(), { leaseSeconds: 60 }) }] });
   statuses({ [exec('ok')]: 'RUNNING' });

@@ -1,0 +1,207 @@
+import { App, Duration, Stack } from 'aws-cdk-lib';
+import { Template } from 'aws-cdk-lib/assertions';
+import * as sfn from 'aws-cdk-lib/aws-stepfunctions';
+import { Simulator, SimulatorOptions } from '../simulator';
+import { CleanFromIncomplete, RateLimit, SemaphoreReconciler, SemaphoreTable, WaitStrategy } from '../src';
+import { lockState, stateMachineLogicalId, WorkTracker, workflowStack } from './helpers';
+import { STATE } from '../src/private/state-names';
+
+/*
+ * The rate limit: at most `count` bodies start in any `interval`, wherever the window begins, because
+ * every start of a body holds its permit for at least the interval, on every path that frees it.
+ */
+
+const LOCK = 'TestStack/Workflow';
+
+async function simulate(stack: Stack, options: SimulatorOptions, fn: (sim: Simulator) => Promise<void>): Promise<void> {
+  const sim = await Simulator.start(stack, options);
+  try {
+    await fn(sim);
+  } finally {
+    await sim.stop();
+  }
+}
+
+/** The most of `times` (ms) inside any window of `windowMs`, wherever it starts: a sliding window. */
+export function mostInAnyWindow(times: number[], windowMs: number): number {
+  const sorted = [...times].sort((a, b) => a - b);
+  let most = 0;
+  let first = 0;
+  for (let last = 0; last < sorted.length; last++) {
+    while (sorted[last] - sorted[first] >= windowMs) first++;
+    most = Math.max(most, last - first + 1);
+  }
+  return most;
+}
+
+test('mostInAnyWindow counts a sliding window: half-open, wherever it starts', () => {
+  expect(mostInAnyWindow([], 1000)).toBe(0);
+  expect(mostInAnyWindow([0, 999, 1000, 1999], 1000)).toBe(2);
+  expect(mostInAnyWindow([0, 500, 999, 1000], 1000)).toBe(3);
+  expect(mostInAnyWindow([5000, 0, 400, 4800, 4900], 1000)).toBe(3);
+});
+
+describe('validation at synth', () => {
+  test.each([
+    [() => RateLimit.perSecond(0), /`rateLimit` count must be an integer from 1 to 1000 .*got: 0/],
+    [() => RateLimit.perMinute(2.5), /`rateLimit` count must be an integer from 1 to 1000 .*got: 2.5/],
+    [() => RateLimit.of(5, Duration.millis(500)), /`rateLimit` interval must be a whole number of seconds from 1 to 86400 .*got: 500 millis/],
+    [() => RateLimit.of(5, Duration.days(2)), /`rateLimit` interval must be a whole number of seconds from 1 to 86400 .*got: 2 days/],
+  ])('a bad rate is refused, naming the value: %#', (make, message) => {
+    expect(make).toThrow(message);
+  });
+
+  test('a lease shorter than the interval, or a limit read at run time beside a rate, is refused', () => {
+    expect(() => workflowStack({ rateLimit: RateLimit.perMinute(10), leaseDuration: Duration.seconds(30) })).toThrow(
+      /`leaseDuration` \(30 seconds\) must be at least the `rateLimit` interval \(1 minute\)/,
+    );
+    expect(() => workflowStack({ rateLimit: RateLimit.perSecond(10), concurrencyLimit: sfn.JsonPath.numberAt('$.limit') })).toThrow(
+      /`concurrencyLimit` and `rateLimit` must both be known at synth .*got: a concurrencyLimit read at run time/,
+    );
+  });
+
+  test('the lock\'s permits are the smaller of the limit and the count; the cleanup and the reconciler hold for the interval', () => {
+    const limitOf = (props: Parameters<typeof workflowStack>[0]) => {
+      const { workflow } = workflowStack(props);
+      const cfn = workflow.stateMachine.node.defaultChild as sfn.CfnStateMachine;
+      const definition = JSON.stringify(Stack.of(workflow).resolve(cfn.definitionString));
+      return Number(/\\":limit\\":\{\\"N\\":\\"(\d+)\\"/.exec(definition)![1]);
+    };
+    expect(limitOf({ rateLimit: RateLimit.perSecond(7) })).toBe(7);
+    expect(limitOf({ rateLimit: RateLimit.perSecond(7), concurrencyLimit: 3 })).toBe(3);
+    expect(limitOf({ rateLimit: RateLimit.perSecond(2), concurrencyLimit: 3 })).toBe(2);
+    expect(limitOf({})).toBe(1);
+
+    const { stack } = workflowStack({ rateLimit: RateLimit.of(4, Duration.seconds(30)) });
+    const template = Template.fromStack(stack);
+    template.hasResourceProperties('AWS::Lambda::Function', { Environment: { Variables: { HOLD_AFTER_STOP_SECONDS: '30' } } });
+    const cleanup = Object.values(template.findResources('AWS::StepFunctions::StateMachine')).find((r) =>
+      JSON.stringify(r).includes('Release Permit Of Stopped Execution'),
+    );
+    expect(JSON.stringify(cleanup)).toContain('\\"Hold Permit For Rate Interval\\":{\\"Type\\":\\"Wait\\",\\"Seconds\\":30');
+  });
+
+  test('holdAfterStop of the cleanup and the reconciler must be whole seconds', () => {
+    const stack = new Stack(new App(), 'S');
+    const table = new SemaphoreTable(stack, 'T');
+    const sm = new sfn.StateMachine(stack, 'M', { definitionBody: sfn.DefinitionBody.fromChainable(new sfn.Pass(stack, 'P')) });
+    expect(
+      () => new CleanFromIncomplete(stack, 'C', { table, lockName: 'l', protectedStateMachines: [sm], holdAfterStop: Duration.millis(1500) }),
+    ).toThrow(/`holdAfterStop` must be a whole number of seconds, at least 1 second, got: 1 second 500 millis/);
+    expect(() => new SemaphoreReconciler(stack, 'R', { table, holdAfterStop: Duration.millis(200) })).toThrow(
+      /`holdAfterStop` must be a whole number of seconds, at least 1 second, got: 200 millis/,
+    );
+  });
+});
+
+describe.each([WaitStrategy.QUEUE, WaitStrategy.POLLING])('%s', (waitStrategy) => {
+  test('a burst of 15 at 3 per 10 s with 1 s bodies: never more than 3 starts in any 10 s, drained in 5 windows, nothing left held', async () => {
+    const { stack, workflow, workFunctionId } = workflowStack({
+      rateLimit: RateLimit.of(3, Duration.seconds(10)),
+      waitStrategy,
+      ...(waitStrategy === WaitStrategy.QUEUE ? {} : { pollInterval: Duration.seconds(1) }),
+      reconcilerScheduleEnabled: false,
+    });
+    const work = new WorkTracker(() => 1);
+    await simulate(stack, { lambdaHandlers: { [workFunctionId]: work.handler } }, async (sim) => {
+      const sm = sim.stateMachine(stateMachineLogicalId(workflow.stateMachine));
+      const executions = Array.from({ length: 15 }, (_, i) => sim.startExecution(sm, { i }));
+      await Promise.all(executions.map((e) => e.done));
+
+      expect(executions.map((e) => e.status)).toEqual(Array(15).fill('SUCCEEDED'));
+      expect(work.starts).toHaveLength(15);
+      expect(mostInAnyWindow(work.starts, 10_000)).toBe(3);
+      // 15 at 3 per 10 s: five windows, the last starts at least 40 s after the first. Each permit
+      // passes on one release after its 10 s (its hand-off or poll costs simulated time here: at the
+      // tests' time scale, a millisecond of CPU is 0.1 s), so every window is used.
+      const span = (Math.max(...work.starts) - Math.min(...work.starts)) / 1000;
+      expect(span).toBeGreaterThanOrEqual(40);
+      expect(span).toBeLessThan(4 * 10 * 1.5);
+      // The output is the body's, not the Wait branch's.
+      expect(executions[0].output).toEqual({ worked: true, echo: { i: 0 } });
+      await sim.idle();
+      expect(await lockState(sim)).toEqual([{ lockName: LOCK, permitsInUse: 0, holders: [] }]);
+    });
+  });
+});
+
+test('beside a concurrency limit: never more than the limit inside, nor the rate per interval', async () => {
+  const { stack, workflow, workFunctionId } = workflowStack({
+    rateLimit: RateLimit.of(4, Duration.seconds(5)),
+    concurrencyLimit: 2,
+    reconcilerScheduleEnabled: false,
+  });
+  const work = new WorkTracker((input) => input.seconds);
+  await simulate(stack, { lambdaHandlers: { [workFunctionId]: work.handler } }, async (sim) => {
+    const sm = sim.stateMachine(stateMachineLogicalId(workflow.stateMachine));
+    // Long bodies: the concurrency limit binds; short ones: the interval does.
+    const executions = Array.from({ length: 12 }, (_, i) => sim.startExecution(sm, { seconds: i < 6 ? 8 : 1 }));
+    await Promise.all(executions.map((e) => e.done));
+
+    expect(executions.every((e) => e.status === 'SUCCEEDED')).toBe(true);
+    expect(work.maxInside).toBe(2);
+    expect(mostInAnyWindow(work.starts, 5_000)).toBeLessThanOrEqual(2);
+    await sim.idle();
+    expect(await lockState(sim)).toEqual([{ lockName: LOCK, permitsInUse: 0, holders: [] }]);
+  });
+});
+
+test('failing and stopped bodies: the catch and the cleanup free the permit only once the interval has passed', async () => {
+  const { stack, workflow, workFunctionId } = workflowStack({ rateLimit: RateLimit.of(2, Duration.seconds(20)), reconcilerScheduleEnabled: false });
+  const work = new WorkTracker(() => 1);
+  await simulate(stack, { lambdaHandlers: { [workFunctionId]: work.handler } }, async (sim) => {
+    const sm = sim.stateMachine(stateMachineLogicalId(workflow.stateMachine));
+    const inputs = Array.from({ length: 10 }, (_, i) => ({ i, fail: i % 3 === 0, abortInside: i % 3 === 1 }));
+    const executions = inputs.map((input) => sim.startExecution(sm, input));
+    await Promise.all(executions.map((e) => e.done));
+    await sim.idle();
+
+    expect(executions.map((e) => e.status)).toEqual(inputs.map((i) => (i.fail ? 'FAILED' : i.abortInside ? 'ABORTED' : 'SUCCEEDED')));
+    expect(work.starts).toHaveLength(10);
+    expect(mostInAnyWindow(work.starts, 20_000)).toBe(2);
+    // Each failed execution waited out the interval before it gave its permit back.
+    for (const e of executions.filter((x) => x.status === 'FAILED')) {
+      expect(e.stateTransitions.get(STATE.holdAfterFailure)).toBe(1);
+      expect(e.stopDate! - work.startedAt.get(e.arn)!).toBeGreaterThanOrEqual(20_000);
+    }
+    // Every cleanup (of the failed ones too, which gave their permit back themselves) waited the
+    // interval before it looked; those of the stopped ones then freed the permit.
+    const cleanups = sim.executionsOf(sim.stateMachine(stateMachineLogicalId(workflow.cleanupStateMachine)));
+    expect(cleanups).toHaveLength(inputs.filter((i) => i.fail || i.abortInside).length);
+    expect(cleanups.every((c) => c.stateTransitions.get('Hold Permit For Rate Interval') === 1 && c.stopDate! - c.startDate >= 20_000)).toBe(true);
+    expect(cleanups.filter((c) => c.stateTransitions.has('Release Permit Of Stopped Execution') && !c.stateTransitions.has('Permit Not Held'))).toHaveLength(
+      inputs.filter((i) => i.abortInside).length,
+    );
+    expect(await lockState(sim)).toEqual([{ lockName: LOCK, permitsInUse: 0, holders: [] }]);
+  });
+});
+
+test('a run redriven after its Wait branch ended holds the permit a whole interval after its body starts again', async () => {
+  // X works 30 s on its first run and is stopped at 15 s, after its 10 s Wait branch ended; redriven,
+  // its body starts again, and only that branch runs again (RedriveExecution reruns the unsuccessful
+  // branches). Y, started later, must not start within 10 s of X's second start.
+  const { stack, workflow, workFunctionId } = workflowStack({ rateLimit: RateLimit.of(1, Duration.seconds(10)), reconcilerScheduleEnabled: false });
+  const work = new WorkTracker((input, run) => (input.x && run === 1 ? 30 : 1));
+  await simulate(stack, { lambdaHandlers: { [workFunctionId]: work.handler } }, async (sim) => {
+    const sm = sim.stateMachine(stateMachineLogicalId(workflow.stateMachine));
+    const x = sim.startExecution(sm, { x: true }, { name: 'x' });
+    await sim.sleep(15);
+    x.abort();
+    await x.done;
+    // The cleanup holds the permit 10 s after the stop, then frees it; the redrive guard takes it again.
+    await sim.sleep(12);
+    const redriven = sim.redriveExecution(x.arn);
+    await sim.sleep(2);
+    const y = sim.startExecution(sm, { y: true }, { name: 'y' });
+    const [xAgain, yDone] = await Promise.all([redriven, y.done]);
+
+    expect([xAgain.status, yDone.status]).toEqual(['SUCCEEDED', 'SUCCEEDED']);
+    expect(work.byExecution.get(x.arn)).toBe(2);
+    const xSecondStart = work.starts[1];
+    expect(work.startedAt.get(yDone.arn)! - xSecondStart).toBeGreaterThanOrEqual(10_000);
+    expect(mostInAnyWindow(work.starts, 10_000)).toBe(1);
+    expect(xAgain.stateTransitions.get(STATE.holdAfterRedrive)).toBe(1);
+    await sim.idle();
+    expect(await lockState(sim)).toEqual([{ lockName: LOCK, permitsInUse: 0, holders: [] }]);
+  });
+});
