@@ -103,6 +103,12 @@ export interface ScenarioOptions {
   readonly sweepAfterRun?: boolean;
   /** Called at the end of the run, before executions still running are stopped as stuck: to look at them. */
   readonly atHorizon?: (sim: Simulator, running: Execution[]) => Promise<void>;
+  /**
+   * The subject's rate limit: at most `count` entries into the body in any `intervalSeconds`. The run
+   * counts them over a sliding window (`mostAdmissionsInInterval`), and the ideal drain is the rate's.
+   * @default - no rate limit
+   */
+  readonly rate?: { readonly count: number; readonly intervalSeconds: number };
 }
 
 /** How long after the last stop the scheduled rules fire (sweepAfterRun): the reconciler's grace period, and a second. */
@@ -178,6 +184,9 @@ export interface ScenarioResult {
   readonly reclaimedAfterRun: number;
   /** Admissions into the body per simulated second, from the first to the last. */
   readonly acquisitionsPerSecond: number;
+  /** With `rate`: the rate, and the most entries into the body (redriven runs' included) in any window of its interval. */
+  readonly rate?: { readonly count: number; readonly intervalSeconds: number };
+  readonly mostAdmissionsInInterval?: number;
   readonly drainSeconds: number;
   readonly idealSeconds: number;
   readonly drainRatio: number;
@@ -200,7 +209,8 @@ export async function runScenario(subject: Subject, options: ScenarioOptions): P
   const random = seededRandom(seed * 7919 + 17);
   const workSeconds = options.workSeconds ?? 15;
   const jitter = options.workJitter ?? 0.2;
-  const idealSeconds = Math.ceil(options.executions / options.limit) * workSeconds;
+  // Under a rate, `limit` permits each pass on at most once per interval.
+  const idealSeconds = Math.ceil(options.executions / options.limit) * Math.max(workSeconds, options.rate?.intervalSeconds ?? 0);
   const realStart = Date.now();
 
   const sim = await Simulator.start(subject.stack, {
@@ -246,8 +256,12 @@ export async function runScenario(subject: Subject, options: ScenarioOptions): P
     sim.onTaskEnded((execution, stateName) => {
       if (subject.acquireStates.includes(stateName) && !arrived.has(execution.arn)) arrived.set(execution.arn, sim.now());
     });
+    /** Every entry into the body, for the rate. */
+    const entries: number[] = [];
     sim.onStateEntered((execution, stateName) => {
-      if (subject.enterStates.includes(stateName) && !admitted.has(execution.arn)) admitted.set(execution.arn, sim.now());
+      if (!subject.enterStates.includes(stateName)) return;
+      entries.push(sim.now());
+      if (!admitted.has(execution.arn)) admitted.set(execution.arn, sim.now());
     });
     const acquireRandom = seededRandom(seed * 104729 + 3);
     sim.onTaskStarted((execution, stateName) => {
@@ -353,6 +367,7 @@ export async function runScenario(subject: Subject, options: ScenarioOptions): P
       reclaimedByReconciler: emittedMetricSum(sim, 'PermitsReclaimed'),
       reclaimedAfterRun: emittedMetricSum(sim, 'PermitsReclaimed') - reclaimedDuringRun,
       acquisitionsPerSecond: admissionRate(admitted),
+      ...(options.rate ? { rate: options.rate, mostAdmissionsInInterval: mostInAnyWindow(entries, options.rate.intervalSeconds * 1000) } : {}),
       drainSeconds,
       idealSeconds,
       drainRatio: drainSeconds / idealSeconds,
@@ -361,6 +376,18 @@ export async function runScenario(subject: Subject, options: ScenarioOptions): P
   } finally {
     await sim.stop();
   }
+}
+
+/** The most of `times` (ms) inside any half-open window of `windowMs`, wherever it starts: a sliding window. */
+export function mostInAnyWindow(times: number[], windowMs: number): number {
+  const sorted = [...times].sort((a, b) => a - b);
+  let most = 0;
+  let first = 0;
+  for (let last = 0; last < sorted.length; last++) {
+    while (sorted[last] - sorted[first] >= windowMs) first++;
+    most = Math.max(most, last - first + 1);
+  }
+  return most;
 }
 
 /** Admissions per second from the first to the last (0 with fewer than two). */
@@ -399,7 +426,8 @@ export function emittedMetricSum(sim: Simulator, metric: string): number {
 /**
  * The invariants every scenario must keep, as sentences; an empty list means all held: never more
  * than the limit inside, no permit left held, nobody stuck waiting, every failure explained by the
- * work, and the lock item's count equal to its holders at every sample.
+ * work, under a rate never more entries into the body in any interval than the rate, and the lock
+ * item's count equal to its holders at every sample.
  */
 export function brokenInvariants(result: ScenarioResult, limit: number): string[] {
   const broken: string[] = [];
@@ -407,6 +435,9 @@ export function brokenInvariants(result: ScenarioResult, limit: number): string[
   if (result.permitsLeftHeld > 0) broken.push(`${result.permitsLeftHeld} permits are still held after every execution stopped`);
   if (result.stuck > 0) broken.push(`${result.stuck} executions were still waiting at the horizon`);
   if (result.failedUnexplained > 0) broken.push(`${result.failedUnexplained} executions failed with an error other than their work's`);
+  if (result.rate && result.mostAdmissionsInInterval! > result.rate.count) {
+    broken.push(`${result.mostAdmissionsInInterval} executions entered the body within ${result.rate.intervalSeconds} s, rate ${result.rate.count}`);
+  }
   broken.push(...result.invariantViolations.slice(0, 5));
   return broken;
 }
