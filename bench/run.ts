@@ -1,11 +1,11 @@
 import * as fs from 'fs';
 import * as path from 'path';
-import { App, CfnElement, Stack } from 'aws-cdk-lib';
+import { App, CfnElement, Duration, Stack } from 'aws-cdk-lib';
 import * as tasks from 'aws-cdk-lib/aws-stepfunctions-tasks';
 import { workFunction } from '../demo/app';
 import { demoSubject } from '../demo/run';
 import { AWS_SAMPLE_LOCK_LAYOUT, runScenario, ScenarioOptions, ScenarioResult, Subject } from '../simulator';
-import { WaitStrategy } from '../src';
+import { ConcurrencyControlledWorkflowProps, RateLimit, WaitStrategy } from '../src';
 import { AwsSampleSemaphore } from './aws-sample-baseline';
 
 /*
@@ -23,6 +23,8 @@ interface Scenario {
   readonly options: Omit<ScenarioOptions, 'seed' | 'timeScale'>;
   /** Overrides --time-scale: a thousand polling executions need more real time per simulated second. */
   readonly timeScale?: number;
+  /** Props of our workflow beside the wait strategy (the sample gets the scenario's limit only). */
+  readonly props?: Partial<ConcurrencyControlledWorkflowProps>;
 }
 
 const LIMIT = 5;
@@ -60,6 +62,16 @@ const SCENARIOS: Scenario[] = [
   },
   // A hot lock, under DynamoDB's partition limits (1,000 write units a second for one item).
   { name: 'hot-lock', description: '500 executions at once, limit 25, work 2 s', options: { executions: 500, limit: 25, workSeconds: 2 }, timeScale: 0.25 },
+  // The rate limit (ours only: the sample has none, so its column is a concurrency limit of 5 around the
+  // same bodies, which happens to pass about as many per second). Time runs at half speed, so that the
+  // hand-offs' CPU time barely shows in a 40 s drain.
+  {
+    name: 'rate',
+    description: '200 executions at once, at most 5 per second (RateLimit.perSecond(5)), work 1 s; polling every 1 s',
+    options: { executions: 200, limit: 5, workSeconds: 1, workJitter: 0, rate: { count: 5, intervalSeconds: 1 } },
+    props: { rateLimit: RateLimit.perSecond(5), pollInterval: Duration.seconds(1) },
+    timeScale: 0.5,
+  },
   {
     name: 'high-limit',
     description: '2,000 executions at once, limit 500, work 5 s: the sustained acquisitions per second',
@@ -159,6 +171,7 @@ const ROWS: Row[] = [
   ['$ per 1,000 executions', (r) => r.dollarsPer1000, 3],
   ['acquisitions / s (sustained)', (r) => r.acquisitionsPerSecond, 1],
   ['drain time / ideal', (r) => r.drainRatio, 2],
+  ['most entries into the body in any interval of the rate', (r) => r.mostAdmissionsInInterval ?? Number.NaN, 0],
   ['executions that overtook an earlier waiter', (r) => r.overtakers, 0],
   ['executions overtaken by a later one', (r) => r.overtaken, 0],
   ['wake-ups lost (injected)', (r) => r.lostWakeUps, 0],
@@ -189,6 +202,7 @@ function table(results: Measured[]): string {
       ];
       if (scenario.name === 'uncontended' && notForOne.includes(label)) continue;
       if (label.startsWith('wake-ups lost') && !scenario.options.lostWakeUpRate) continue;
+      if (label.startsWith('most entries') && !scenario.options.rate) continue;
       const a = value(sample);
       const b = value(queue);
       const ratio = a === 0 ? (b === 0 ? '–' : '∞') : `${(b / a).toFixed(2)}×`;
@@ -210,9 +224,12 @@ async function main(): Promise<void> {
     const capacity = { partitionLimits: true };
     const run = (subject: Subject) => runScenario(subject, { capacity, ...scenario.options, seed: options.seed, timeScale });
     process.stdout.write(`${scenario.name}: ${scenario.description} ...`);
-    const sample = await run(awsSampleSubject(scenario.options.limit));
-    const polling = await run({ ...demoSubject(scenario.options.limit, { waitStrategy: WaitStrategy.POLLING }), name: 'cdk-sfn-semaphore (polling)' });
-    const queue = await run({ ...demoSubject(scenario.options.limit, { waitStrategy: WaitStrategy.QUEUE }), name: 'cdk-sfn-semaphore (queue)' });
+    // The sample has no rate: its run is not judged by one.
+    const sampleOptions = { capacity, ...scenario.options, rate: undefined, seed: options.seed, timeScale };
+    const sample = await runScenario(awsSampleSubject(scenario.options.limit), sampleOptions);
+    const ours = (waitStrategy: WaitStrategy) => demoSubject(scenario.options.limit, { ...scenario.props, waitStrategy });
+    const polling = await run({ ...ours(WaitStrategy.POLLING), name: 'cdk-sfn-semaphore (polling)' });
+    const queue = await run({ ...ours(WaitStrategy.QUEUE), name: 'cdk-sfn-semaphore (queue)' });
     console.log(` ${(sample.realSeconds + polling.realSeconds + queue.realSeconds).toFixed(0)} s`);
     results.push({ scenario, sample, polling, queue });
   }

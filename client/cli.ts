@@ -83,7 +83,8 @@ ${COMMON_HELP}`,
   'release': `Usage: ${NAME} release LOCK LEASE_ID
 
 Give the permit back. Exit 3 when LEASE_ID holds no permit of LOCK. An execution's permit is
-freed with force-release.
+freed with force-release. On a lock whose workflows have a rate limit, it first waits until the
+rate's interval has passed since the acquire (every acquisition, this one included, counts for it).
 
 ${COMMON_HELP}`,
   'run': `Usage: ${NAME} run LOCK [--limit N] [--lease 15m] [--wait 60s | --no-wait] [--owner NAME] -- COMMAND [ARGS...]
@@ -112,7 +113,8 @@ ${COMMON_HELP}`,
   'status': `Usage: ${NAME} status LOCK [--json]
 
 Show the holders of LOCK (executions and leases), their ages and leases, the permits in use, the
-lock's limit, and how many executions are queued for a permit (--json lists them).
+lock's limit and rate interval (every permit is held at least so long), and how many executions are
+queued for a permit (--json lists them).
 
   --json          print JSON instead of a table
 
@@ -260,7 +262,7 @@ async function dispatch(argv: string[], io: CliIo): Promise<number> {
       return EXIT.ok;
     }
     case 'release':
-      if (!(await client.release(lock, second))) throw new CliError(`${lock}: ${second} holds no permit`, EXIT.notAcquired);
+      if (!(await client.release(lock, second, { onRateHold: rateHoldNotice(lock, io) }))) throw new CliError(`${lock}: ${second} holds no permit`, EXIT.notAcquired);
       return EXIT.ok;
     case 'force-release': {
       const reason = values.reason as string | undefined;
@@ -389,7 +391,8 @@ async function printStatus(client: SemaphoreClient, lock: string, json: boolean,
     return EXIT.ok;
   }
   const queued = status.waiting === 0 ? '' : `, ${status.waiting} execution${status.waiting === 1 ? '' : 's'} queued`;
-  io.stdout(`${lock}: ${status.permitsInUse} of ${status.limit ?? '?'} permits in use${queued}`);
+  const rate = status.rateIntervalSeconds === undefined ? '' : `, each held at least ${status.rateIntervalSeconds}s (the lock's rate)`;
+  io.stdout(`${lock}: ${status.permitsInUse} of ${status.limit ?? '?'} permits in use${rate}${queued}`);
   if (status.holders.length === 0) return EXIT.ok;
   const rows = status.holders.map((h) => [h.kind, h.id, h.owner ?? '', age(h.ageSeconds), lease(h)]);
   const header = ['KIND', 'HOLDER', 'OWNER', 'AGE', 'LEASE'];
@@ -550,11 +553,16 @@ function keepLease(
   };
 }
 
+/** What a release says on stderr before it holds the permit for the lock's rate. */
+function rateHoldNotice(lock: string, io: CliIo): (millis: number) => void {
+  return (millis) => io.stderr(`${NAME}: ${lock}: holding the permit ${Math.ceil(millis / 1000)}s more: the lock's rate counts every acquisition for its interval`);
+}
+
 /** Give the permit back, retrying errors: true, false when it was not held, undefined when every attempt failed (then warns). */
 async function releaseWithRetries(client: SemaphoreClient, lock: string, leaseId: string, leaseEnd: number, io: CliIo): Promise<boolean | undefined> {
   for (let attempt = 1; ; attempt++) {
     try {
-      return await client.release(lock, leaseId);
+      return await client.release(lock, leaseId, { onRateHold: rateHoldNotice(lock, io) });
     } catch (e) {
       if (attempt === 4) {
         io.stderr(

@@ -18,6 +18,7 @@ import {
   MAX_OWNER_LENGTH,
   NAMES,
   PERMITS_IN_USE,
+  RATE_INTERVAL,
   RELEASE_CONDITION,
   RELEASE_EXPIRED_LEASE_CONDITION,
   RELEASE_UPDATE,
@@ -93,7 +94,11 @@ export interface AcquireOptions {
    * @default - the limit stored on the lock, or 1
    */
   readonly limit?: number;
-  /** The lease: without a renewal, the permit is free again this long after the acquire. @default 900 */
+  /**
+   * The lease: without a renewal, the permit is free again this long after the acquire. On a lock
+   * with a rate (`rateIntervalSeconds`), at least the rate's interval.
+   * @default 900
+   */
   readonly leaseSeconds?: number;
   /** How long to wait for a permit; 0 tries once. @default 0 */
   readonly waitSeconds?: number;
@@ -107,6 +112,11 @@ export interface AcquireOptions {
   readonly onWait?: (state: WaitState) => void;
   /** Called after an attempt that failed with an error that may pass (throttling, a server or network error), before the next one. */
   readonly onRetry?: (error: Error) => void;
+}
+
+export interface ReleaseOptions {
+  /** Told, before the release waits, how long it holds the permit for the lock's rate (milliseconds). */
+  readonly onRateHold?: (millis: number) => void;
 }
 
 /** What an acquire that has to wait saw on the lock. */
@@ -151,6 +161,11 @@ export interface LockStatus {
   readonly permitsInUse: number;
   /** The limit stored on the lock: the last workflow acquire's (a client records its own only on a lock that has none). */
   readonly limit?: number;
+  /**
+   * The rate interval of the lock's rate-limited workflows (`rateLimit`), seconds: every acquisition,
+   * a client's included, holds its permit at least this long, so that the rate counts it.
+   */
+  readonly rateIntervalSeconds?: number;
   readonly holders: HolderStatus[];
   /**
    * How many tickets wait in the lock's queue: while there are any, every permit given back goes to
@@ -186,8 +201,7 @@ export class SemaphoreClient {
   /** Take a permit; undefined when none became free within the wait. */
   public async acquire(lockName: string, options: AcquireOptions = {}): Promise<Lease | undefined> {
     validLockName(lockName);
-    const leaseSeconds = options.leaseSeconds ?? 900;
-    positive('leaseSeconds', leaseSeconds);
+    positive('leaseSeconds', options.leaseSeconds ?? 900);
     const waitSeconds = options.waitSeconds ?? 0;
     if (!(waitSeconds >= 0)) throw new Error(`the wait must be 0 or more seconds, got: ${waitSeconds}`);
     const pollMillis = (options.pollSeconds ?? 2) * 1000;
@@ -199,9 +213,10 @@ export class SemaphoreClient {
     if (options.owner !== undefined && Buffer.byteLength(options.owner, 'utf8') > MAX_OWNER_LENGTH) {
       throw new Error(`the owner must be at most ${MAX_OWNER_LENGTH} bytes long (UTF-8), got ${Buffer.byteLength(options.owner, 'utf8')}`);
     }
-    if (limit === undefined) {
-      limit = (await this.status(lockName)).limit ?? 1;
-    }
+    // The lock's limit when none is given, and its rate: a lease never ends before the rate's interval.
+    const lock = await this.run(getItem(this.tableName, lockName));
+    limit ??= numberOf(lock?.[CONCURRENCY_LIMIT]) ?? 1;
+    const leaseSeconds = Math.max(options.leaseSeconds ?? 900, numberOf(lock?.[RATE_INTERVAL]) ?? 0);
     const leaseId = `${LEASE_ID_PREFIX}${randomUUID()}`;
 
     for (;;) {
@@ -238,10 +253,24 @@ export class SemaphoreClient {
     return renewed ? expiresAt : undefined;
   }
 
-  /** Give a lease's permit back; false when it is not held (any more). An execution's permit needs forceRelease. */
-  public async release(lockName: string, leaseId: string): Promise<boolean> {
+  /**
+   * Give a lease's permit back; false when it is not held (any more). An execution's permit needs
+   * forceRelease. On a lock with a rate, it first waits until the rate's interval has passed since the
+   * acquire (and tells `onRateHold` how many milliseconds).
+   */
+  public async release(lockName: string, leaseId: string, options: ReleaseOptions = {}): Promise<boolean> {
     validLockName(lockName);
     notAnExecution(leaseId);
+    const lock = await this.run(getItem(this.tableName, lockName));
+    const acquiredAt = lock?.[leaseId]?.M?.[HOLDER_ACQUIRED_AT]?.S;
+    const rate = numberOf(lock?.[RATE_INTERVAL]);
+    if (acquiredAt !== undefined && rate !== undefined) {
+      const left = Date.parse(acquiredAt) + rate * 1000 - Date.now();
+      if (left > 0) {
+        options.onRateHold?.(left);
+        await sleep(left);
+      }
+    }
     return this.run(releaseHolder(this.protocol(), lockName, leaseId));
   }
 
@@ -288,6 +317,7 @@ export class SemaphoreClient {
       lockName,
       permitsInUse: Number(item?.[PERMITS_IN_USE]?.N ?? 0),
       limit: item?.[CONCURRENCY_LIMIT]?.N === undefined ? undefined : Number(item[CONCURRENCY_LIMIT].N),
+      ...(item?.[RATE_INTERVAL]?.N === undefined ? {} : { rateIntervalSeconds: Number(item[RATE_INTERVAL].N) }),
       holders,
       waiting: Math.max(0, queue.tail - queue.head),
       waiters,

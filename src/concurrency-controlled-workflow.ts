@@ -256,8 +256,9 @@ export interface ConcurrencyControlledWorkflowProps {
    * (a sliding window: the worst burst is `count`, never twice that). The lock's permits are then the
    * smaller of `concurrencyLimit` and `count`, each held for the longer of the body and the interval;
    * with a `concurrencyLimit` below `count` and bodies shorter than the interval, fewer than `count`
-   * start per interval. Every workflow on the lock must declare the same rate (the CLI does not yet
-   * take part in it). A lease must be at least the interval.
+   * start per interval. Every workflow on the lock must declare the same rate; the acquire records
+   * its interval on the lock item, and the CLI's and the client's permits are held as long. A lease
+   * must be at least the interval.
    *
    * @default - no rate limit: only `concurrencyLimit` applies
    */

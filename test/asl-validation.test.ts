@@ -2,7 +2,7 @@ import { App, Duration, Stack } from 'aws-cdk-lib';
 import { Template } from 'aws-cdk-lib/assertions';
 import * as sfn from 'aws-cdk-lib/aws-stepfunctions';
 import { CfnTemplate, physicalResources, resolve } from '../simulator/cfn';
-import { ConcurrencyControlledWorkflow, ConcurrencyControlledWorkflowProps, IdempotencyKey, IdempotentWorkflow } from '../src';
+import { ConcurrencyControlledWorkflow, ConcurrencyControlledWorkflowProps, IdempotencyKey, IdempotentWorkflow, RateLimit, WaitStrategy } from '../src';
 
 // asl-validator has no type declarations.
 // eslint-disable-next-line @typescript-eslint/no-require-imports
@@ -32,6 +32,11 @@ const configurations: Array<[string, Partial<ConcurrencyControlledWorkflowProps>
   [
     'idempotent, with validation and a limit from the input',
     { concurrencyLimit: sfn.JsonPath.numberAt('$.limit'), acquireTimeout: Duration.minutes(5), idempotency: { key: IdempotencyKey.fromJmesPath('[a, b]'), validateFields: ['$.c'] } },
+  ],
+  ['a rate limit beside a concurrency limit', { rateLimit: RateLimit.perSecond(10), concurrencyLimit: 4 }],
+  [
+    'a rate limit, polling, idempotent, a lock name from the input',
+    { rateLimit: RateLimit.perMinute(30), waitStrategy: WaitStrategy.POLLING, lockName: sfn.JsonPath.stringAt('$.lock'), idempotency: { key: IdempotencyKey.fromFields('$.id') } },
   ],
 ];
 

@@ -1,10 +1,12 @@
 import { App, Duration, Stack } from 'aws-cdk-lib';
 import { Template } from 'aws-cdk-lib/assertions';
 import * as sfn from 'aws-cdk-lib/aws-stepfunctions';
+import { main } from '../client/cli';
+import { SemaphoreClient } from '../client/semaphore-client';
 import { demoSubject } from '../demo/run';
 import { brokenInvariants, mostInAnyWindow, runScenario, Simulator, SimulatorOptions } from '../simulator';
-import { CleanFromIncomplete, RateLimit, SemaphoreReconciler, SemaphoreTable, WaitStrategy } from '../src';
-import { lockState, stateMachineLogicalId, WorkTracker, workflowStack } from './helpers';
+import { CleanFromIncomplete, IdempotencyKey, RateLimit, SemaphoreReconciler, SemaphoreTable, WaitStrategy } from '../src';
+import { lockState, stateMachineLogicalId, until, WorkTracker, workflowStack } from './helpers';
 import { STATE } from '../src/private/state-names';
 
 /*
@@ -92,7 +94,8 @@ describe.each([WaitStrategy.QUEUE, WaitStrategy.POLLING])('%s', (waitStrategy) =
       reconcilerScheduleEnabled: false,
     });
     const work = new WorkTracker(() => 1);
-    await simulate(stack, { lambdaHandlers: { [workFunctionId]: work.handler } }, async (sim) => {
+    // At a time scale of 0.1 a millisecond of CPU is 10 ms of simulated time (at the usual 0.01, 100 ms).
+    await simulate(stack, { timeScale: 0.1, lambdaHandlers: { [workFunctionId]: work.handler } }, async (sim) => {
       const sm = sim.stateMachine(stateMachineLogicalId(workflow.stateMachine));
       const executions = Array.from({ length: 15 }, (_, i) => sim.startExecution(sm, { i }));
       await Promise.all(executions.map((e) => e.done));
@@ -101,11 +104,10 @@ describe.each([WaitStrategy.QUEUE, WaitStrategy.POLLING])('%s', (waitStrategy) =
       expect(work.starts).toHaveLength(15);
       expect(mostInAnyWindow(work.starts, 10_000)).toBe(3);
       // 15 at 3 per 10 s: five windows, the last starts at least 40 s after the first. Each permit
-      // passes on one release after its 10 s (its hand-off or poll costs simulated time here: at the
-      // tests' time scale, a millisecond of CPU is 0.1 s), so every window is used.
+      // passes on one hand-off (or poll, at most 1 s) after its 10 s, so every window is used.
       const span = (Math.max(...work.starts) - Math.min(...work.starts)) / 1000;
       expect(span).toBeGreaterThanOrEqual(40);
-      expect(span).toBeLessThan(4 * 10 * 1.5);
+      expect(span).toBeLessThan(4 * 10 * 1.25);
       // The output is the body's, not the Wait branch's.
       expect(executions[0].output).toEqual({ worked: true, echo: { i: 0 } });
       await sim.idle();
@@ -180,7 +182,9 @@ test('a run redriven after its Wait branch ended holds the permit a whole interv
     // The cleanup holds the permit 10 s after the stop, then frees it; the redrive guard takes it again.
     await sim.sleep(12);
     const redriven = sim.redriveExecution(x.arn);
-    await sim.sleep(2);
+    // Y comes once X's body has started again and the redrive guard has taken the permit for it (else
+    // Y could take it first, and the guard would stop X: SemaphoreRedriveRejected).
+    await until(async () => work.starts.length === 2 && (await lockState(sim))[0]?.holders.includes(x.arn), 'the redriven run to hold the permit');
     const y = sim.startExecution(sm, { y: true }, { name: 'y' });
     const [xAgain, yDone] = await Promise.all([redriven, y.done]);
 
@@ -250,4 +254,59 @@ describe('scenarios, under DynamoDB\'s capacity rules', () => {
       expect(result.succeeded + result.failed + result.aborted).toBe(40);
     },
   );
+});
+
+test('the CLI and the client on a rate-limited lock: a lease at least the interval, a release that holds the permit until it has passed', async () => {
+  const { stack, workflow, workFunctionId } = workflowStack({ rateLimit: RateLimit.of(2, Duration.seconds(3)), reconcilerScheduleEnabled: false });
+  const work = new WorkTracker(() => 0.1);
+  // The reconciler would judge the client's real-time leases by the simulation's faster clock.
+  await simulate(stack, { schedules: false, lambdaHandlers: { [workFunctionId]: work.handler } }, async (sim) => {
+    const done = await sim.startExecution(sim.stateMachine(stateMachineLogicalId(workflow.stateMachine)), {}).done;
+    expect(done.status).toBe('SUCCEEDED');
+    const tableName = sim.tableName('WorkflowLockTable');
+    const env = { AWS_ENDPOINT_URL_DYNAMODB: sim.db.endpoint, AWS_REGION: 'us-east-1', AWS_ACCESS_KEY_ID: 'local', AWS_SECRET_ACCESS_KEY: 'local' };
+    const client = new SemaphoreClient({ tableName, dynamodb: sim.db.client });
+
+    // The workflow's acquire recorded its rate on the lock; the client's lease is at least its interval.
+    const before = Date.now();
+    const lease = await client.acquire(LOCK, { leaseSeconds: 1 });
+    expect(lease).toBeDefined();
+    expect(lease!.expiresAt - before).toBeGreaterThanOrEqual(3000);
+    const out: string[] = [];
+    const err: string[] = [];
+    const io = { stdout: (l: string) => out.push(l), stderr: (l: string) => err.push(l), env: { ...env, CDK_SFN_SEMAPHORE_TABLE: tableName } };
+    expect(await main(['status', LOCK, '--json'], io)).toBe(0);
+    expect(JSON.parse(out.join('\n'))).toMatchObject({ permitsInUse: 1, limit: 2, rateIntervalSeconds: 3 });
+
+    // Released at once, it holds the permit until 3 s after the acquire, and says so.
+    const released = Date.now();
+    expect(await main(['release', LOCK, lease!.leaseId], io)).toBe(0);
+    expect(Date.now() - before).toBeGreaterThanOrEqual(3000);
+    expect(Date.now() - released).toBeGreaterThan(1500);
+    expect(err.join('\n')).toMatch(/holding the permit \ds more: the lock's rate counts every acquisition for its interval/);
+    expect(await lockState(sim)).toEqual([{ lockName: LOCK, permitsInUse: 0, holders: [] }]);
+  });
+});
+
+test('idempotent and rate-limited: a repeat returns the stored result without an acquisition; the others keep the rate', async () => {
+  const { stack, workflow, workFunctionId } = workflowStack({
+    rateLimit: RateLimit.of(2, Duration.seconds(5)),
+    idempotency: { key: IdempotencyKey.fromFields('$.id') },
+    reconcilerScheduleEnabled: false,
+  });
+  const work = new WorkTracker(() => 0.5);
+  await simulate(stack, { lambdaHandlers: { [workFunctionId]: work.handler } }, async (sim) => {
+    const sm = sim.stateMachine(stateMachineLogicalId(workflow.stateMachine));
+    const first = await Promise.all(Array.from({ length: 6 }, (_, id) => sim.startExecution(sm, { id }).done));
+    const repeat = await sim.startExecution(sm, { id: 3 }).done;
+
+    expect(first.map((e) => e.status)).toEqual(Array(6).fill('SUCCEEDED'));
+    expect(repeat.status).toBe('SUCCEEDED');
+    expect(repeat.output).toEqual(first[3].output);
+    expect(work.starts).toHaveLength(6);
+    expect(mostInAnyWindow(work.starts, 5_000)).toBe(2);
+    expect(first.every((e) => e.stateTransitions.get(STATE.holdForRate) === 1)).toBe(true);
+    await sim.idle();
+    expect(await lockState(sim)).toEqual([{ lockName: LOCK, permitsInUse: 0, holders: [] }]);
+  });
 });

@@ -34,6 +34,12 @@ export const PERMITS_IN_USE = 'permitsInUse';
  */
 export const CONCURRENCY_LIMIT = 'concurrencyLimit';
 
+/**
+ * The rate interval of the lock's rate-limited workflows, seconds (type N): each of their acquires
+ * writes it, so that a client (the CLI) holds its permit as long and the rate counts its acquisitions.
+ */
+export const RATE_INTERVAL = 'rateIntervalSeconds';
+
 /** Field of a holder entry (a map) with the time the permit was taken, ISO-8601. */
 export const HOLDER_ACQUIRED_AT = 'acquiredAt';
 
@@ -60,6 +66,7 @@ export const NAMES = {
   holder: '#holder',
   limit: '#limit',
   fence: '#fence',
+  rate: '#rate',
 } as const;
 
 /** Expression attribute values used by every expression below. */
@@ -71,6 +78,7 @@ export const VALUES = {
   expiresAt: ':expiresAt',
   acquiredAt: ':acquiredAt',
   redriveCount: ':redriveCount',
+  rate: ':rate',
 } as const;
 
 /**
@@ -97,6 +105,8 @@ export const FENCING_TOKEN = 'fencingToken';
  */
 export const ACQUIRE_CONDITION = `attribute_not_exists(${NAMES.permits}) OR ${NAMES.permits} < ${VALUES.limit} OR attribute_exists(${NAMES.holder})`;
 export const ACQUIRE_UPDATE = `SET ${NAMES.permits} = if_not_exists(${NAMES.permits}, ${VALUES.zero}) + ${VALUES.one}, ${NAMES.holder} = ${VALUES.entry}, ${NAMES.limit} = ${VALUES.limit}, ${NAMES.fence} = if_not_exists(${NAMES.fence}, ${VALUES.zero}) + if_not_exists(${NAMES.holder}, ${VALUES.one})`;
+/** ACQUIRE_UPDATE of a rate-limited workflow: it also records the rate's interval (RATE_INTERVAL) for clients. */
+export const ACQUIRE_WITH_RATE_UPDATE = `${ACQUIRE_UPDATE}, ${NAMES.rate} = ${VALUES.rate}`;
 
 /**
  * Acquire by a client (the CLI, scripts): as ACQUIRE_CONDITION, and also below the limit stored on the

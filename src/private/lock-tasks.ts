@@ -4,6 +4,7 @@ import { Construct } from 'constructs';
 import {
   ACQUIRE_CONDITION,
   ACQUIRE_UPDATE,
+  ACQUIRE_WITH_RATE_UPDATE,
   CONCURRENCY_LIMIT,
   FENCING_TOKEN,
   HOLDER_ACQUIRED_AT,
@@ -12,6 +13,7 @@ import {
   LOCK_KEY,
   NAMES,
   PERMITS_IN_USE,
+  RATE_INTERVAL,
   VALUES,
 } from './lock-schema';
 import { ISemaphoreTable } from '../semaphore-table';
@@ -33,6 +35,8 @@ export interface AcquireTaskProps extends LockTaskProps {
   readonly leaseSeconds?: number;
   /** Where `{ fencingToken }` goes in the state data. @default - nowhere: the state data passes through */
   readonly permitPath?: string;
+  /** The workflow's rate interval, recorded on the lock item for clients. @default - no rate */
+  readonly rateIntervalSeconds?: number;
 }
 
 /**
@@ -42,18 +46,21 @@ export interface AcquireTaskProps extends LockTaskProps {
  * table only.
  */
 export function acquireTask(scope: Construct, id: string, props: AcquireTaskProps): tasks.DynamoUpdateItem {
+  const rate = props.rateIntervalSeconds;
   return new tasks.DynamoUpdateItem(scope, id, {
     table: props.table.table,
     key: { [LOCK_KEY]: props.lockName },
     conditionExpression: ACQUIRE_CONDITION,
-    updateExpression: ACQUIRE_UPDATE,
+    updateExpression: rate === undefined ? ACQUIRE_UPDATE : ACQUIRE_WITH_RATE_UPDATE,
     expressionAttributeNames: {
       [NAMES.permits]: PERMITS_IN_USE,
       [NAMES.holder]: props.holder,
       [NAMES.limit]: CONCURRENCY_LIMIT,
       [NAMES.fence]: FENCING_TOKEN,
+      ...(rate === undefined ? {} : { [NAMES.rate]: RATE_INTERVAL }),
     },
     expressionAttributeValues: {
+      ...(rate === undefined ? {} : { [VALUES.rate]: tasks.DynamoAttributeValue.fromNumber(rate) }),
       [VALUES.zero]: tasks.DynamoAttributeValue.fromNumber(0),
       [VALUES.one]: tasks.DynamoAttributeValue.fromNumber(1),
       [VALUES.limit]: props.limit,

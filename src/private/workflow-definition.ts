@@ -152,7 +152,8 @@ export function renderDefinition(scope: Construct, table: ISemaphoreTable, spec:
 
   // A server error leaves it open whether the write landed: try again. If it did land, the retry
   // finds the execution's own entry, and the execution claims it.
-  const acquire = acquireTask(scope, STATE.acquire, { ...lockTask, limit, leaseSeconds: spec.leaseSeconds, permitPath })
+  const rateIntervalSeconds = spec.holdSeconds;
+  const acquire = acquireTask(scope, STATE.acquire, { ...lockTask, limit, leaseSeconds: spec.leaseSeconds, permitPath, rateIntervalSeconds })
     .addRetry(transientRetry([...THROTTLING_ERRORS, ...SERVER_ERRORS]))
     .addCatch(waitForPermit, { errors: [CONDITIONAL_CHECK_FAILED], resultPath: sfn.JsonPath.DISCARD })
     .addCatch(claimOwn, { errors: [VALIDATION_ERROR], resultPath: sfn.JsonPath.DISCARD })
@@ -285,7 +286,7 @@ function renderQueueWait(
   const retryRound = countRound(STATE.countQueueRetry, STATE.queueRetryWithinBudget, QUEUE_RETRY_ROUND_EVENTS, takeTicket);
   const nextWait = new sfn.Wait(scope, STATE.nextWait, { time: sfn.WaitTime.duration(spec.pollInterval) }).next(retryRound);
   const checkProps = { table: table, lockName: lockTask.lockName, permitPath: ownPermitPath };
-  const acquireProps = { ...lockTask, limit, leaseSeconds: spec.leaseSeconds, permitPath: ownPermitPath };
+  const acquireProps = { ...lockTask, limit, leaseSeconds: spec.leaseSeconds, permitPath: ownPermitPath, rateIntervalSeconds: spec.holdSeconds };
   // Found the execution's own entry (handed to it meanwhile, or taken by a write of an earlier run):
   // claim it; if it went meanwhile, take a new ticket after a pause.
   const checkAgain = acquired(fencingTokenTask(scope, STATE.checkHandedOffAgain, checkProps))
@@ -369,7 +370,7 @@ function renderWaitForPermit(
   const claimOwn = fencingTokenTask(scope, STATE.claimOwnPermitWhilePolling, { table: table, lockName: lockTask.lockName })
     .addCatch(nextWait, { errors: [CONDITIONAL_CHECK_FAILED], resultPath: sfn.JsonPath.DISCARD });
   // Server errors are retried: a write that landed makes the retry find the execution's own entry.
-  const poll = acquireTask(scope, STATE.poll, { ...lockTask, limit, leaseSeconds: spec.leaseSeconds })
+  const poll = acquireTask(scope, STATE.poll, { ...lockTask, limit, leaseSeconds: spec.leaseSeconds, rateIntervalSeconds: spec.holdSeconds })
     .addRetry(transientRetry([...THROTTLING_ERRORS, ...SERVER_ERRORS]))
     .addCatch(nextWait, { errors: [CONDITIONAL_CHECK_FAILED], resultPath: sfn.JsonPath.DISCARD })
     .addCatch(claimOwn, { errors: [VALIDATION_ERROR], resultPath: sfn.JsonPath.DISCARD });
