@@ -105,7 +105,14 @@ export const STATE = {
 } as const;
 
 /**
+ * States of a rate-limited workflow that hold the permit for the rate's interval after the body
+ * started (or started again): to the redrive guard they are inside the body, since the permit must
+ * stay held there.
+ */
+export const RATE_HOLD_STATES: string[] = [STATE.holdForRate, STATE.redrivenRun, STATE.holdAfterRedrive, STATE.holdAfterFailure];
+
+/**
  * States outside the protected body: an execution stopped in one of them holds no permit it needs,
  * or takes or gives back its own. Every other state of the workflow is inside the body.
  */
-export const OUTSIDE_BODY_STATES: string[] = Object.values(STATE).filter((name) => name !== STATE.runBody);
+export const OUTSIDE_BODY_STATES: string[] = Object.values(STATE).filter((name) => name !== STATE.runBody && !RATE_HOLD_STATES.includes(name));

@@ -5,6 +5,7 @@ import { mockClient } from 'aws-sdk-client-mock';
 import { GRACE_MS, GUARD_PATIENCE_MS } from '../../lambda/reconciler-flows';
 import { handler, ReconcilerResult, RedriveGuardResult } from '../../lambda/reconciler.lambda';
 import { ACQUIRE_CONDITION, CLAIM_CONDITION, CLAIM_UPDATE, RELEASE_SEEN_HOLDER_CONDITION } from '../../src/private/lock-schema';
+import { RATE_HOLD_STATES } from '../../src/private/state-names';
 
 /*
  * The reconciler's handler with the AWS SDK mocked: the decisions it takes for each kind of holder.
@@ -349,6 +350,15 @@ describe('redrive guard', () => {
       ExpressionAttributeValues: { ':limit': 2, ':entry': { redriveCount: 1, acquiredAt: expect.any(String) } },
     });
     expect(sfn.commandCalls(StopExecutionCommand)).toHaveLength(0);
+  });
+
+  test.each(RATE_HOLD_STATES)('under a rate limit, a run in %s is inside: the permit must stay held there', async (state) => {
+    history('r9', state);
+    ddb.on(UpdateCommand).resolves({});
+
+    const result = await guard(redriven('r9'));
+
+    expect(result).toEqual({ executionArn: exec('r9'), resumedAt: state, action: 'permit taken again' });
   });
 
   test('stops it when every permit is taken', async () => {
