@@ -59,5 +59,4 @@ export class RateLimit {
   public get intervalSeconds(): number {
     return this.interval.toSeconds();
   }
-
 }
