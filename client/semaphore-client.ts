@@ -239,12 +239,19 @@ export class SemaphoreClient {
     }
   }
 
-  /** Extend a lease to `leaseSeconds` from now: its new end (epoch ms), or undefined when it is not held (any more). */
+  /**
+   * Extend a lease to `leaseSeconds` from now: its new end (epoch ms), or undefined when it is not held
+   * (any more). On a lock with a rate, never to before the rate's interval has passed since the acquire.
+   */
   public async renew(lockName: string, leaseId: string, leaseSeconds = 900): Promise<number | undefined> {
     validLockName(lockName);
     positive('leaseSeconds', leaseSeconds);
     notAnExecution(leaseId);
-    const expiresAt = Date.now() + leaseSeconds * 1000;
+    let expiresAt = Date.now() + leaseSeconds * 1000;
+    const lock = await this.run(getItem(this.tableName, lockName));
+    const acquiredAt = lock?.[leaseId]?.M?.[HOLDER_ACQUIRED_AT]?.S;
+    const rate = numberOf(lock?.[RATE_INTERVAL]);
+    if (acquiredAt !== undefined && rate !== undefined) expiresAt = Math.max(expiresAt, Date.parse(acquiredAt) + rate * 1000);
     const renewed = await this.run(
       conditionalUpdate(this.tableName, lockName, leaseId, `SET ${NAMES.holder}.${HOLDER_LEASE_EXPIRES_AT} = ${VALUES.expiresAt}`, RELEASE_CONDITION, {
         [VALUES.expiresAt]: { N: String(expiresAt) },

@@ -280,6 +280,10 @@ test('the CLI and the client on a rate-limited lock: a lease at least the interv
     expect(await main(['status', LOCK, '--json'], io)).toBe(0);
     expect(JSON.parse(out.join('\n'))).toMatchObject({ permitsInUse: 1, limit: 2, rateIntervalSeconds: 3 });
 
+    // A renewal to less than the interval never ends the lease before the interval has passed.
+    const renewedTo = await client.renew(LOCK, lease!.leaseId, 1);
+    expect(renewedTo! - before).toBeGreaterThanOrEqual(3000);
+
     // Released at once, it holds the permit until 3 s after the acquire, and says so.
     const released = Date.now();
     expect(await main(['release', LOCK, lease!.leaseId], io)).toBe(0);
