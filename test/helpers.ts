@@ -2,7 +2,7 @@ import { App, CfnElement, Duration, Stack } from 'aws-cdk-lib';
 import * as lambda from 'aws-cdk-lib/aws-lambda';
 import * as sfn from 'aws-cdk-lib/aws-stepfunctions';
 import * as tasks from 'aws-cdk-lib/aws-stepfunctions-tasks';
-import { Execution, lockStates, Simulator, TaskContext, waitingTickets } from '../simulator';
+import { Execution, lockStates, Simulator, SimulatorOptions, TaskContext, waitingTickets } from '../simulator';
 import { ConcurrencyControlledWorkflow, ConcurrencyControlledWorkflowProps } from '../src';
 
 /**
@@ -10,6 +10,16 @@ import { ConcurrencyControlledWorkflow, ConcurrencyControlledWorkflowProps } fro
  * Timeout on handlers registered in its place too, and the tests' bodies hold executions for minutes.
  */
 export const WORK_FUNCTION_TIMEOUT = Duration.minutes(15);
+
+/** Start a simulator of `stack`, run `fn` with it, and stop it whatever happens. */
+export async function simulate(stack: Stack, options: SimulatorOptions, fn: (sim: Simulator) => Promise<void>): Promise<void> {
+  const sim = await Simulator.start(stack, options);
+  try {
+    await fn(sim);
+  } finally {
+    await sim.stop();
+  }
+}
 
 /** A stack with one workflow whose body is a Lambda task ("Do Work") the simulator runs locally. */
 export function workflowStack(props: Partial<ConcurrencyControlledWorkflowProps> = {}) {

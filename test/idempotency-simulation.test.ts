@@ -3,8 +3,8 @@ import { App, CfnElement, Duration, Stack } from 'aws-cdk-lib';
 import * as lambda from 'aws-cdk-lib/aws-lambda';
 import * as sfn from 'aws-cdk-lib/aws-stepfunctions';
 import * as tasks from 'aws-cdk-lib/aws-stepfunctions-tasks';
-import { lockState, logicalId, stateMachineLogicalId, statuses, WORK_FUNCTION_TIMEOUT, WorkTracker } from './helpers';
-import { ApiError, Execution, Simulator, SimulatorOptions, TaskContext } from '../simulator';
+import { lockState, logicalId, simulate, stateMachineLogicalId, statuses, WORK_FUNCTION_TIMEOUT, WorkTracker } from './helpers';
+import { ApiError, Execution, Simulator, TaskContext } from '../simulator';
 import { ConcurrencyControlledWorkflow, ConcurrencyControlledWorkflowProps, IdempotencyKey, IdempotencyOptions, IdempotentWorkflow } from '../src';
 
 /*
@@ -36,14 +36,6 @@ function idempotentStack(options: IdempotencyOptions = {}, limit?: number, semap
   return { stack, stateMachineId: stateMachineLogicalId(stateMachine), workFunctionId: logicalId(workFunction.node.defaultChild as CfnElement) };
 }
 
-async function simulate(stack: Stack, options: SimulatorOptions, fn: (sim: Simulator) => Promise<void>): Promise<void> {
-  const sim = await Simulator.start(stack, options);
-  try {
-    await fn(sim);
-  } finally {
-    await sim.stop();
-  }
-}
 
 /** The idempotency records, as plain objects. */
 async function records(sim: Simulator) {

@@ -4,9 +4,9 @@ import * as sfn from 'aws-cdk-lib/aws-stepfunctions';
 import { main } from '../client/cli';
 import { SemaphoreClient } from '../client/semaphore-client';
 import { demoSubject } from '../demo/run';
-import { brokenInvariants, mostInAnyWindow, runScenario, Simulator, SimulatorOptions } from '../simulator';
+import { brokenInvariants, mostInAnyWindow, runScenario } from '../simulator';
 import { CleanFromIncomplete, IdempotencyKey, RateLimit, SemaphoreReconciler, SemaphoreTable, WaitStrategy } from '../src';
-import { lockState, stateMachineLogicalId, until, WorkTracker, workflowStack } from './helpers';
+import { lockState, simulate, stateMachineLogicalId, until, WorkTracker, workflowStack } from './helpers';
 import { STATE } from '../src/private/state-names';
 
 /*
@@ -16,14 +16,6 @@ import { STATE } from '../src/private/state-names';
 
 const LOCK = 'TestStack/Workflow';
 
-async function simulate(stack: Stack, options: SimulatorOptions, fn: (sim: Simulator) => Promise<void>): Promise<void> {
-  const sim = await Simulator.start(stack, options);
-  try {
-    await fn(sim);
-  } finally {
-    await sim.stop();
-  }
-}
 
 test('mostInAnyWindow counts a sliding window: half-open, wherever it starts', () => {
   expect(mostInAnyWindow([], 1000)).toBe(0);

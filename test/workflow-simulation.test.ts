@@ -4,8 +4,8 @@ import * as lambda from 'aws-cdk-lib/aws-lambda';
 import * as sfn from 'aws-cdk-lib/aws-stepfunctions';
 import * as tasks from 'aws-cdk-lib/aws-stepfunctions-tasks';
 import { ConcurrencyControlledWorkflow, SemaphoreTable, WaitStrategy } from '../src';
-import { lockState, logicalId, stateMachineLogicalId, statuses, WORK_FUNCTION_TIMEOUT, WorkTracker, workflowStack } from './helpers';
-import { Execution, LockMonitor, seededRandom, Simulator, SimulatorOptions, TaskContext, TaskError } from '../simulator';
+import { lockState, logicalId, simulate, stateMachineLogicalId, statuses, WORK_FUNCTION_TIMEOUT, WorkTracker, workflowStack } from './helpers';
+import { Execution, LockMonitor, seededRandom, Simulator, TaskContext, TaskError } from '../simulator';
 import { isTicketKey, ticketKey } from '../src/private/lock-schema';
 
 /*
@@ -29,18 +29,6 @@ function overhead(e: Execution): number {
   return [...e.stateTransitions].filter(([name]) => !BODY_STATES.has(name)).reduce((sum, [, n]) => sum + n, 0);
 }
 
-async function simulate(
-  stack: Stack,
-  options: SimulatorOptions,
-  fn: (sim: Simulator) => Promise<void>,
-): Promise<void> {
-  const sim = await Simulator.start(stack, options);
-  try {
-    await fn(sim);
-  } finally {
-    await sim.stop();
-  }
-}
 
 function cleanupExecutions(sim: Simulator, workflow: ConcurrencyControlledWorkflow): Execution[] {
   const cleanup = sim.stateMachine(stateMachineLogicalId(workflow.cleanupStateMachine));
