@@ -247,11 +247,7 @@ export class SemaphoreClient {
     validLockName(lockName);
     positive('leaseSeconds', leaseSeconds);
     notAnExecution(leaseId);
-    let expiresAt = Date.now() + leaseSeconds * 1000;
-    const lock = await this.run(getItem(this.tableName, lockName));
-    const acquiredAt = lock?.[leaseId]?.M?.[HOLDER_ACQUIRED_AT]?.S;
-    const rate = numberOf(lock?.[RATE_INTERVAL]);
-    if (acquiredAt !== undefined && rate !== undefined) expiresAt = Math.max(expiresAt, Date.parse(acquiredAt) + rate * 1000);
+    const expiresAt = Math.max(Date.now() + leaseSeconds * 1000, (await this.rateHoldEnd(lockName, leaseId)) ?? 0);
     const renewed = await this.run(
       conditionalUpdate(this.tableName, lockName, leaseId, `SET ${NAMES.holder}.${HOLDER_LEASE_EXPIRES_AT} = ${VALUES.expiresAt}`, RELEASE_CONDITION, {
         [VALUES.expiresAt]: { N: String(expiresAt) },
@@ -268,15 +264,10 @@ export class SemaphoreClient {
   public async release(lockName: string, leaseId: string, options: ReleaseOptions = {}): Promise<boolean> {
     validLockName(lockName);
     notAnExecution(leaseId);
-    const lock = await this.run(getItem(this.tableName, lockName));
-    const acquiredAt = lock?.[leaseId]?.M?.[HOLDER_ACQUIRED_AT]?.S;
-    const rate = numberOf(lock?.[RATE_INTERVAL]);
-    if (acquiredAt !== undefined && rate !== undefined) {
-      const left = Date.parse(acquiredAt) + rate * 1000 - Date.now();
-      if (left > 0) {
-        options.onRateHold?.(left);
-        await sleep(left);
-      }
+    const left = ((await this.rateHoldEnd(lockName, leaseId)) ?? 0) - Date.now();
+    if (left > 0) {
+      options.onRateHold?.(left);
+      await sleep(left);
     }
     return this.run(releaseHolder(this.protocol(), lockName, leaseId));
   }
@@ -329,6 +320,14 @@ export class SemaphoreClient {
       waiting: Math.max(0, queue.tail - queue.head),
       waiters,
     };
+  }
+
+  /** On a lock with a rate: when the rate's interval ends for a lease's acquire (epoch ms); else undefined. */
+  private async rateHoldEnd(lockName: string, leaseId: string): Promise<number | undefined> {
+    const lock = await this.run(getItem(this.tableName, lockName));
+    const acquiredAt = lock?.[leaseId]?.M?.[HOLDER_ACQUIRED_AT]?.S;
+    const rate = numberOf(lock?.[RATE_INTERVAL]);
+    return acquiredAt === undefined || rate === undefined ? undefined : Date.parse(acquiredAt) + rate * 1000;
   }
 
   private protocol(): ClientProtocolOptions {

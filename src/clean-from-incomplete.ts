@@ -10,7 +10,7 @@ import { defaultDeadLetterQueue } from './private/dead-letter-queue';
 import { HANDOFF_PATH, handOffChain, WAKE_ACTIONS } from './private/queue-states';
 import { pathFromParsedInput, stringValue } from './private/runtime-value';
 import { stateMachineLogs } from './private/state-machine-defaults';
-import { validateLockName, validateWholeSeconds } from './private/validation';
+import { knownWholeSeconds, validateLockName } from './private/validation';
 import { grantWakeToRole } from './private/wake-grants';
 import { ISemaphoreTable } from './semaphore-table';
 
@@ -129,11 +129,7 @@ export class CleanFromIncomplete extends Construct {
       throw new Error(`\`retryAttempts\` must be an integer from 0 to 185, got: ${retryAttempts}`);
     }
     const maxEventAge = props.maxEventAge ?? Duration.hours(24);
-    if (props.holdAfterStop) {
-      if (validateWholeSeconds('holdAfterStop', props.holdAfterStop, 1) === undefined) {
-        throw new Error('`holdAfterStop` must be known at synth (the cleanup\'s Wait state is rendered from it), got a token');
-      }
-    }
+    if (props.holdAfterStop) knownWholeSeconds('holdAfterStop', props.holdAfterStop, 1);
 
     this.stateMachine = new sfn.StateMachine(this, 'StateMachine', {
       definitionBody: sfn.DefinitionBody.fromChainable(this.renderDefinition(props)),

@@ -12,7 +12,7 @@ import { reconcilerFunction, validateFunctionRuntime } from './private/bundled-f
 import { defaultDeadLetterQueue } from './private/dead-letter-queue';
 import { functionWithOwnLogs } from './private/function-logs';
 import { numberValue, stringValue } from './private/runtime-value';
-import { validateWholeSeconds } from './private/validation';
+import { knownWholeSeconds, validateWholeSeconds } from './private/validation';
 import { grantWakeToRole } from './private/wake-grants';
 import { ISemaphoreTable } from './semaphore-table';
 
@@ -188,7 +188,7 @@ export class SemaphoreReconciler extends Construct {
           STATE_MACHINE_ARNS: stateMachines.map((sm) => sm.stateMachineArn).join(','),
           CLOCK_SKEW_SECONDS: String(clockSkew.toSeconds()),
           METRICS_NAMESPACE: this.namespace,
-          ...(props.holdAfterStop ? { HOLD_AFTER_STOP_SECONDS: String(holdAfterStopSeconds(props.holdAfterStop)) } : {}),
+          ...(props.holdAfterStop ? { HOLD_AFTER_STOP_SECONDS: String(knownWholeSeconds('holdAfterStop', props.holdAfterStop, 1)) } : {}),
         },
       }),
     );
@@ -353,10 +353,4 @@ class SendOnlyQueueDestination implements lambda.IDestination {
     this.queue.encryptionMasterKey?.grant(fn, 'kms:GenerateDataKey*', 'kms:Decrypt');
     return { destination: this.queue.queueArn };
   }
-}
-
-function holdAfterStopSeconds(hold: Duration): number {
-  const seconds = validateWholeSeconds('holdAfterStop', hold, 1);
-  if (seconds === undefined) throw new Error('`holdAfterStop` must be known at synth, got a token');
-  return seconds;
 }

@@ -53,6 +53,13 @@ export function validateWholeSeconds(prop: string, duration: Duration, minSecond
   return millis / 1000;
 }
 
+/** As validateWholeSeconds, and refused when a token: for a duration that a state or a setting is rendered from at synth. */
+export function knownWholeSeconds(prop: string, duration: Duration, minSeconds: number): number {
+  const seconds = validateWholeSeconds(prop, duration, minSeconds);
+  if (seconds === undefined) throw new Error(`\`${prop}\` must be known at synth, got a token`);
+  return seconds;
+}
+
 export function validateFieldPaths(prop: string, paths: string[]): void {
   if (paths.length === 0) {
     throw new Error(`\`${prop}\` must list at least one JSONPath, got an empty list`);
