@@ -163,6 +163,14 @@ export const CONFIGS: CheckerConfig[] = [
     budget: { ...NO_FAULTS, failedWakeUps: 2, stops: 1, timeouts: 1 },
   },
   {
+    name: 'weighted',
+    shard: 2,
+    description: 'polling, limit 3, each execution taking 2 permits: stops with late writes, redrive, a sweep',
+    workflow: { ...POLLING, concurrencyLimit: 3, permits: 2 },
+    executions: 2,
+    budget: { ...NO_FAULTS, stops: 1, inFlight: 1, redrives: 1, sweeps: 1 },
+  },
+  {
     name: 'limit-2',
     shard: 1,
     description: 'queue, limit 2, three executions: a stop, a timeout, a lost wake-up',

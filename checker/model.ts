@@ -6,7 +6,7 @@ import { Effect, Flow } from '../client/effects';
 import { acquireAttempt, ClientProtocolOptions, releaseHolder } from '../client/semaphore-client';
 import { guardRedrive, sweep } from '../lambda/reconciler-flows';
 import { stepFunctionsDynamoErrorName } from '../simulator/dynamodb';
-import { HOLDER_ACQUIRED_AT, HOLDER_HANDOFF_ID, HOLDER_REDRIVE_COUNT, LOCK_KEY, PERMITS_IN_USE } from '../src/private/lock-schema';
+import { HOLDER_ACQUIRED_AT, HOLDER_EXTRA_PERMITS, HOLDER_HANDOFF_ID, HOLDER_PERMITS, HOLDER_REDRIVE_COUNT, LOCK_KEY, PERMITS_IN_USE } from '../src/private/lock-schema';
 import { STATE } from '../src/private/state-names';
 
 /*
@@ -1037,7 +1037,16 @@ export class Model {
     if (item) {
       const holders = Object.entries(item).filter(([, v]) => 'M' in v && v.M[HOLDER_ACQUIRED_AT] !== undefined);
       const permits = item[PERMITS_IN_USE] && 'N' in item[PERMITS_IN_USE] ? Number((item[PERMITS_IN_USE] as { N: string }).N) : 0;
-      if (permits !== holders.length) result.push(`permitsInUse is ${permits} but ${holders.length} holders have entries`);
+      // Each entry holds one permit, or a weighted entry its `permits` (and `extra`, one less).
+      const held = holders.reduce((n, [, v]) => n + weightOf(v), 0);
+      if (permits !== held) result.push(`permitsInUse is ${permits} but ${holders.length} holders have entries holding ${held}`);
+      for (const [holder, v] of holders) {
+        const m = (v as { M: Record<string, AttributeValue> }).M;
+        const extra = m[HOLDER_EXTRA_PERMITS];
+        if (m[HOLDER_PERMITS] !== undefined && !(extra && 'N' in extra && Number(extra.N) === weightOf(v) - 1)) {
+          result.push(`the entry of ${holder} holds ${weightOf(v)} permits but records ${JSON.stringify(extra)} extra`);
+        }
+      }
       if (permits > limit) result.push(`permitsInUse is ${permits}, above the limit of ${limit}`);
     }
     const inside = w.execs.filter((e) => e.machine === 'workflow' && e.inBody && e.guarded);
@@ -1048,8 +1057,9 @@ export class Model {
     for (const c of clients) {
       if (!item?.[c.args.leaseId]) result.push(`${c.id} holds its permit, but its lease entry is gone`);
     }
-    if (inside.length + clients.length > limit) {
-      result.push(`${inside.length + clients.length} inside at once (${[...inside.map((e) => e.name), ...clients.map((c) => c.id)].join(', ')}), limit ${limit}`);
+    if (inside.length * this.s.permits + clients.length > limit) {
+      const who = [...inside.map((e) => e.name), ...clients.map((c) => c.id)].join(', ');
+      result.push(`${inside.length + clients.length} inside at once (${who}) holding ${inside.length * this.s.permits + clients.length} permits, limit ${limit}`);
     }
     for (const [handoff, n] of Object.entries(w.ghost.wakes)) if (n > 1) result.push(`hand-off ${handoff} woke ${n} waiters`);
     if (w.ghost.fenceViolation) result.push(`fencing: ${w.ghost.fenceViolation}`);
@@ -1237,4 +1247,10 @@ function unmarshallResponse(output: Record<string, any>): Record<string, any> {
   if (out.Items) out.Items = out.Items.map((i: Item) => unmarshall(i as any));
   if (out.Attributes) out.Attributes = unmarshall(out.Attributes);
   return out;
+}
+
+/** How many permits a holder entry holds: its `permits`, or one. */
+function weightOf(entry: AttributeValue): number {
+  const permits = 'M' in entry ? entry.M[HOLDER_PERMITS] : undefined;
+  return permits && 'N' in permits ? Number(permits.N) : 1;
 }

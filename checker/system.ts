@@ -26,6 +26,8 @@ export interface System {
   readonly keySchema: string[];
   readonly lockName: string;
   readonly limit: number;
+  /** How many permits each execution of the workflow takes (`permits`). */
+  readonly permits: number;
   readonly reconciler: ReconcilerConfig;
   /** Whether the stack has the redrive guard's rule. */
   readonly redriveGuard: boolean;
@@ -91,6 +93,7 @@ export function buildSystem(props: Partial<ConcurrencyControlledWorkflowProps>):
       .map((k) => k.AttributeName),
     lockName: workflow.lockName,
     limit: props.concurrencyLimit ?? 1,
+    permits: props.permits ?? 1,
     reconciler: {
       tableName: env.TABLE_NAME,
       executionPrefixes: (env.STATE_MACHINE_ARNS ?? '')
@@ -103,6 +106,8 @@ export function buildSystem(props: Partial<ConcurrencyControlledWorkflowProps>):
       lockNamePath: env.LOCK_NAME_PATH,
       concurrencyLimit: number(env.CONCURRENCY_LIMIT),
       concurrencyLimitPath: env.CONCURRENCY_LIMIT_PATH,
+      permits: number(env.PERMITS),
+      permitsPath: env.PERMITS_PATH,
       leaseSeconds: number(env.LEASE_SECONDS),
     },
     redriveGuard: workflow.reconciler.redriveRule !== undefined,

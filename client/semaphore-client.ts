@@ -483,6 +483,7 @@ export function* releaseHolder(options: ClientProtocolOptions, lockName: string,
         {
           ...run,
           ...one,
+          [VALUES.zero]: { N: '0' },
           [VALUES.entry]: {
             M: {
               [HOLDER_ACQUIRED_AT]: { S: new Date(now).toISOString() },

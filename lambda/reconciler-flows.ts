@@ -21,6 +21,10 @@ import {
   RELEASE_EXPIRED_LEASE_CONDITION,
   RELEASE_SEEN_HOLDER_CONDITION,
   RELEASE_UPDATE,
+  WEIGHTED_ACQUIRE_CONDITION,
+  WEIGHTED_ACQUIRE_UPDATE,
+  HOLDER_PERMITS,
+  HOLDER_EXTRA_PERMITS,
   VALUES,
   isTicketKey,
   QUEUE_HEAD,
@@ -50,6 +54,9 @@ export interface ReconcilerConfig {
   /** The limit of that lock: a number, or a path into the execution input. */
   readonly concurrencyLimit?: number;
   readonly concurrencyLimitPath?: string;
+  /** The permits one execution of that lock takes (its weight): a number, or a path into the input. @default 1 */
+  readonly permits?: number;
+  readonly permitsPath?: string;
   /** The lease of a permit the redrive guard takes, seconds. */
   readonly leaseSeconds?: number;
   /** The state machines whose redriven executions the sweep checks (see `guardRedriven`). @default - none */
@@ -231,7 +238,7 @@ export function* sweep(
           const reason = yield* reconcileHolder(config, lockName, holder, entry as HolderEntry, dryRun, result);
           if (reason !== undefined) {
             result.reclaimed.push({ lockName, holder, reason });
-            if (!dryRun) held--;
+            if (!dryRun) held -= Number((entry as HolderEntry)[HOLDER_PERMITS] ?? 1);
           }
         } catch (e) {
           result.errors.push({ lockName, holder, error: describeError(e) });
@@ -362,6 +369,7 @@ interface HolderEntry {
   readonly [HOLDER_REDRIVE_COUNT]?: number;
   readonly [HOLDER_LEASE_SECONDS]?: number;
   readonly [HOLDER_LEASE_EXPIRES_AT]?: number;
+  readonly [HOLDER_PERMITS]?: number;
 }
 
 function isHolderEntry(value: unknown): boolean {
@@ -524,6 +532,8 @@ function* guardRun(
   const input = JSON.parse(eventInput ?? described.input ?? '{}');
   const lockName = String(fromConfigOrInput(config.lockName, config.lockNamePath, input));
   const limit = Number(fromConfigOrInput(config.concurrencyLimit, config.concurrencyLimitPath, input));
+  const weighted = config.permits !== undefined || config.permitsPath !== undefined;
+  const weight = weighted ? Number(fromConfigOrInput(config.permits, config.permitsPath, input)) : 1;
   const leaseSeconds = config.leaseSeconds;
   // Take a permit for this run; if it holds one (its cleanup never ran, or a sweep or the event came
   // first), claim it for this run, so that nothing that judged the run before frees it. A release
@@ -532,16 +542,21 @@ function* guardRun(
     const now = new Date(yield* clock()).toISOString();
     let taken: boolean;
     try {
-      taken = yield* conditionalUpdate(config, lockName, executionArn, ACQUIRE_UPDATE, ACQUIRE_CONDITION, {
-        [VALUES.zero]: 0,
-        [VALUES.one]: 1,
-        [VALUES.limit]: limit,
-        [VALUES.entry]: {
-          [HOLDER_ACQUIRED_AT]: now,
-          [HOLDER_REDRIVE_COUNT]: redriveCount,
-          ...(leaseSeconds === undefined ? {} : { [HOLDER_LEASE_SECONDS]: leaseSeconds }),
-        },
-      });
+      const entry = {
+        [HOLDER_ACQUIRED_AT]: now,
+        [HOLDER_REDRIVE_COUNT]: redriveCount,
+        ...(leaseSeconds === undefined ? {} : { [HOLDER_LEASE_SECONDS]: leaseSeconds }),
+      };
+      const values = { [VALUES.zero]: 0, [VALUES.one]: 1, [VALUES.limit]: limit };
+      taken =
+        weight === 1
+          ? yield* conditionalUpdate(config, lockName, executionArn, ACQUIRE_UPDATE, ACQUIRE_CONDITION, { ...values, [VALUES.entry]: entry })
+          : yield* conditionalUpdate(config, lockName, executionArn, WEIGHTED_ACQUIRE_UPDATE, WEIGHTED_ACQUIRE_CONDITION, {
+            ...values,
+            [VALUES.weight]: weight,
+            [VALUES.gate]: limit - weight,
+            [VALUES.entry]: { ...entry, [HOLDER_PERMITS]: weight, [HOLDER_EXTRA_PERMITS]: weight - 1 },
+          });
     } catch (e) {
       // Its own entry (see ACQUIRE_CONDITION): claim it for this run.
       if (errorName(e) !== 'ValidationException') throw e;

@@ -82,6 +82,8 @@ function configFromEnvironment(): ReconcilerConfig {
     lockNamePath: process.env.LOCK_NAME_PATH,
     concurrencyLimit: number('CONCURRENCY_LIMIT'),
     concurrencyLimitPath: process.env.CONCURRENCY_LIMIT_PATH,
+    permits: number('PERMITS'),
+    permitsPath: process.env.PERMITS_PATH,
     leaseSeconds: number('LEASE_SECONDS'),
     holdAfterStopMs: process.env.HOLD_AFTER_STOP_SECONDS === undefined ? undefined : Number(process.env.HOLD_AFTER_STOP_SECONDS) * 1000,
   };

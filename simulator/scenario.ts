@@ -109,6 +109,12 @@ export interface ScenarioOptions {
    * @default - no rate limit
    */
   readonly rate?: { readonly count: number; readonly intervalSeconds: number };
+  /**
+   * How many permits execution number `id` takes (the subject reads its weight from the input that
+   * `input` gives it): the run then counts the permits of the executions inside (`maxPermitsInside`).
+   * @default - one each
+   */
+  readonly permits?: (id: number) => number;
 }
 
 /** How long after the last stop the scheduled rules fire (sweepAfterRun): the reconciler's grace period, and a second. */
@@ -184,6 +190,8 @@ export interface ScenarioResult {
   readonly reclaimedAfterRun: number;
   /** Admissions into the body per simulated second, from the first to the last. */
   readonly acquisitionsPerSecond: number;
+  /** The most permits held at once by executions inside the body: their weights (`permits`), or one each. */
+  readonly maxPermitsInside: number;
   /** With `rate`: the rate, and the most entries into the body (redriven runs' included) in any window of its interval. */
   readonly rate?: { readonly count: number; readonly intervalSeconds: number };
   readonly mostAdmissionsInInterval?: number;
@@ -209,8 +217,10 @@ export async function runScenario(subject: Subject, options: ScenarioOptions): P
   const random = seededRandom(seed * 7919 + 17);
   const workSeconds = options.workSeconds ?? 15;
   const jitter = options.workJitter ?? 0.2;
-  // Under a rate, `limit` permits each pass on at most once per interval.
-  const idealSeconds = Math.ceil(options.executions / options.limit) * Math.max(workSeconds, options.rate?.intervalSeconds ?? 0);
+  // Under a rate, `limit` permits each pass on at most once per interval; with weights, the permits all take.
+  const weights = Array.from({ length: options.executions }, (_, id) => options.permits?.(id) ?? 1);
+  const permitsTaken = weights.reduce((a, b) => a + b, 0);
+  const idealSeconds = Math.ceil(permitsTaken / options.limit) * Math.max(workSeconds, options.rate?.intervalSeconds ?? 0);
   const realStart = Date.now();
 
   const sim = await Simulator.start(subject.stack, {
@@ -231,7 +241,8 @@ export async function runScenario(subject: Subject, options: ScenarioOptions): P
   });
   try {
     const sm = sim.stateMachine(subject.stateMachine);
-    const tracker = new InsideTracker(sim, subject.enterStates, subject.leaveStates);
+    const weightByArn = new Map<string, number>();
+    const tracker = new InsideTracker(sim, subject.enterStates, subject.leaveStates, (e) => weightByArn.get(e.arn) ?? 1);
     const monitor = new LockMonitor(sim, subject.table, () => options.limit, subject.layout).start(25);
     let permitsInUse = 0;
 
@@ -277,8 +288,9 @@ export async function runScenario(subject: Subject, options: ScenarioOptions): P
       }
     });
 
-    const executions: Execution[] = plans.map((plan) => {
+    const executions: Execution[] = plans.map((plan, id) => {
       const e = sim.startExecution(sm, plan.input, { abortAfterSeconds: plan.abortAfter });
+      weightByArn.set(e.arn, weights[id]);
       if (plan.abortInside) abortInside.set(e.arn, plan.abortInsideAfter);
       return e;
     });
@@ -339,6 +351,7 @@ export async function runScenario(subject: Subject, options: ScenarioOptions): P
       stuck: running.length,
       failedUnexplained: executions.filter((e) => e.status === 'FAILED' && e.error !== 'WorkFailed').length,
       maxInside: tracker.maxInside,
+      maxPermitsInside: tracker.maxPermitsInside,
       permitsLeftHeld: locks.reduce((n, l) => n + l.permitsInUse, 0),
       invariantViolations: [...new Set(monitor.violations)],
       transitionsPerExecution: mean((e) => e.transitions),
@@ -431,7 +444,13 @@ export function emittedMetricSum(sim: Simulator, metric: string): number {
  */
 export function brokenInvariants(result: ScenarioResult, limit: number): string[] {
   const broken: string[] = [];
-  if (result.maxInside > limit) broken.push(`${result.maxInside} executions were inside at once, limit ${limit}`);
+  if (result.maxPermitsInside > limit) {
+    broken.push(
+      result.maxPermitsInside === result.maxInside
+        ? `${result.maxInside} executions were inside at once, limit ${limit}`
+        : `executions inside held ${result.maxPermitsInside} permits at once, limit ${limit}`,
+    );
+  }
   if (result.permitsLeftHeld > 0) broken.push(`${result.permitsLeftHeld} permits are still held after every execution stopped`);
   if (result.stuck > 0) broken.push(`${result.stuck} executions were still waiting at the horizon`);
   if (result.failedUnexplained > 0) broken.push(`${result.failedUnexplained} executions failed with an error other than their work's`);

@@ -1,7 +1,7 @@
 import type { AttributeValue } from '@aws-sdk/client-dynamodb';
 import { itemSizeBytes } from './dynamodb';
 import { Execution, Simulator } from './simulator';
-import { HOLDER_ACQUIRED_AT, LOCK_KEY, PERMITS_IN_USE, QUEUE_HEAD, TICKET_SERVED_BY, TICKET_WAITER, isTicketKey, ticketKey } from '../src/private/lock-schema';
+import { HOLDER_ACQUIRED_AT, HOLDER_PERMITS, LOCK_KEY, PERMITS_IN_USE, QUEUE_HEAD, TICKET_SERVED_BY, TICKET_WAITER, isTicketKey, ticketKey } from '../src/private/lock-schema';
 import { STATE } from '../src/private/state-names';
 
 /*
@@ -18,6 +18,8 @@ export interface LockLayout {
   readonly count: string;
   /** Whether an attribute is a holder entry. */
   isHolder(name: string, value: AttributeValue): boolean;
+  /** How many permits a holder entry holds. @default - one */
+  permitsOf?(value: AttributeValue): number;
 }
 
 /** Our lock items (src/private/lock-schema.ts). */
@@ -25,6 +27,7 @@ export const LOCK_LAYOUT: LockLayout = {
   key: LOCK_KEY,
   count: PERMITS_IN_USE,
   isHolder: (_name, value) => value.M?.[HOLDER_ACQUIRED_AT] !== undefined,
+  permitsOf: (value) => Number(value.M?.[HOLDER_PERMITS]?.N ?? 1),
 };
 
 /** The AWS sample's lock items: `LockName`, `currentlockcount`, one attribute per execution ARN. */
@@ -74,6 +77,11 @@ function lockStateOf(item: Record<string, AttributeValue>, layout: LockLayout): 
   };
 }
 
+/** The permits a lock item's holder entries hold: one each, or a weighted entry's `permits`. */
+export function heldPermits(item: Record<string, AttributeValue>, lock: LockState, layout: LockLayout = LOCK_LAYOUT): number {
+  return lock.holders.reduce((n, h) => n + (layout.permitsOf?.(item[h]) ?? 1), 0);
+}
+
 /**
  * Samples every lock item while a simulation runs and records each moment an invariant did not hold:
  * permits in use equal to the number of holders, never negative, never above the limit.
@@ -101,10 +109,12 @@ export class LockMonitor {
         const lock = lockStateOf(item, this.layout);
         this.samples++;
         this.maxPermits = Math.max(this.maxPermits, lock.permitsInUse);
-        if (lock.permitsInUse < lock.holders.length) {
-          this.violations.push(`${lock.lockName}: ${lock.permitsInUse} permits in use but ${lock.holders.length} holders`);
-        } else if (lock.permitsInUse !== lock.holders.length) {
-          this.violations.push(`${lock.lockName}: ${lock.permitsInUse} permits in use for ${lock.holders.length} holders`);
+        const permits = heldPermits(item, lock, this.layout);
+        const held = `${lock.holders.length} holders${permits === lock.holders.length ? '' : ` holding ${permits}`}`;
+        if (lock.permitsInUse < permits) {
+          this.violations.push(`${lock.lockName}: ${lock.permitsInUse} permits in use but ${held}`);
+        } else if (lock.permitsInUse !== permits) {
+          this.violations.push(`${lock.lockName}: ${lock.permitsInUse} permits in use for ${held}`);
         }
         if (lock.permitsInUse < 0 || lock.permitsInUse > this.limitOf(lock.lockName)) {
           this.violations.push(`${lock.lockName}: ${lock.permitsInUse} permits in use, limit ${this.limitOf(lock.lockName)}`);
@@ -134,12 +144,16 @@ export class LockMonitor {
 export class InsideTracker {
   public inside = 0;
   public maxInside = 0;
-  private readonly insideNow = new Set<string>();
+  /** The permits the executions inside hold (by `permitsOf`), now and at most. */
+  public permitsInside = 0;
+  public maxPermitsInside = 0;
+  private readonly insideNow = new Map<string, number>();
 
   constructor(
     sim: Simulator,
     private readonly enter: string[],
     private readonly leave: string[],
+    private readonly permitsOf: (e: Execution) => number = () => 1,
   ) {
     sim.onStateEntered((execution, stateName) => {
       if (this.enter.includes(stateName)) this.add(execution);
@@ -150,13 +164,20 @@ export class InsideTracker {
 
   private add(e: Execution): void {
     if (this.insideNow.has(e.arn)) return;
-    this.insideNow.add(e.arn);
+    const permits = this.permitsOf(e);
+    this.insideNow.set(e.arn, permits);
     this.inside++;
     this.maxInside = Math.max(this.maxInside, this.inside);
+    this.permitsInside += permits;
+    this.maxPermitsInside = Math.max(this.maxPermitsInside, this.permitsInside);
   }
 
   private remove(e: Execution): void {
-    if (this.insideNow.delete(e.arn)) this.inside--;
+    const permits = this.insideNow.get(e.arn);
+    if (permits === undefined) return;
+    this.insideNow.delete(e.arn);
+    this.inside--;
+    this.permitsInside -= permits;
   }
 }
 

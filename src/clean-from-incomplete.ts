@@ -80,6 +80,16 @@ export interface CleanFromIncompleteProps {
    * @default - no wait: the permit is freed at once
    */
   readonly holdAfterStop?: Duration;
+
+  /**
+   * Whether the protected executions may hold more than one permit each (a workflow with `permits`):
+   * the release then hands a stopped execution's permits to queued waiters one at a time. Releases
+   * give back exactly what the execution held either way; without it, a weighted holder's permits go
+   * to the first waiter as one, and the rest stay held until that waiter releases.
+   *
+   * @default false
+   */
+  readonly weightedPermits?: boolean;
 }
 
 /**
@@ -181,6 +191,7 @@ export class CleanFromIncomplete extends Construct {
           lockNameText: lockNameValue,
           suffix: ' Of Stopped Execution',
           alreadyReleased: notHeld,
+          weighted: props.weightedPermits,
         }),
       );
       if (!props.holdAfterStop) return prepare;

@@ -23,9 +23,9 @@ import { WAKE_ACTIONS } from './private/queue-states';
 import { numberValue, stringValue } from './private/runtime-value';
 import { stateMachineLogs } from './private/state-machine-defaults';
 import { STATE } from './private/state-names';
-import { humanSeconds, validateConcurrencyLimit, validateLockName, validatePermitPath, validateWholeSeconds } from './private/validation';
+import { humanSeconds, validateConcurrencyLimit, validateLockName, validatePermitPath, validatePermits, validateWholeSeconds } from './private/validation';
 import { grantWakeToRole, registerWaiter } from './private/wake-grants';
-import { ACQUIRE_TIMEOUT_ERROR, INVALID_LIMIT_ERROR, INVALID_LOCK_NAME_ERROR, renderDefinition } from './private/workflow-definition';
+import { ACQUIRE_TIMEOUT_ERROR, INVALID_LIMIT_ERROR, INVALID_LOCK_NAME_ERROR, INVALID_PERMITS_ERROR, renderDefinition } from './private/workflow-definition';
 import { RateLimit } from './rate-limit';
 import { SemaphoreReconciler } from './semaphore-reconciler';
 import { ISemaphoreTable, SemaphoreTable } from './semaphore-table';
@@ -86,7 +86,7 @@ export interface ConcurrencyControlledWorkflowProps {
    *
    * Workflows sharing a lock may use different strategies: every release hands off to waiters.
    *
-   * @default WaitStrategy.QUEUE
+   * @default WaitStrategy.QUEUE, or `POLLING` with `permits`
    */
   readonly waitStrategy?: WaitStrategy;
 
@@ -263,6 +263,26 @@ export interface ConcurrencyControlledWorkflowProps {
    * @default - no rate limit: only `concurrencyLimit` applies
    */
   readonly rateLimit?: RateLimit;
+
+  /**
+   * How many of the lock's permits one execution takes: its weight. A heavy job can take 4 of 10
+   * database connections while a light one takes 1; the body runs only while the execution holds all
+   * of them, and every release (the workflow's, the cleanup's, the reconciler's, the CLI's
+   * `force-release`) gives back exactly what the execution took, read from its entry on the lock item.
+   *
+   * An integer from 1 to 100, and at most `concurrencyLimit`. A `JsonPath.numberAt('$.path')` reads it
+   * from each execution's input; a value that is not such an integer fails the execution with
+   * `SemaphoreInvalidPermits` before it takes anything.
+   *
+   * A weighted execution waits by polling (the queue hands permits on one at a time, and a queued
+   * waiter takes one): `waitStrategy` then defaults to `POLLING`, and `QUEUE` is refused. Polling is
+   * not first come, first served: under a steady stream of lighter acquisitions, a heavy one can wait
+   * until its `acquireTimeout`. A weighted holder that releases while executions of other workflows
+   * wait in the lock's queue hands its permits to them one at a time. Not with `rateLimit`.
+   *
+   * @default 1
+   */
+  readonly permits?: number;
 }
 
 /**
@@ -306,6 +326,12 @@ export class ConcurrencyControlledWorkflow extends Construct {
    * contains the character U+001F (which keys the queue's ticket items).
    */
   public static readonly INVALID_LOCK_NAME_ERROR: string = INVALID_LOCK_NAME_ERROR;
+
+  /**
+   * Error of an execution whose `permits`, read from its input, is not an integer from 1 to 100 and
+   * at most its concurrency limit.
+   */
+  public static readonly INVALID_PERMITS_ERROR: string = INVALID_PERMITS_ERROR;
 
   /**
    * The longest an execution waits for a permit before it fails with `SemaphoreAcquireTimeout`, when
@@ -379,6 +405,22 @@ export class ConcurrencyControlledWorkflow extends Construct {
     validateLockName(this.lockName);
     validateConcurrencyLimit(props.concurrencyLimit ?? 1);
     const rate = props.rateLimit;
+    const permits = props.permits === undefined ? undefined : numberValue('permits', props.permits);
+    const weighted = permits !== undefined && !(permits.inputPath === undefined && permits.fixed === 1);
+    if (props.permits !== undefined) {
+      validatePermits(props.permits, props.concurrencyLimit ?? 1);
+    }
+    if (weighted && rate) {
+      throw new Error(
+        '`permits` and `rateLimit` cannot be combined yet: the rate counts acquisitions, and a weighted acquisition takes several permits at once. Set one of them',
+      );
+    }
+    if (weighted && props.waitStrategy === WaitStrategy.QUEUE) {
+      throw new Error(
+        `\`permits\` (${permits!.inputPath ?? permits!.fixed}) needs \`waitStrategy: WaitStrategy.POLLING\`, got QUEUE: the queue hands a waiter one permit at a time. ` +
+          'Leave `waitStrategy` unset (it then defaults to POLLING) or set POLLING',
+      );
+    }
     const limit = rateLimitedConcurrency(props.concurrencyLimit, rate);
     const pollSeconds = validateWholeSeconds('pollInterval', props.pollInterval ?? Duration.seconds(3), 1);
     const leaseSeconds = props.leaseDuration && validateWholeSeconds('leaseDuration', props.leaseDuration, 1);
@@ -394,7 +436,7 @@ export class ConcurrencyControlledWorkflow extends Construct {
     if (props.leaseDuration && props.reconcilerScheduleEnabled === false) {
       Annotations.of(this).addWarning('leaseDuration is set but the reconciler schedule is disabled: leases are enforced only by on-demand sweeps');
     }
-    const waitStrategy = props.waitStrategy ?? WaitStrategy.QUEUE;
+    const waitStrategy = props.waitStrategy ?? (weighted ? WaitStrategy.POLLING : WaitStrategy.QUEUE);
     const queueCheckInterval = props.queueCheckInterval ?? Duration.minutes(5);
     validateWholeSeconds('queueCheckInterval', queueCheckInterval, 1);
     if (props.queueCheckInterval && waitStrategy !== WaitStrategy.QUEUE) {
@@ -455,6 +497,7 @@ export class ConcurrencyControlledWorkflow extends Construct {
       queueCheckInterval,
       permitPath: props.permitPath,
       holdSeconds: rate?.intervalSeconds,
+      permits: weighted ? permits : undefined,
     });
 
     const logOptions = stateMachineLogs(this, props.logs);
@@ -485,6 +528,7 @@ export class ConcurrencyControlledWorkflow extends Construct {
       protectedStateMachines: [this.stateMachine],
       tracingEnabled: props.tracingEnabled,
       holdAfterStop: rate?.interval,
+      weightedPermits: weighted,
     });
     this.cleanupStateMachine = this.cleanup.stateMachine;
     this.cleanupRule = this.cleanup.rule;
@@ -497,6 +541,7 @@ export class ConcurrencyControlledWorkflow extends Construct {
       runtime: validateFunctionRuntime('reconcilerRuntime', props.reconcilerRuntime),
       lockName: this.lockName,
       concurrencyLimit: limit,
+      permits: weighted ? props.permits : undefined,
       leaseDuration: props.leaseDuration,
       holdAfterStop: rate?.interval,
     });

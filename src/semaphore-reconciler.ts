@@ -74,6 +74,14 @@ export interface SemaphoreReconcilerProps {
   readonly concurrencyLimit?: number;
 
   /**
+   * How many permits of `lockName` one execution takes (its weight), for the redrive guard. A
+   * `JsonPath.numberAt('$.path')` reads it from the execution's input.
+   *
+   * @default 1
+   */
+  readonly permits?: number;
+
+  /**
    * The lease of a permit the redrive guard takes.
    *
    * @default - no lease
@@ -272,6 +280,11 @@ export class SemaphoreReconciler extends Construct {
     else fn.addEnvironment('LOCK_NAME', lockName.fixed!);
     if (limit.inputPath !== undefined) fn.addEnvironment('CONCURRENCY_LIMIT_PATH', limit.inputPath);
     else fn.addEnvironment('CONCURRENCY_LIMIT', String(limit.fixed));
+    if (props.permits !== undefined) {
+      const permits = numberValue('permits', props.permits);
+      if (permits.inputPath !== undefined) fn.addEnvironment('PERMITS_PATH', permits.inputPath);
+      else fn.addEnvironment('PERMITS', String(permits.fixed));
+    }
     if (props.leaseDuration) {
       fn.addEnvironment('LEASE_SECONDS', String(validateWholeSeconds('leaseDuration', props.leaseDuration, 1) ?? props.leaseDuration.toSeconds()));
     }

@@ -43,6 +43,31 @@ export const RATE_INTERVAL = 'rateIntervalSeconds';
 /** Field of a holder entry (a map) with the time the permit was taken, ISO-8601. */
 export const HOLDER_ACQUIRED_AT = 'acquiredAt';
 
+/**
+ * Field of a holder entry that holds more than one of the lock's permits (a weighted acquisition,
+ * `permits`): how many it holds (type N). An entry without it holds one. Every release gives back
+ * exactly this many in the same write (RELEASE_UPDATE), whoever releases it.
+ */
+export const HOLDER_PERMITS = 'permits';
+
+/**
+ * Field of a weighted holder entry beside HOLDER_PERMITS: how many it holds beyond one (type N, the
+ * permits less one). A hand-off gives the waiter an entry of one permit and gives these back in the
+ * same write (HAND_OFF_UPDATE: an update expression has one `+` or `-` per value, so the entry keeps
+ * both numbers), so that an entry handed off as a whole never leaves permits counted that nobody holds.
+ */
+export const HOLDER_EXTRA_PERMITS = 'extra';
+
+/** The most permits one acquisition may take (`permits`): see MAX_PERMITS_REASON. */
+export const MAX_PERMITS = 100;
+
+/**
+ * Why MAX_PERMITS: a weighted holder that releases while executions wait in the queue hands its
+ * permits on one at a time (SPLIT_HAND_OFF_UPDATE), about 30 history events each, and the release
+ * must stay far inside the 25,000 events of an execution beside its wait's budget.
+ */
+export const MAX_PERMITS_REASON = 'a weighted release hands its permits to queued waiters one at a time, about 30 history events each';
+
 /** Field of a holder entry: how long a workflow execution may hold the permit, in seconds. */
 export const HOLDER_LEASE_SECONDS = 'leaseSeconds';
 
@@ -79,6 +104,8 @@ export const VALUES = {
   acquiredAt: ':acquiredAt',
   redriveCount: ':redriveCount',
   rate: ':rate',
+  weight: ':weight',
+  gate: ':gate',
 } as const;
 
 /**
@@ -109,6 +136,14 @@ export const ACQUIRE_UPDATE = `SET ${NAMES.permits} = if_not_exists(${NAMES.perm
 export const ACQUIRE_WITH_RATE_UPDATE = `${ACQUIRE_UPDATE}, ${NAMES.rate} = ${VALUES.rate}`;
 
 /**
+ * Acquire of a weighted holder (`permits`, `:weight` of them): as ACQUIRE_CONDITION, with the gate
+ * `permitsInUse <= :gate`, where `:gate` is the limit minus the weight (a condition cannot do
+ * arithmetic, so the state machine computes it), and the entry records its weight (HOLDER_PERMITS).
+ */
+export const WEIGHTED_ACQUIRE_CONDITION = `attribute_not_exists(${NAMES.permits}) OR ${NAMES.permits} <= ${VALUES.gate} OR attribute_exists(${NAMES.holder})`;
+export const WEIGHTED_ACQUIRE_UPDATE = `SET ${NAMES.permits} = if_not_exists(${NAMES.permits}, ${VALUES.zero}) + ${VALUES.weight}, ${NAMES.holder} = ${VALUES.entry}, ${NAMES.limit} = ${VALUES.limit}, ${NAMES.fence} = if_not_exists(${NAMES.fence}, ${VALUES.zero}) + if_not_exists(${NAMES.holder}, ${VALUES.one})`;
+
+/**
  * Acquire by a client (the CLI, scripts): as ACQUIRE_CONDITION, and also below the limit stored on the
  * item, so that a client's limit can lower the gate but never raise it above the workflows' (the
  * effective limit is the smaller of the two). The update records the client's limit only on a lock
@@ -120,9 +155,11 @@ export const CLIENT_ACQUIRE_UPDATE = `SET ${NAMES.permits} = if_not_exists(${NAM
 /**
  * Release: the mirror image, conditional on the holder entry, which makes release and every cleanup
  * idempotent: a second release of the same holder fails its condition instead of freeing a permit twice.
+ * It gives back what the entry holds, read from the entry in the same write (its HOLDER_PERMITS, or
+ * one), so that every path frees exactly what was taken without knowing the holder's weight.
  */
 export const RELEASE_CONDITION = `attribute_exists(${NAMES.holder})`;
-export const RELEASE_UPDATE = `SET ${NAMES.permits} = ${NAMES.permits} - ${VALUES.one} REMOVE ${NAMES.holder}`;
+export const RELEASE_UPDATE = `SET ${NAMES.permits} = ${NAMES.permits} - if_not_exists(${NAMES.holder}.${HOLDER_PERMITS}, ${VALUES.one}) REMOVE ${NAMES.holder}`;
 
 /**
  * Release of an expired lease: as RELEASE_CONDITION, and only if the lease was not renewed since it
@@ -168,8 +205,10 @@ export const MAX_LOCK_NAME_LENGTH = 255;
  * names: "The attribute name counts towards the size limit"). An execution's: its ARN as the name, at
  * most 221 bytes (`arn:aws-us-gov:states:`, a 14-character Region, the account, `:execution:`, two
  * names of at most 80 ASCII characters), and a map of at most 150 bytes (acquiredAt 35, redriveCount
- * 16, leaseSeconds 17, handoffId 49, claimed 9, fencingToken 21, 3 for the map). A client's: a
- * 42-byte lease id and at most 220 bytes with an owner of MAX_OWNER_LENGTH.
+ * 16, leaseSeconds 17, handoffId 49, claimed 9, fencingToken 21, 3 for the map). A weighted entry adds
+ * `permits` (10 bytes) but never carries a hand-off's id or token (a hand-off writes an entry of one
+ * permit), so it stays under 320. A client's: a 42-byte lease id and at most 230 bytes with an owner of
+ * MAX_OWNER_LENGTH and `permits`.
  * https://docs.aws.amazon.com/amazondynamodb/latest/developerguide/CapacityUnitCalculations.html
  */
 export const MAX_HOLDER_ENTRY_BYTES = 380;
@@ -339,12 +378,24 @@ export const DELETE_SERVED_CONDITION = `${QUEUE_NAMES.servedBy} = ${QUEUE_VALUES
 
 /**
  * Hand off: the holder entry moves from the releaser to the waiter of the ticket it claimed; the count
- * stays. The same write draws the waiter's fencing token, so that tokens follow the order in which
+ * stays (less a weighted entry's HOLDER_EXTRA_PERMITS, given back: the waiter takes one). The same write draws the waiter's fencing token, so that tokens follow the order in which
  * permits are granted (UPDATED_OLD: the counter before the draw). Refused when the waiter holds a
  * permit already (it found one by polling): the releaser then claims the next ticket.
  */
 export const HAND_OFF_CONDITION = `${RELEASE_STOPPED_RUN_CONDITION} AND attribute_not_exists(${QUEUE_NAMES.next})`;
-export const HAND_OFF_UPDATE = `SET ${QUEUE_NAMES.next} = ${VALUES.entry}, ${NAMES.fence} = ${NAMES.fence} + ${VALUES.one} REMOVE ${NAMES.holder}`;
+export const HAND_OFF_UPDATE = `SET ${QUEUE_NAMES.next} = ${VALUES.entry}, ${NAMES.fence} = ${NAMES.fence} + ${VALUES.one}, ${NAMES.permits} = ${NAMES.permits} - if_not_exists(${NAMES.holder}.${HOLDER_EXTRA_PERMITS}, ${VALUES.zero}) REMOVE ${NAMES.holder}`;
+
+/**
+ * Hand off one of a weighted holder's permits: as HAND_OFF, for an entry that holds more than one. The
+ * waiter gets an entry of one permit (it waits in the queue, so it takes one), the releaser's entry
+ * keeps the rest, and the count stays; the releaser then releases again, and hands on or gives back
+ * what is left. Refused for an entry of one permit, which HAND_OFF moves as a whole.
+ */
+export const SPLIT_HAND_OFF_CONDITION = `${HAND_OFF_CONDITION} AND ${NAMES.holder}.${HOLDER_EXTRA_PERMITS} > ${VALUES.zero}`;
+export const SPLIT_HAND_OFF_UPDATE =
+  `SET ${QUEUE_NAMES.next} = ${VALUES.entry}, ${NAMES.fence} = ${NAMES.fence} + ${VALUES.one}, ` +
+  `${NAMES.holder}.${HOLDER_PERMITS} = ${NAMES.holder}.${HOLDER_PERMITS} - ${VALUES.one}, ` +
+  `${NAMES.holder}.${HOLDER_EXTRA_PERMITS} = ${NAMES.holder}.${HOLDER_EXTRA_PERMITS} - ${VALUES.one}`;
 
 /**
  * After a server error on the hand-off: did it land? Its hand-off id is unique, so the waiter's entry

@@ -9,12 +9,16 @@ import {
   FENCING_TOKEN,
   HOLDER_ACQUIRED_AT,
   HOLDER_LEASE_SECONDS,
+  HOLDER_EXTRA_PERMITS,
+  HOLDER_PERMITS,
   HOLDER_REDRIVE_COUNT,
   LOCK_KEY,
   NAMES,
   PERMITS_IN_USE,
   RATE_INTERVAL,
   VALUES,
+  WEIGHTED_ACQUIRE_CONDITION,
+  WEIGHTED_ACQUIRE_UPDATE,
 } from './lock-schema';
 import { ISemaphoreTable } from '../semaphore-table';
 
@@ -37,6 +41,18 @@ export interface AcquireTaskProps extends LockTaskProps {
   readonly permitPath?: string;
   /** The workflow's rate interval, recorded on the lock item for clients. @default - no rate */
   readonly rateIntervalSeconds?: number;
+  /** How many permits one acquisition takes, and its gate (the limit minus them). @default - one */
+  readonly weight?: PermitWeight;
+}
+
+/** The weight of a weighted acquisition (`permits`), as the acquire's values. */
+export interface PermitWeight {
+  /** How many permits (N), literal or from the input. */
+  readonly permits: tasks.DynamoAttributeValue;
+  /** The concurrency limit minus them (N): the acquire takes them while `permitsInUse <= gate`. */
+  readonly gate: tasks.DynamoAttributeValue;
+  /** The permits less one (N), which a hand-off of the whole entry gives back. */
+  readonly extra: tasks.DynamoAttributeValue;
 }
 
 /**
@@ -47,11 +63,12 @@ export interface AcquireTaskProps extends LockTaskProps {
  */
 export function acquireTask(scope: Construct, id: string, props: AcquireTaskProps): tasks.DynamoUpdateItem {
   const rate = props.rateIntervalSeconds;
+  const weight = props.weight;
   return new tasks.DynamoUpdateItem(scope, id, {
     table: props.table.table,
     key: { [LOCK_KEY]: props.lockName },
-    conditionExpression: ACQUIRE_CONDITION,
-    updateExpression: rate === undefined ? ACQUIRE_UPDATE : ACQUIRE_WITH_RATE_UPDATE,
+    conditionExpression: weight ? WEIGHTED_ACQUIRE_CONDITION : ACQUIRE_CONDITION,
+    updateExpression: weight ? WEIGHTED_ACQUIRE_UPDATE : rate === undefined ? ACQUIRE_UPDATE : ACQUIRE_WITH_RATE_UPDATE,
     expressionAttributeNames: {
       [NAMES.permits]: PERMITS_IN_USE,
       [NAMES.holder]: props.holder,
@@ -61,6 +78,7 @@ export function acquireTask(scope: Construct, id: string, props: AcquireTaskProp
     },
     expressionAttributeValues: {
       ...(rate === undefined ? {} : { [VALUES.rate]: tasks.DynamoAttributeValue.fromNumber(rate) }),
+      ...(weight ? { [VALUES.weight]: weight.permits, [VALUES.gate]: weight.gate } : {}),
       [VALUES.zero]: tasks.DynamoAttributeValue.fromNumber(0),
       [VALUES.one]: tasks.DynamoAttributeValue.fromNumber(1),
       [VALUES.limit]: props.limit,
@@ -68,6 +86,7 @@ export function acquireTask(scope: Construct, id: string, props: AcquireTaskProp
         [HOLDER_ACQUIRED_AT]: tasks.DynamoAttributeValue.fromString(sfn.JsonPath.stringAt('$$.State.EnteredTime')),
         [HOLDER_REDRIVE_COUNT]: tasks.DynamoAttributeValue.numberFromString(sfn.JsonPath.jsonToString(sfn.JsonPath.objectAt('$$.Execution.RedriveCount'))),
         ...(props.leaseSeconds === undefined ? {} : { [HOLDER_LEASE_SECONDS]: tasks.DynamoAttributeValue.fromNumber(props.leaseSeconds) }),
+        ...(weight ? { [HOLDER_PERMITS]: weight.permits, [HOLDER_EXTRA_PERMITS]: weight.extra } : {}),
       }),
     },
     // Without a permit path the write's response carries nothing we need; the state data passes through unchanged.

@@ -30,6 +30,8 @@ import {
   MARK_TICKET_CONDITION,
   SERVE_TICKET_CONDITION,
   SERVE_TICKET_UPDATE,
+  SPLIT_HAND_OFF_CONDITION,
+  SPLIT_HAND_OFF_UPDATE,
   STILL_HELD_CONDITION,
   STILL_HELD_UPDATE,
   TAKE_BACK_CONDITION,
@@ -123,6 +125,12 @@ export function releaseStateNames(suffix: string) {
     wakeUpLost: `${STATE.wakeUpLost}${suffix}`,
     stillHeld: `${STATE.stillHeld}${suffix}`,
     alreadyReleased: `${STATE.alreadyReleased}${suffix}`,
+    handOffOne: `${STATE.handOffOne}${suffix}`,
+    confirmHandOffOne: `${STATE.confirmHandOffOne}${suffix}`,
+    wakeWaiterOfOne: `${STATE.wakeWaiterOfOne}${suffix}`,
+    isWaiterOfOneWaiting: `${STATE.isWaiterOfOneWaiting}${suffix}`,
+    wakeWaiterOfOneAgain: `${STATE.wakeWaiterOfOneAgain}${suffix}`,
+    deleteTicketOfOne: `${STATE.deleteTicketOfOne}${suffix}`,
   };
 }
 
@@ -142,6 +150,12 @@ export interface HandOffProps {
   readonly outputPath?: string;
   /** Where the chain goes when the holder held no permit (any more). @default - `next`, else a Succeed state of its own */
   readonly alreadyReleased?: sfn.IChainable;
+  /**
+   * Whether the holder's entry may hold more than one permit (a workflow with `permits`): a hand-off
+   * then gives the waiter one of them (SPLIT_HAND_OFF_UPDATE) and releases again, until one is left,
+   * which moves as a whole. @default false
+   */
+  readonly weighted?: boolean;
 }
 
 /** The key of a lock's ticket item, for a lock name (literal or JSONPath string) and a JSONPath to the ticket. */
@@ -281,6 +295,17 @@ export function handOffChain(scope: Construct, props: HandOffProps): sfn.State {
   // nor takes back a hand-off of the run before (its wake-up may have been delivered: the waiter uses
   // the permit). Such a permit is freed by the waiter, its cleanup or the sweep.
   const handoffId = tasks.DynamoAttributeValue.fromString(handoffIdText);
+  // The waiter's entry: one permit, its run and lease from the ticket, and this hand-off's id.
+  const waiterEntry = tasks.DynamoAttributeValue.fromMap({
+    [HOLDER_ACQUIRED_AT]: tasks.DynamoAttributeValue.fromString(sfn.JsonPath.stringAt('$$.State.EnteredTime')),
+    [HOLDER_REDRIVE_COUNT]: tasks.DynamoAttributeValue.numberFromString(sfn.JsonPath.stringAt(`${ticketAttributes}.${HOLDER_REDRIVE_COUNT}.N`)),
+    [HOLDER_LEASE_SECONDS]: tasks.DynamoAttributeValue.numberFromString(sfn.JsonPath.stringAt(`${ticketAttributes}.${HOLDER_LEASE_SECONDS}.N`)),
+    [HOLDER_HANDOFF_ID]: handoffId,
+  });
+  // The fencing counter before the hand-off drew the waiter's token from it (UPDATED_OLD).
+  const handOffSelector = {
+    fencingToken: sfn.JsonPath.mathAdd(Token.asNumber(sfn.JsonPath.stringToJson(sfn.JsonPath.stringAt(`$.Attributes.${FENCING_TOKEN}.N`))), 1),
+  };
   const handOff = new tasks.DynamoUpdateItem(scope, names.handOff, {
     table,
     key,
@@ -290,22 +315,16 @@ export function handOffChain(scope: Construct, props: HandOffProps): sfn.State {
       [NAMES.holder]: holder,
       [QUEUE_NAMES.next]: waiterId,
       [NAMES.fence]: FENCING_TOKEN,
+      [NAMES.permits]: PERMITS_IN_USE,
     },
     expressionAttributeValues: {
       [VALUES.redriveCount]: redriveCount,
+      [VALUES.zero]: tasks.DynamoAttributeValue.fromNumber(0),
       [VALUES.one]: tasks.DynamoAttributeValue.fromNumber(1),
-      [VALUES.entry]: tasks.DynamoAttributeValue.fromMap({
-        [HOLDER_ACQUIRED_AT]: tasks.DynamoAttributeValue.fromString(sfn.JsonPath.stringAt('$$.State.EnteredTime')),
-        [HOLDER_REDRIVE_COUNT]: tasks.DynamoAttributeValue.numberFromString(sfn.JsonPath.stringAt(`${ticketAttributes}.${HOLDER_REDRIVE_COUNT}.N`)),
-        [HOLDER_LEASE_SECONDS]: tasks.DynamoAttributeValue.numberFromString(sfn.JsonPath.stringAt(`${ticketAttributes}.${HOLDER_LEASE_SECONDS}.N`)),
-        [HOLDER_HANDOFF_ID]: handoffId,
-      }),
+      [VALUES.entry]: waiterEntry,
     },
-    // The fencing counter before this update drew the waiter's token from it.
     returnValues: tasks.DynamoReturnValues.UPDATED_OLD,
-    resultSelector: {
-      fencingToken: sfn.JsonPath.mathAdd(Token.asNumber(sfn.JsonPath.stringToJson(sfn.JsonPath.stringAt(`$.Attributes.${FENCING_TOKEN}.N`))), 1),
-    },
+    resultSelector: handOffSelector,
     resultPath: `${HANDOFF_PATH}.wake`,
   })
     // A retry after a write that landed would fail its condition and lose the wake-up: server errors
@@ -316,10 +335,6 @@ export function handOffChain(scope: Construct, props: HandOffProps): sfn.State {
     // polling): then DynamoDB rejects the update (its two paths overlap), and the same goes.
     .addCatch(peek, { errors: [CONDITIONAL_CHECK_FAILED, VALIDATION_ERROR], resultPath: sfn.JsonPath.DISCARD });
 
-  serveTicket.next(handOff);
-  const checkTicket = new sfn.Choice(scope, names.checkTicket).when(sfn.Condition.isPresent(`${ticketAttributes}.${TICKET_WAITER}`), handOff).otherwise(peek);
-  markTicket.next(checkTicket);
-  readTicket.next(checkTicket);
 
   const wakeUpLost = props.next ?? new sfn.Succeed(scope, names.wakeUpLost, { outputPath: props.outputPath });
 
@@ -418,6 +433,79 @@ export function handOffChain(scope: Construct, props: HandOffProps): sfn.State {
     .next(deleteTicket);
   handOff.next(wake);
   confirmHandOff.next(wake);
+
+  let firstHandOff: sfn.State = handOff;
+  if (props.weighted) {
+    // A weighted holder hands one of its permits to the waiter and keeps the rest, then releases
+    // again: it gives back what is left if nobody waits, else hands on the next one. Its entry of one
+    // permit, at last, moves as a whole (Hand Off Permit). A waiter that cannot be woken keeps the
+    // permit handed to it: it claims it when its wait times out, or its cleanup frees it.
+    const handOffOne = new tasks.DynamoUpdateItem(scope, names.handOffOne, {
+      table,
+      key,
+      conditionExpression: SPLIT_HAND_OFF_CONDITION,
+      updateExpression: SPLIT_HAND_OFF_UPDATE,
+      expressionAttributeNames: { [NAMES.holder]: holder, [QUEUE_NAMES.next]: waiterId, [NAMES.fence]: FENCING_TOKEN },
+      expressionAttributeValues: {
+        [VALUES.redriveCount]: redriveCount,
+        [VALUES.zero]: tasks.DynamoAttributeValue.fromNumber(0),
+        [VALUES.one]: tasks.DynamoAttributeValue.fromNumber(1),
+        [VALUES.entry]: waiterEntry,
+      },
+      returnValues: tasks.DynamoReturnValues.UPDATED_OLD,
+      resultSelector: handOffSelector,
+      resultPath: `${HANDOFF_PATH}.wake`,
+    })
+      .addRetry(transientRetry(THROTTLING_ERRORS))
+      // An entry of one permit (or the waiter holds one, or ours is gone): as any holder's hand-off.
+      .addCatch(handOff, { errors: [CONDITIONAL_CHECK_FAILED, VALIDATION_ERROR], resultPath: sfn.JsonPath.DISCARD });
+    const confirmOne = new tasks.DynamoUpdateItem(scope, names.confirmHandOffOne, {
+      table,
+      key,
+      conditionExpression: CONFIRM_HAND_OFF_CONDITION,
+      updateExpression: CONFIRM_HAND_OFF_UPDATE,
+      expressionAttributeNames: { [QUEUE_NAMES.next]: waiterId, [NAMES.fence]: FENCING_TOKEN },
+      expressionAttributeValues: { [QUEUE_VALUES.handoffId]: handoffId },
+      returnValues: tasks.DynamoReturnValues.UPDATED_NEW,
+      resultSelector: { fencingToken: sfn.JsonPath.stringToJson(sfn.JsonPath.stringAt(`$.Attributes.${FENCING_TOKEN}.N`)) },
+      resultPath: `${HANDOFF_PATH}.wake`,
+    })
+      .addRetry(retry)
+      .addCatch(release, { errors: [CONDITIONAL_CHECK_FAILED], resultPath: sfn.JsonPath.DISCARD });
+    handOffOne.addCatch(confirmOne, { errors: SERVER_ERRORS, resultPath: sfn.JsonPath.DISCARD });
+    const deleteOne = new tasks.DynamoDeleteItem(scope, names.deleteTicketOfOne, {
+      table,
+      key: ticketItemKeyMap,
+      conditionExpression: DELETE_SERVED_CONDITION,
+      expressionAttributeNames: { [QUEUE_NAMES.servedBy]: TICKET_SERVED_BY },
+      expressionAttributeValues: { [QUEUE_VALUES.servedBy]: handoffId },
+      resultPath: sfn.JsonPath.DISCARD,
+    })
+      .addRetry(retry)
+      .addCatch(release, { errors: [CONDITIONAL_CHECK_FAILED], resultPath: sfn.JsonPath.DISCARD })
+      .next(release);
+    const wakeOneAgain = sendWakeUp(names.wakeWaiterOfOneAgain)
+      .addCatch(release, { errors: [sfn.Errors.ALL], resultPath: sfn.JsonPath.DISCARD })
+      .next(deleteOne);
+    const isWaiterOfOneWaiting = sfnCall(names.isWaiterOfOneWaiting, 'sendTaskHeartbeat', { 'TaskToken.$': tokenPath })
+      .addRetry({ errors: SFN_THROTTLED_ERRORS, interval: Duration.seconds(1), backoffRate: 2, maxAttempts: 5, jitterStrategy: sfn.JitterType.FULL })
+      .addCatch(release, { errors: [sfn.Errors.ALL], resultPath: sfn.JsonPath.DISCARD })
+      .next(wakeOneAgain);
+    const wakeOne = sendWakeUp(names.wakeWaiterOfOne)
+      .addCatch(isWaiterOfOneWaiting, { errors: SFN_THROTTLED_ERRORS, resultPath: sfn.JsonPath.DISCARD })
+      // Token gone, or any other failure: the waiter keeps the permit (see above); hand on the rest.
+      .addCatch(release, { errors: [sfn.Errors.ALL], resultPath: sfn.JsonPath.DISCARD })
+      .next(deleteOne);
+    handOffOne.next(wakeOne);
+    confirmOne.next(wakeOne);
+    firstHandOff = handOffOne;
+  }
+  serveTicket.next(firstHandOff);
+  const checkTicket = new sfn.Choice(scope, names.checkTicket)
+    .when(sfn.Condition.isPresent(`${ticketAttributes}.${TICKET_WAITER}`), firstHandOff)
+    .otherwise(peek);
+  markTicket.next(checkTicket);
+  readTicket.next(checkTicket);
   return release;
 }
 

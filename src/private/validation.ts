@@ -1,6 +1,6 @@
 import { Duration, Token } from 'aws-cdk-lib';
 import { parseFieldPath } from './idempotency-key';
-import { MAX_CONCURRENCY_LIMIT, MAX_HOLDER_ENTRY_BYTES, MAX_LOCK_NAME_LENGTH, TICKET_KEY_SEPARATOR } from './lock-schema';
+import { MAX_CONCURRENCY_LIMIT, MAX_HOLDER_ENTRY_BYTES, MAX_LOCK_NAME_LENGTH, MAX_PERMITS, MAX_PERMITS_REASON, TICKET_KEY_SEPARATOR } from './lock-schema';
 
 /*
  * Synth-time checks of user input. Each message names the prop, shows the value and says what is
@@ -36,6 +36,22 @@ export function validateConcurrencyLimit(limit: number): void {
       `\`concurrencyLimit\` must be an integer from 1 to ${MAX_CONCURRENCY_LIMIT} (the lock item keeps one entry per holder, ` +
         `at most ${MAX_HOLDER_ENTRY_BYTES} bytes each, inside DynamoDB's 400 KB per item), got: ${limit}`,
     );
+  }
+}
+
+/**
+ * `permits` (the weight of one acquisition): an integer from 1 to MAX_PERMITS, and at most the
+ * concurrency limit when both are known (a weight above the limit could never be granted).
+ */
+export function validatePermits(permits: number, limit: number): void {
+  if (Token.isUnresolved(permits)) {
+    return;
+  }
+  if (!Number.isInteger(permits) || permits < 1 || permits > MAX_PERMITS) {
+    throw new Error(`\`permits\` must be an integer from 1 to ${MAX_PERMITS} (${MAX_PERMITS_REASON}), got: ${permits}`);
+  }
+  if (!Token.isUnresolved(limit) && permits > limit) {
+    throw new Error(`\`permits\` (${permits}) must be at most \`concurrencyLimit\` (${limit}): an acquisition of more permits than the lock has would wait forever`);
   }
 }
 

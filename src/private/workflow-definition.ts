@@ -1,4 +1,4 @@
-import { Duration } from 'aws-cdk-lib';
+import { Duration, Token } from 'aws-cdk-lib';
 import * as sfn from 'aws-cdk-lib/aws-stepfunctions';
 import * as tasks from 'aws-cdk-lib/aws-stepfunctions-tasks';
 import { Construct } from 'constructs';
@@ -10,8 +10,8 @@ import {
   INPUT_PATH as IDEMPOTENT_INPUT_PATH,
   OUTPUT_PATH as IDEMPOTENT_OUTPUT_PATH,
 } from './idempotency-states';
-import { MAX_CONCURRENCY_LIMIT, TICKET_KEY_SEPARATOR } from './lock-schema';
-import { acquireTask, LockTaskProps } from './lock-tasks';
+import { MAX_CONCURRENCY_LIMIT, MAX_PERMITS, TICKET_KEY_SEPARATOR } from './lock-schema';
+import { acquireTask, LockTaskProps, PermitWeight } from './lock-tasks';
 import {
   fencingTokenTask,
   HANDOFF_PATH,
@@ -75,7 +75,9 @@ export function renderDefinition(scope: Construct, table: ISemaphoreTable, spec:
   // its failure ended the Parallel's Wait branch early).
   const failWithError = idem ? idem.markFailed : new sfn.Fail(scope, STATE.failWithError, { errorPath: '$.Error', causePath: '$.Cause' });
   const prepareReleaseAfterFailure = new sfn.Pass(scope, STATE.prepareReleaseAfterFailure, { parameters: holderOfThisRun, resultPath: HANDOFF_PATH });
-  prepareReleaseAfterFailure.next(handOffChain(scope, { table: table, lockName, lockNameText, suffix: ' After Failure', next: failWithError }));
+  const weight = permitWeight(spec);
+  const weighted = weight !== undefined;
+  prepareReleaseAfterFailure.next(handOffChain(scope, { table: table, lockName, lockNameText, suffix: ' After Failure', next: failWithError, weighted }));
   let releaseAfterFailure: sfn.State = prepareReleaseAfterFailure;
   if (spec.holdSeconds !== undefined) {
     releaseAfterFailure = new sfn.Wait(scope, STATE.holdAfterFailure, { time: seconds(spec.holdSeconds) });
@@ -89,14 +91,14 @@ export function renderDefinition(scope: Construct, table: ISemaphoreTable, spec:
     runBody = new sfn.Parallel(scope, STATE.runBody, { inputPath: IDEMPOTENT_INPUT_PATH, resultPath: IDEMPOTENT_OUTPUT_PATH });
     release = new sfn.Pass(scope, STATE.prepareRelease, { parameters: holderOfThisRun, resultPath: HANDOFF_PATH });
     (release as sfn.Pass).next(
-      handOffChain(scope, { table: table, lockName, lockNameText, suffix: '', next: idem.saveResult, alreadyReleased: idem.saveResult }),
+      handOffChain(scope, { table: table, lockName, lockNameText, suffix: '', next: idem.saveResult, alreadyReleased: idem.saveResult, weighted }),
     );
   } else {
     // The output and the release's holder in one object, without a state of its own.
     runBody = new sfn.Parallel(scope, STATE.runBody, {
       resultSelector: { output: sfn.JsonPath.objectAt('$[0]'), handoff: holderOfThisRun },
     });
-    release = handOffChain(scope, { table: table, lockName, lockNameText, suffix: '', outputPath: '$.output' });
+    release = handOffChain(scope, { table: table, lockName, lockNameText, suffix: '', outputPath: '$.output', weighted });
   }
   runBody
     .branch(spec.body)
@@ -136,7 +138,7 @@ export function renderDefinition(scope: Construct, table: ISemaphoreTable, spec:
     queue.next(spec.acquireTimeout === undefined ? runBody : toBody);
     waitForPermit = queue;
   } else {
-    const polling = renderWaitForPermit(scope, table, spec, lockTask, limit, toBody);
+    const polling = renderWaitForPermit(scope, table, spec, lockTask, limit, toBody, weight);
     polling.addCatch(releaseAfterFailure, { errors: [sfn.Errors.ALL], resultPath: errorPath });
     polling.next(toBody);
     waitForPermit = polling;
@@ -153,14 +155,71 @@ export function renderDefinition(scope: Construct, table: ISemaphoreTable, spec:
   // A server error leaves it open whether the write landed: try again. If it did land, the retry
   // finds the execution's own entry, and the execution claims it.
   const rateIntervalSeconds = spec.holdSeconds;
-  const acquire = acquireTask(scope, STATE.acquire, { ...lockTask, limit, leaseSeconds: spec.leaseSeconds, permitPath, rateIntervalSeconds })
+  const acquire = acquireTask(scope, STATE.acquire, { ...lockTask, limit, leaseSeconds: spec.leaseSeconds, permitPath, rateIntervalSeconds, weight })
     .addRetry(transientRetry([...THROTTLING_ERRORS, ...SERVER_ERRORS]))
     .addCatch(waitForPermit, { errors: [CONDITIONAL_CHECK_FAILED], resultPath: sfn.JsonPath.DISCARD })
     .addCatch(claimOwn, { errors: [VALIDATION_ERROR], resultPath: sfn.JsonPath.DISCARD })
     .next(runBody);
   const start = (head: sfn.IChainable) => (idem ? idem.start(head) : head);
   // With idempotency too, the checks come first: an invalid input never claims a record.
-  return checkRuntimeLockName(scope, spec, checkRuntimeLimit(scope, spec, start(acquire)));
+  return checkRuntimeLockName(scope, spec, checkRuntimeLimit(scope, spec, checkRuntimePermits(scope, spec, start(acquire))));
+}
+
+/**
+ * The acquire's values of a weighted workflow (`permits` other than a fixed 1): the permits, and the
+ * gate `limit - permits` (an acquire takes them while `permitsInUse <= gate`), computed at synth when
+ * both are fixed, else by intrinsic functions in the acquire's parameters (a negated weight is
+ * `States.StringToJson('-' + weight)`: the intrinsics cannot subtract).
+ */
+function permitWeight(spec: DefinitionSpec): PermitWeight | undefined {
+  const permits = spec.permits;
+  if (permits === undefined || (permits.inputPath === undefined && permits.fixed === 1)) return undefined;
+  const number = (n: number) => tasks.DynamoAttributeValue.fromNumber(n);
+  const computed = (sum: string) => tasks.DynamoAttributeValue.numberFromString(sfn.JsonPath.format('{}', sum));
+  if (permits.inputPath === undefined) {
+    const w = permits.fixed!;
+    const limitPath = spec.limit.inputPath;
+    const gate = limitPath === undefined ? number(spec.limit.fixed! - w) : computed(sfn.JsonPath.mathAdd(limitFromInput(limitPath), -w));
+    return { permits: number(w), gate, extra: number(w - 1) };
+  }
+  const w = sfn.JsonPath.numberAt(pathFromExecutionInput(permits.inputPath));
+  const negated = Token.asNumber(sfn.JsonPath.stringToJson(sfn.JsonPath.format('-{}', sfn.JsonPath.stringAt(pathFromExecutionInput(permits.inputPath)))));
+  const limitNumber = spec.limit.inputPath === undefined ? spec.limit.fixed! : limitFromInput(spec.limit.inputPath);
+  return {
+    permits: tasks.DynamoAttributeValue.numberFromString(sfn.JsonPath.format('{}', sfn.JsonPath.stringAt(pathFromExecutionInput(permits.inputPath)))),
+    gate: computed(sfn.JsonPath.mathAdd(limitNumber, negated)),
+    extra: computed(sfn.JsonPath.mathAdd(w, -1)),
+  };
+}
+
+function limitFromInput(path: string): number {
+  return sfn.JsonPath.numberAt(pathFromExecutionInput(path));
+}
+
+/**
+ * `permits` read from the input is checked before the first acquire, as the limit is: a missing or
+ * non-numeric weight would fail the acquire's parameters, one below 1 would give permits away, and
+ * one above the limit would wait forever. One more transition, only here; nothing is held yet.
+ */
+function checkRuntimePermits(scope: Construct, spec: DefinitionSpec, next: sfn.IChainable): sfn.IChainable {
+  const path = spec.permits?.inputPath;
+  if (path === undefined) return next;
+  const invalid = new sfn.Fail(scope, STATE.runtimePermitsInvalid, {
+    error: INVALID_PERMITS_ERROR,
+    cause: `The permits read from the execution input at ${path} must be an integer from 1 to ${MAX_PERMITS}, and at most the concurrency limit`,
+  });
+  const aboveLimit =
+    spec.limit.inputPath === undefined
+      ? sfn.Condition.numberGreaterThan(path, spec.limit.fixed!)
+      : sfn.Condition.numberGreaterThanJsonPath(path, spec.limit.inputPath);
+  // A Choice cannot test for an integer, but it can test for each of the MAX_PERMITS allowed values.
+  const allowed = Array.from({ length: MAX_PERMITS }, (_, i) => sfn.Condition.numberEquals(path, i + 1));
+  return new sfn.Choice(scope, STATE.checkRuntimePermits)
+    .when(sfn.Condition.not(sfn.Condition.isPresent(path)), invalid)
+    .when(sfn.Condition.not(sfn.Condition.isNumeric(path)), invalid)
+    .when(sfn.Condition.not(sfn.Condition.or(...allowed)), invalid)
+    .when(aboveLimit, invalid)
+    .otherwise(next);
 }
 
 /**
@@ -361,6 +420,7 @@ function renderWaitForPermit(
   lockTask: LockTaskProps,
   limit: tasks.DynamoAttributeValue,
   toBody: sfn.State,
+  weight: PermitWeight | undefined,
 ): sfn.Parallel {
   const waitForPermit = new sfn.Parallel(scope, STATE.waitForPermit, { resultPath: sfn.JsonPath.DISCARD });
 
@@ -370,7 +430,7 @@ function renderWaitForPermit(
   const claimOwn = fencingTokenTask(scope, STATE.claimOwnPermitWhilePolling, { table: table, lockName: lockTask.lockName })
     .addCatch(nextWait, { errors: [CONDITIONAL_CHECK_FAILED], resultPath: sfn.JsonPath.DISCARD });
   // Server errors are retried: a write that landed makes the retry find the execution's own entry.
-  const poll = acquireTask(scope, STATE.poll, { ...lockTask, limit, leaseSeconds: spec.leaseSeconds, rateIntervalSeconds: spec.holdSeconds })
+  const poll = acquireTask(scope, STATE.poll, { ...lockTask, limit, leaseSeconds: spec.leaseSeconds, rateIntervalSeconds: spec.holdSeconds, weight })
     .addRetry(transientRetry([...THROTTLING_ERRORS, ...SERVER_ERRORS]))
     .addCatch(nextWait, { errors: [CONDITIONAL_CHECK_FAILED], resultPath: sfn.JsonPath.DISCARD })
     .addCatch(claimOwn, { errors: [VALIDATION_ERROR], resultPath: sfn.JsonPath.DISCARD });
@@ -414,6 +474,9 @@ export const ACQUIRE_TIMEOUT_ERROR = 'SemaphoreAcquireTimeout';
 /** ConcurrencyControlledWorkflow.INVALID_LIMIT_ERROR: a limit from the input that is not a number from 1 to MAX_CONCURRENCY_LIMIT. */
 export const INVALID_LIMIT_ERROR = 'SemaphoreInvalidLimit';
 
+/** ConcurrencyControlledWorkflow.INVALID_PERMITS_ERROR: `permits` from the input that is not a number from 1 to the limit. */
+export const INVALID_PERMITS_ERROR = 'SemaphoreInvalidPermits';
+
 /** ConcurrencyControlledWorkflow.INVALID_LOCK_NAME_ERROR: a lock name from the input that is missing, empty or has U+001F. */
 export const INVALID_LOCK_NAME_ERROR = 'SemaphoreInvalidLockName';
 
@@ -440,6 +503,8 @@ export interface DefinitionSpec {
   readonly permitPath?: string;
   /** Under a rate limit: the rate's interval, for which every start of the body holds the permit. */
   readonly holdSeconds?: number;
+  /** How many permits an acquisition takes. @default - one */
+  readonly permits?: RuntimeValue<number>;
 }
 
 function seconds(n: number): sfn.WaitTime {

@@ -71,7 +71,7 @@ test('releases holders whose execution is no longer running or does not exist, l
   expect(ddb.commandCalls(UpdateCommand)[0].args[0].input).toMatchObject({
     TableName: 'locks',
     Key: { lockName: 'db' },
-    UpdateExpression: 'SET #permits = #permits - :one REMOVE #holder',
+    UpdateExpression: 'SET #permits = #permits - if_not_exists(#holder.permits, :one) REMOVE #holder',
     // Only the very entry it judged dead, of the run it judged: a redriven execution's new entry has
     // another acquire time and a later run.
     ConditionExpression: RELEASE_SEEN_HOLDER_CONDITION,

@@ -1,0 +1,186 @@
+import { App, Duration, Stack } from 'aws-cdk-lib';
+import * as lambda from 'aws-cdk-lib/aws-lambda';
+import * as sfn from 'aws-cdk-lib/aws-stepfunctions';
+import * as tasks from 'aws-cdk-lib/aws-stepfunctions-tasks';
+import { demoSubject } from '../demo/run';
+import { brokenInvariants, LockMonitor, runScenario } from '../simulator';
+import { ConcurrencyControlledWorkflow, RateLimit, SemaphoreTable, WaitStrategy } from '../src';
+import { lockState, logicalId, simulate, stateMachineLogicalId, until, WORK_FUNCTION_TIMEOUT, WorkTracker, workflowStack } from './helpers';
+import { HOLDER_PERMITS } from '../src/private/lock-schema';
+import { STATE } from '../src/private/state-names';
+
+/*
+ * Weighted permits (`permits`): an execution takes several of the lock's permits at once, runs its
+ * body only while it holds them all, and every release gives back exactly what it took.
+ */
+
+const LOCK = 'TestStack/Workflow';
+
+describe('validation at synth', () => {
+  test.each([
+    [{ permits: 0 }, /`permits` must be an integer from 1 to 100 .*got: 0/],
+    [{ permits: 2.5, concurrencyLimit: 5 }, /`permits` must be an integer from 1 to 100 .*got: 2.5/],
+    [{ permits: 101, concurrencyLimit: 1000 }, /`permits` must be an integer from 1 to 100 .*got: 101/],
+    [{ permits: 4, concurrencyLimit: 3 }, /`permits` \(4\) must be at most `concurrencyLimit` \(3\)/],
+    [{ permits: 2 }, /`permits` \(2\) must be at most `concurrencyLimit` \(1\)/],
+    [{ permits: 2, concurrencyLimit: 4, waitStrategy: WaitStrategy.QUEUE }, /`permits` \(2\) needs `waitStrategy: WaitStrategy.POLLING`, got QUEUE/],
+    [{ permits: 2, concurrencyLimit: 4, rateLimit: RateLimit.perSecond(4) }, /`permits` and `rateLimit` cannot be combined yet/],
+  ])('a bad weight is refused, naming the value: %#', (props, message) => {
+    expect(() => workflowStack(props)).toThrow(message);
+  });
+
+  test('a weight defaults the wait to polling; a weight of 1 is no weight at all', () => {
+    const definitionOf = (props: Parameters<typeof workflowStack>[0]) => {
+      const { stack, workflow } = workflowStack(props);
+      return JSON.stringify(stack.resolve((workflow.stateMachine.node.defaultChild as sfn.CfnStateMachine).definitionString));
+    };
+    const weighted = definitionOf({ permits: 3, concurrencyLimit: 5 });
+    expect(weighted).toContain(STATE.drawPollDelay);
+    expect(weighted).not.toContain(STATE.takeTicket);
+    expect(weighted).toContain(STATE.handOffOne);
+    expect(definitionOf({ permits: 1, concurrencyLimit: 5 })).toEqual(definitionOf({ concurrencyLimit: 5 }));
+  });
+});
+
+test('a weight of 3 at limit 7: two bodies at once, each holding 3, every permit given back', async () => {
+  const { stack, workflow, workFunctionId } = workflowStack({
+    permits: 3,
+    concurrencyLimit: 7,
+    pollInterval: Duration.seconds(1),
+    reconcilerScheduleEnabled: false,
+  });
+  const work = new WorkTracker(() => 5);
+  await simulate(stack, { timeScale: 0.05, lambdaHandlers: { [workFunctionId]: work.handler } }, async (sim) => {
+    const sm = sim.stateMachine(stateMachineLogicalId(workflow.stateMachine));
+    const executions = Array.from({ length: 6 }, (_, i) => sim.startExecution(sm, { i }));
+    await until(async () => (await lockState(sim))[0]?.holders.length === 2, 'two holders');
+    const [lock] = await sim.scan('WorkflowLockTable');
+    expect(lock.permitsInUse).toEqual({ N: '6' });
+    const holder = Object.values(lock).find((v) => v.M?.[HOLDER_PERMITS] !== undefined);
+    expect(holder?.M?.[HOLDER_PERMITS]).toEqual({ N: '3' });
+    await Promise.all(executions.map((e) => e.done));
+    expect(executions.map((e) => e.status)).toEqual(Array(6).fill('SUCCEEDED'));
+    expect(work.maxInside).toBe(2);
+    await sim.idle();
+    expect(await lockState(sim)).toEqual([{ lockName: LOCK, permitsInUse: 0, holders: [] }]);
+  });
+});
+
+test('a weight read from the input is checked first: not an integer from 1 to 100 and at most the limit fails with SemaphoreInvalidPermits', async () => {
+  const { stack, workflow, workFunctionId } = workflowStack({
+    permits: sfn.JsonPath.numberAt('$.weight'),
+    concurrencyLimit: sfn.JsonPath.numberAt('$.limit'),
+    reconcilerScheduleEnabled: false,
+  });
+  const work = new WorkTracker(() => 1);
+  await simulate(stack, { lambdaHandlers: { [workFunctionId]: work.handler } }, async (sim) => {
+    const sm = sim.stateMachine(stateMachineLogicalId(workflow.stateMachine));
+    const bad = [{ limit: 10 }, { weight: 'two', limit: 10 }, { weight: 0, limit: 10 }, { weight: 2.5, limit: 10 }, { weight: 11, limit: 10 }, { weight: 101, limit: 200 }];
+    const refused = bad.map((input) => sim.startExecution(sm, input));
+    const good = [sim.startExecution(sm, { weight: 4, limit: 10 }), sim.startExecution(sm, { weight: 100, limit: 100 })];
+    await Promise.all([...refused, ...good].map((e) => e.done));
+    expect(refused.map((e) => [e.status, e.error])).toEqual(Array(bad.length).fill(['FAILED', ConcurrencyControlledWorkflow.INVALID_PERMITS_ERROR]));
+    expect(good.map((e) => e.status)).toEqual(['SUCCEEDED', 'SUCCEEDED']);
+    expect(work.runs).toBe(2);
+    await sim.idle();
+    expect(await lockState(sim)).toEqual([{ lockName: LOCK, permitsInUse: 0, holders: [] }]);
+  });
+});
+
+test('mixed weights 1 to 4 at limit 10, 10% failing and 10% stopped bodies, lost and delayed events, throttling: never over 10 by weight, nothing left held', async () => {
+  const subject = demoSubject(10, { permits: sfn.JsonPath.numberAt('$.weight'), pollInterval: Duration.seconds(2) });
+  const weight = (id: number) => (id % 4) + 1;
+  const result = await runScenario(subject, {
+    executions: 60,
+    limit: 10,
+    workSeconds: 5,
+    timeScale: 0.02,
+    seed: 5,
+    input: (id) => ({ weight: weight(id) }),
+    permits: weight,
+    failureRate: 0.1,
+    abortInsideRate: 0.1,
+    lostEventRate: 0.1,
+    duplicateEventRate: 0.2,
+    maxEventDelaySeconds: 20,
+    dynamoFaults: { throttleRate: 0.05 },
+    capacity: { partitionLimits: true },
+    staleReads: { windowSeconds: 10, rate: 0.3 },
+  });
+
+  expect(brokenInvariants(result, 10)).toEqual([]);
+  // The weights bind: bodies together held more permits than there were bodies, and up to the limit.
+  expect(result.maxPermitsInside).toBeGreaterThan(result.maxInside);
+  expect(result.maxPermitsInside).toBeGreaterThanOrEqual(9);
+  expect(result.failed).toBeGreaterThan(0);
+  expect(result.aborted).toBeGreaterThan(0);
+  expect(result.succeeded + result.failed + result.aborted).toBe(60);
+});
+
+/**
+ * Two workflows on one lock of limit 4: a weighted one (3 permits, polling) and one whose executions
+ * wait in the queue. When a weighted execution releases with executions queued, it hands its permits
+ * to them one at a time (its cleanup too, when it is stopped), and gives back the rest.
+ */
+function sharedLockStack() {
+  const app = new App();
+  const stack = new Stack(app, 'TestStack');
+  const table = new SemaphoreTable(stack, 'Locks');
+  const fn = new lambda.Function(stack, 'WorkFunction', {
+    runtime: lambda.Runtime.NODEJS_18_X,
+    handler: 'index.handler',
+    code: lambda.Code.fromInline('exports.handler = async (event) => event;'),
+    timeout: WORK_FUNCTION_TIMEOUT,
+  });
+  const common = { table, lockName: 'shared', concurrencyLimit: 4, reconcilerScheduleEnabled: false };
+  const heavy = new ConcurrencyControlledWorkflow(stack, 'Heavy', {
+    ...common,
+    body: new tasks.LambdaInvoke(stack, 'Heavy Work', { lambdaFunction: fn, payloadResponseOnly: true }),
+    permits: 3,
+    pollInterval: Duration.seconds(1),
+  });
+  const light = new ConcurrencyControlledWorkflow(stack, 'Light', {
+    ...common,
+    body: new tasks.LambdaInvoke(stack, 'Light Work', { lambdaFunction: fn, payloadResponseOnly: true }),
+    queueCheckInterval: Duration.minutes(10),
+  });
+  return { stack, heavy, light, tableId: logicalId(table.table.node.defaultChild as any), workFunctionId: logicalId(fn.node.defaultChild as any) };
+}
+
+test.each([false, true])(
+  'a weighted holder releasing (stopped: %s) while others wait in the queue hands its permits to them one at a time',
+  async (stopped) => {
+    const { stack, heavy, light, tableId, workFunctionId } = sharedLockStack();
+    const work = new WorkTracker((input) => input.seconds);
+    const limitOf = () => 4;
+    await simulate(stack, { timeScale: 0.05, lambdaHandlers: { [workFunctionId]: work.handler } }, async (sim) => {
+      const monitor = new LockMonitor(sim, tableId, limitOf).start(5);
+      const heavySm = sim.stateMachine(stateMachineLogicalId(heavy.stateMachine));
+      const lightSm = sim.stateMachine(stateMachineLogicalId(light.stateMachine));
+      const first = sim.startExecution(heavySm, { seconds: 20 });
+      await until(async () => work.inside === 1, 'the heavy execution inside');
+      // One light execution gets the last permit; three more queue behind it.
+      const lights = Array.from({ length: 4 }, () => sim.startExecution(lightSm, { seconds: 30 }));
+      await until(async () => work.inside === 2, 'a light execution inside');
+      await until(async () => (await sim.scan(tableId)).length === 4, 'three tickets taken');
+      if (stopped) first.abort();
+      await Promise.all([first, ...lights].map((e) => e.done));
+      await sim.idle();
+      await monitor.stop();
+
+      expect(first.status).toBe(stopped ? 'ABORTED' : 'SUCCEEDED');
+      expect(lights.map((e) => e.status)).toEqual(Array(4).fill('SUCCEEDED'));
+      // The three waiters came in together, one permit each from the heavy holder, not by polling.
+      const started = [...work.startedAt.entries()].filter(([arn]) => arn !== first.arn).map(([, t]) => t).sort();
+      expect(started[3] - started[1]).toBeLessThan(5_000);
+      // The releaser: the execution itself, or its cleanup.
+      const handsOffOne = (e: { stateTransitions: Map<string, number> }) =>
+        [...e.stateTransitions.keys()].some((n) => n.startsWith(STATE.handOffOne));
+      const cleanups = [...sim.executions.values()].filter((e) => e.stateMachine !== heavySm && e.stateMachine !== lightSm);
+      expect(stopped ? cleanups.some(handsOffOne) : handsOffOne(first)).toBe(true);
+      expect(monitor.violations).toEqual([]);
+      expect(work.maxInside).toBe(4);
+      expect(await lockState(sim, tableId)).toEqual([{ lockName: 'shared', permitsInUse: 0, holders: [] }]);
+    });
+  },
+);
