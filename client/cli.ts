@@ -4,7 +4,7 @@ import { parseArgs, ParseArgsConfig } from 'util';
 import { DynamoDBClient } from '@aws-sdk/client-dynamodb';
 import { SFNClient } from '@aws-sdk/client-sfn';
 import { HolderStatus, SemaphoreClient, sleep, WaitState } from './semaphore-client';
-import { isExecutionHolder, MAX_CONCURRENCY_LIMIT, MAX_OWNER_LENGTH } from '../src/private/lock-schema';
+import { isExecutionHolder, MAX_CONCURRENCY_LIMIT, MAX_OWNER_LENGTH, MAX_PERMITS } from '../src/private/lock-schema';
 
 /*
  * cdk-sfn-semaphore: flock for AWS. The same permits as the Step Functions workflows, for shell
@@ -56,7 +56,7 @@ Exit codes: 0 done, 3 not acquired within the wait or not the holder, 2 usage, 1
 Run '${NAME} COMMAND --help' for a command's options.
 
 ${COMMON_HELP}`,
-  'acquire': `Usage: ${NAME} acquire LOCK [--limit N] [--lease 15m] [--wait 60s | --no-wait] [--owner NAME] [--json]
+  'acquire': `Usage: ${NAME} acquire LOCK [--limit N] [--permits N] [--lease 15m] [--wait 60s | --no-wait] [--owner NAME] [--json]
 
 Take a permit of LOCK and print its lease id. Without a renewal (see renew) the permit is free
 again when the lease ends. An expired lease of someone else is reclaimed once it ended more than
@@ -64,6 +64,8 @@ the clock-skew margin ago (--clock-skew, default 30s). While it waits, it says s
 
   --limit N       the concurrency limit; default: the lock's limit, else 1. The lock's limit (the
                   workflows', stored on the lock) still applies: --limit can lower it, not raise it
+  --permits N     how many of the lock's permits to take at once (a weight), 1 to 100 and at most
+                  the limit; default 1. The release gives them all back
   --lease D       lease duration, at least 10s; default 15m
   --wait D        give up after D (exit 3); default: wait until a permit is free
   --no-wait       try once (exit 3 when the lock is full)
@@ -87,7 +89,7 @@ freed with force-release. On a lock whose workflows have a rate limit, it first 
 rate's interval has passed since the acquire (every acquisition, this one included, counts for it).
 
 ${COMMON_HELP}`,
-  'run': `Usage: ${NAME} run LOCK [--limit N] [--lease 15m] [--wait 60s | --no-wait] [--owner NAME] -- COMMAND [ARGS...]
+  'run': `Usage: ${NAME} run LOCK [--limit N] [--permits N] [--lease 15m] [--wait 60s | --no-wait] [--owner NAME] -- COMMAND [ARGS...]
 
 Take a permit, run COMMAND, renew the lease every third of its duration while COMMAND runs, and give
 the permit back when it exits. Exits with COMMAND's exit code (128 + the signal number when a signal
@@ -107,12 +109,12 @@ keep failing until the lease has ended (it may be reclaimed), COMMAND's group ge
 SIGKILL after min(10s, a third of the lease), and the exit code is 3. If giving the permit back fails
 (after retries), ${NAME} warns and still exits with COMMAND's code: the lease then expires on its own.
 
-  --limit, --lease, --wait, --no-wait, --owner   as for acquire
+  --limit, --permits, --lease, --wait, --no-wait, --owner   as for acquire
 
 ${COMMON_HELP}`,
   'status': `Usage: ${NAME} status LOCK [--json]
 
-Show the holders of LOCK (executions and leases), their ages and leases, the permits in use, the
+Show the holders of LOCK (executions and leases), the permits each holds, their ages and leases, the permits in use, the
 lock's limit and rate interval (every permit is held at least so long), and how many executions are
 queued for a permit (--json lists them).
 
@@ -139,6 +141,7 @@ const COMMON_OPTIONS: ParseArgsConfig['options'] = {
 };
 const ACQUIRE_OPTIONS: ParseArgsConfig['options'] = {
   'limit': { type: 'string' },
+  'permits': { type: 'string' },
   'lease': { type: 'string' },
   'wait': { type: 'string' },
   'no-wait': { type: 'boolean' },
@@ -281,6 +284,7 @@ async function dispatch(argv: string[], io: CliIo): Promise<number> {
 
 interface CliAcquireOptions {
   readonly limit?: number;
+  readonly permits?: number;
   readonly leaseSeconds: number;
   readonly waitSeconds: number;
   /** As given, for messages. */
@@ -297,8 +301,16 @@ function acquireOptions(command: string, values: Values, env: NodeJS.ProcessEnv)
       throw new CliError(`${command}: --limit must be an integer from 1 to ${MAX_CONCURRENCY_LIMIT}, got: '${values.limit}'`, EXIT.usage);
     }
   }
+  let permits: number | undefined;
+  if (values.permits !== undefined) {
+    permits = /^\s*\d+\s*$/.test(String(values.permits)) ? Number(values.permits) : NaN;
+    if (!Number.isSafeInteger(permits) || permits < 1 || permits > MAX_PERMITS) {
+      throw new CliError(`${command}: --permits must be an integer from 1 to ${MAX_PERMITS}, got: '${values.permits}'`, EXIT.usage);
+    }
+  }
   return {
     limit,
+    permits,
     leaseSeconds: leaseOption(command, values.lease),
     waitSeconds: values['no-wait'] ? 0 : values.wait === undefined ? Number.POSITIVE_INFINITY : durationOption(command, '--wait', values.wait, { zeroAllowed: true }),
     wait: values['no-wait'] ? undefined : ((values.wait as string | undefined) ?? 'forever'),
@@ -394,8 +406,8 @@ async function printStatus(client: SemaphoreClient, lock: string, json: boolean,
   const rate = status.rateIntervalSeconds === undefined ? '' : `, each held at least ${status.rateIntervalSeconds}s (the lock's rate)`;
   io.stdout(`${lock}: ${status.permitsInUse} of ${status.limit ?? '?'} permits in use${rate}${queued}`);
   if (status.holders.length === 0) return EXIT.ok;
-  const rows = status.holders.map((h) => [h.kind, h.id, h.owner ?? '', age(h.ageSeconds), lease(h)]);
-  const header = ['KIND', 'HOLDER', 'OWNER', 'AGE', 'LEASE'];
+  const rows = status.holders.map((h) => [h.kind, h.id, String(h.permits), h.owner ?? '', age(h.ageSeconds), lease(h)]);
+  const header = ['KIND', 'HOLDER', 'PERMITS', 'OWNER', 'AGE', 'LEASE'];
   const widths = header.map((title, i) => Math.max(title.length, ...rows.map((r) => r[i].length)));
   for (const row of [header, ...rows]) io.stdout(row.map((cell, i) => cell.padEnd(widths[i])).join('  ').trimEnd());
   return EXIT.ok;

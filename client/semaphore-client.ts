@@ -7,7 +7,14 @@ import { deleteServedTicket, readTicket, serveTicket, waitingTickets } from './t
 import {
   CLIENT_ACQUIRE_CONDITION,
   CLIENT_ACQUIRE_UPDATE,
+  CLIENT_WEIGHTED_ACQUIRE_CONDITION,
+  CLIENT_WEIGHTED_ACQUIRE_UPDATE,
   CONCURRENCY_LIMIT,
+  HOLDER_EXTRA_PERMITS,
+  HOLDER_PERMITS,
+  MAX_PERMITS,
+  SPLIT_HAND_OFF_CONDITION,
+  SPLIT_HAND_OFF_UPDATE,
   HOLDER_ACQUIRED_AT,
   HOLDER_LEASE_EXPIRES_AT,
   HOLDER_LEASE_SECONDS,
@@ -104,6 +111,11 @@ export interface AcquireOptions {
   readonly waitSeconds?: number;
   /** Recorded in the holder entry. @default - none */
   readonly owner?: string;
+  /**
+   * How many of the lock's permits to take at once (a weight), from 1 to 100 and at most the limit.
+   * The release gives them all back. @default 1
+   */
+  readonly permits?: number;
   /** Time between attempts while waiting (jittered: half to all of it). @default 2 */
   readonly pollSeconds?: number;
   /** Stops the wait (the acquire then returns undefined). */
@@ -139,6 +151,8 @@ export interface Lease {
   readonly limit: number;
   /** The limit stored on the lock item after the acquire. */
   readonly lockLimit?: number;
+  /** How many permits the lease holds. */
+  readonly permits: number;
 }
 
 export interface HolderStatus {
@@ -154,6 +168,8 @@ export interface HolderStatus {
   readonly leaseSeconds?: number;
   /** Leases: whether it ended more than the clock-skew margin ago (an acquirer may reclaim it). */
   readonly expired: boolean;
+  /** How many of the lock's permits it holds (a weighted acquisition's, else 1). */
+  readonly permits: number;
 }
 
 export interface LockStatus {
@@ -213,15 +229,30 @@ export class SemaphoreClient {
     if (options.owner !== undefined && Buffer.byteLength(options.owner, 'utf8') > MAX_OWNER_LENGTH) {
       throw new Error(`the owner must be at most ${MAX_OWNER_LENGTH} bytes long (UTF-8), got ${Buffer.byteLength(options.owner, 'utf8')}`);
     }
+    const permits = options.permits ?? 1;
+    if (!Number.isInteger(permits) || permits < 1 || permits > MAX_PERMITS) {
+      throw new Error(`the permits must be an integer from 1 to ${MAX_PERMITS}, got: ${permits}`);
+    }
     // The lock's limit when none is given, and its rate: a lease never ends before the rate's interval.
     const lock = await this.run(getItem(this.tableName, lockName));
-    limit ??= numberOf(lock?.[CONCURRENCY_LIMIT]) ?? 1;
+    const lockLimit = numberOf(lock?.[CONCURRENCY_LIMIT]);
+    limit ??= lockLimit ?? 1;
+    // A weighted acquire applies the smaller limit itself (see CLIENT_WEIGHTED_ACQUIRE_CONDITION).
+    if (permits > 1 && lockLimit !== undefined) limit = Math.min(limit, lockLimit);
+    if (permits > limit) throw new Error(`the permits (${permits}) must be at most the limit (${limit}): they could never all be free`);
     const leaseSeconds = Math.max(options.leaseSeconds ?? 900, numberOf(lock?.[RATE_INTERVAL]) ?? 0);
     const leaseId = `${LEASE_ID_PREFIX}${randomUUID()}`;
 
     for (;;) {
-      const attempt = await this.run(acquireAttempt(this.protocol(), lockName, leaseId, { limit, leaseSeconds, owner: options.owner }));
+      const attempt = await this.run(acquireAttempt(this.protocol(), lockName, leaseId, { limit, leaseSeconds, owner: options.owner, permits }));
       if (attempt.lease) return attempt.lease;
+      // The lock's limit was lowered since it was read: a weighted acquire then applies it.
+      const seen = numberOf(attempt.item?.[CONCURRENCY_LIMIT]);
+      if (permits > 1 && seen !== undefined && seen < limit) {
+        if (permits > seen) throw new Error(`the permits (${permits}) are more than the lock's limit (${seen}): they could never all be free`);
+        limit = seen;
+        continue;
+      }
       if (attempt.reclaimed) continue;
       // A failed call ends the acquire unless it may pass (throttling, a server or network error) and
       // there is time left to try again.
@@ -269,7 +300,7 @@ export class SemaphoreClient {
       options.onRateHold?.(left);
       await sleep(left);
     }
-    return this.run(releaseHolder(this.protocol(), lockName, leaseId));
+    return this.run(releaseHolder(this.protocol(), lockName, leaseId, await this.isWeighted(lockName, leaseId)));
   }
 
   /**
@@ -278,7 +309,13 @@ export class SemaphoreClient {
    */
   public async forceRelease(lockName: string, holder: string): Promise<boolean> {
     validLockName(lockName);
-    return this.run(releaseHolder(this.protocol(), lockName, holder));
+    return this.run(releaseHolder(this.protocol(), lockName, holder, await this.isWeighted(lockName, holder)));
+  }
+
+  /** Whether a holder's entry holds more than one permit (its release then hands them on one at a time). */
+  private async isWeighted(lockName: string, holder: string): Promise<boolean> {
+    const lock = await this.run(getItem(this.tableName, lockName));
+    return (numberOf(lock?.[holder]?.M?.[HOLDER_EXTRA_PERMITS]) ?? 0) > 0;
   }
 
   /** The lock's holders, their ages and leases, the count and the last limit. */
@@ -301,6 +338,7 @@ export class SemaphoreClient {
         leaseExpiresAt,
         leaseSeconds: entry[HOLDER_LEASE_SECONDS]?.N === undefined ? undefined : Number(entry[HOLDER_LEASE_SECONDS].N),
         expired: !isExecutionHolder(id) && leaseExpiresAt !== undefined && leaseExpiresAt + this.skewMillis < now,
+        permits: numberOf(entry[HOLDER_PERMITS]) ?? 1,
       });
     }
     holders.sort((a, b) => a.acquiredAt.localeCompare(b.acquiredAt));
@@ -379,14 +417,16 @@ export function* acquireAttempt(
   options: ClientProtocolOptions,
   lockName: string,
   leaseId: string,
-  request: { readonly limit: number; readonly leaseSeconds: number; readonly owner?: string },
+  request: { readonly limit: number; readonly leaseSeconds: number; readonly owner?: string; readonly permits?: number },
 ): Flow<AcquireAttempt> {
+  const permits = request.permits ?? 1;
   const now = yield* clock();
   const expiresAt = now + request.leaseSeconds * 1000;
   const entry: Record<string, AttributeValue> = {
     [HOLDER_ACQUIRED_AT]: { S: new Date(now).toISOString() },
     [HOLDER_LEASE_EXPIRES_AT]: { N: String(expiresAt) },
     ...(request.owner ? { [HOLDER_OWNER]: { S: request.owner } } : {}),
+    ...(permits > 1 ? { [HOLDER_PERMITS]: { N: String(permits) }, [HOLDER_EXTRA_PERMITS]: { N: String(permits - 1) } } : {}),
   };
   let taken: Record<string, AttributeValue> | undefined;
   let failure: unknown;
@@ -395,13 +435,14 @@ export function* acquireAttempt(
       options.tableName,
       lockName,
       leaseId,
-      CLIENT_ACQUIRE_UPDATE,
-      CLIENT_ACQUIRE_CONDITION,
+      permits > 1 ? CLIENT_WEIGHTED_ACQUIRE_UPDATE : CLIENT_ACQUIRE_UPDATE,
+      permits > 1 ? CLIENT_WEIGHTED_ACQUIRE_CONDITION : CLIENT_ACQUIRE_CONDITION,
       {
         [VALUES.zero]: { N: '0' },
         [VALUES.one]: { N: '1' },
         [VALUES.limit]: { N: String(request.limit) },
         [VALUES.entry]: { M: entry },
+        ...(permits > 1 ? { [VALUES.weight]: { N: String(permits) }, [VALUES.gate]: { N: String(request.limit - permits) } } : {}),
       },
       'UPDATED_NEW',
     );
@@ -409,7 +450,9 @@ export function* acquireAttempt(
     // The write may have landed although the call failed (after the SDK's own retries): look below.
     failure = e;
   }
-  if (taken) return { lease: { lockName, leaseId, expiresAt, fencingToken: numberOf(taken[FENCING_TOKEN]), ...limits(request.limit, taken) } };
+  if (taken) {
+    return { lease: { lockName, leaseId, expiresAt, fencingToken: numberOf(taken[FENCING_TOKEN]), permits, ...limits(request.limit, taken) } };
+  }
 
   // Full, or the call failed: look (our write may have landed), and reclaim expired leases.
   const item = yield* getItem(options.tableName, lockName);
@@ -419,7 +462,8 @@ export function* acquireAttempt(
     const counter = { [VALUES.zero]: { N: '0' }, [VALUES.one]: { N: '1' } };
     const drawn = yield* conditionalUpdate(options.tableName, lockName, leaseId, DRAW_FENCING_TOKEN_UPDATE, RELEASE_CONDITION, counter, 'UPDATED_NEW');
     const fencingToken = numberOf(drawn?.[FENCING_TOKEN]);
-    return { lease: { lockName, leaseId, expiresAt: Number(ours[HOLDER_LEASE_EXPIRES_AT]?.N), fencingToken, ...limits(request.limit, item) } };
+    const lease = { lockName, leaseId, expiresAt: Number(ours[HOLDER_LEASE_EXPIRES_AT]?.N), fencingToken, permits: numberOf(ours[HOLDER_PERMITS]) ?? 1 };
+    return { lease: { ...lease, ...limits(request.limit, item) } };
   }
   if (failure !== undefined) return { failure };
   if (item && (yield* reclaimExpired(options, lockName, item)) > 0) {
@@ -436,9 +480,11 @@ export function* acquireAttempt(
 /**
  * Give a permit back as the workflows do: when executions wait in the lock's queue, hand it to the
  * oldest (the holder entry moves to it) and wake it with SendTaskSuccess; a waiter whose task is
- * gone gets it taken back and passed on. True when the holder held a permit.
+ * gone gets it taken back and passed on. True when the holder held a permit. A `weighted` holder (an
+ * entry of several permits) hands them to the waiters one at a time (SPLIT_HAND_OFF), and gives back
+ * what is left once nobody waits; a waiter it could not wake keeps the permit handed to it.
  */
-export function* releaseHolder(options: ClientProtocolOptions, lockName: string, holder: string): Flow<boolean> {
+export function* releaseHolder(options: ClientProtocolOptions, lockName: string, holder: string, weighted = false): Flow<boolean> {
   const table = options.tableName;
   // Leases carry no run; an execution's permit is freed whatever run took it.
   const run = { [VALUES.redriveCount]: { N: String(Number.MAX_SAFE_INTEGER) } };
@@ -472,30 +518,43 @@ export function* releaseHolder(options: ClientProtocolOptions, lockName: string,
     }
     const waiterRun = served?.[HOLDER_REDRIVE_COUNT]?.N ?? '0';
     const now = yield* clock();
+    const handOffValues = {
+      ...run,
+      ...one,
+      [VALUES.zero]: { N: '0' },
+      [VALUES.entry]: {
+        M: {
+          [HOLDER_ACQUIRED_AT]: { S: new Date(now).toISOString() },
+          [HOLDER_REDRIVE_COUNT]: { N: waiterRun },
+          [HOLDER_LEASE_SECONDS]: { N: served?.[HOLDER_LEASE_SECONDS]?.N ?? '0' },
+          [HOLDER_HANDOFF_ID]: { S: handoffId },
+        },
+      },
+    };
+    if (weighted) {
+      // One of several permits: the waiter gets it, the holder keeps the rest and releases again.
+      let split: Record<string, AttributeValue> | undefined;
+      try {
+        split = yield* conditionalUpdate(table, lockName, holder, SPLIT_HAND_OFF_UPDATE, SPLIT_HAND_OFF_CONDITION, handOffValues, 'UPDATED_OLD', waiter);
+      } catch (e) {
+        if (errorName(e) !== 'ValidationException') throw e;
+      }
+      if (split) {
+        held = true;
+        try {
+          const output = JSON.stringify({ fencingToken: Number(split[FENCING_TOKEN]?.N) + 1 });
+          yield* stepFunctions('SendTaskSuccess', { taskToken: served?.[TICKET_WAIT_TOKEN]?.S, output });
+          yield* deleteServedTicket(table, lockName, ticket, handoffId);
+        } catch (e) {
+          // Not delivered: the waiter finds the permit when its wait times out, or its cleanup frees it.
+          options.onWakeUpLost?.(waiter, e as Error);
+        }
+        continue;
+      }
+    }
     let handedOff: Record<string, AttributeValue> | undefined;
     try {
-      handedOff = yield* conditionalUpdate(
-        table,
-        lockName,
-        holder,
-        HAND_OFF_UPDATE,
-        HAND_OFF_CONDITION,
-        {
-          ...run,
-          ...one,
-          [VALUES.zero]: { N: '0' },
-          [VALUES.entry]: {
-            M: {
-              [HOLDER_ACQUIRED_AT]: { S: new Date(now).toISOString() },
-              [HOLDER_REDRIVE_COUNT]: { N: waiterRun },
-              [HOLDER_LEASE_SECONDS]: { N: served?.[HOLDER_LEASE_SECONDS]?.N ?? '0' },
-              [HOLDER_HANDOFF_ID]: { S: handoffId },
-            },
-          },
-        },
-        'UPDATED_OLD',
-        waiter,
-      );
+      handedOff = yield* conditionalUpdate(table, lockName, holder, HAND_OFF_UPDATE, HAND_OFF_CONDITION, handOffValues, 'UPDATED_OLD', waiter);
     } catch (e) {
       if (errorName(e) !== 'ValidationException') throw e;
     }

@@ -2,6 +2,7 @@ import { App, Duration, Stack } from 'aws-cdk-lib';
 import * as lambda from 'aws-cdk-lib/aws-lambda';
 import * as sfn from 'aws-cdk-lib/aws-stepfunctions';
 import * as tasks from 'aws-cdk-lib/aws-stepfunctions-tasks';
+import { main } from '../client/cli';
 import { demoSubject } from '../demo/run';
 import { brokenInvariants, LockMonitor, runScenario } from '../simulator';
 import { ConcurrencyControlledWorkflow, RateLimit, SemaphoreTable, WaitStrategy } from '../src';
@@ -184,3 +185,52 @@ test.each([false, true])(
     });
   },
 );
+
+test('the CLI takes several permits with --permits, status shows them, and its release hands them to queued executions one at a time', async () => {
+  const { stack, workflow, workFunctionId } = workflowStack({ concurrencyLimit: 3, reconcilerScheduleEnabled: false });
+  const work = new WorkTracker(() => 60);
+  // The reconciler would judge the client's real-time leases by the simulation's faster clock.
+  await simulate(stack, { schedules: false, lambdaHandlers: { [workFunctionId]: work.handler } }, async (sim) => {
+    const sm = sim.stateMachine(stateMachineLogicalId(workflow.stateMachine));
+    // An execution records the workflows' limit (3) on the lock.
+    expect((await sim.startExecution(sm, {}).done).status).toBe('SUCCEEDED');
+    const out: string[] = [];
+    const err: string[] = [];
+    // The simulator points the SDK's standard configuration (process.env) at itself.
+    const env = { ...process.env, CDK_SFN_SEMAPHORE_TABLE: sim.tableName('WorkflowLockTable') };
+    const io = { stdout: (l: string) => out.push(l), stderr: (l: string) => err.push(l), env };
+    const cli = async (...argv: string[]) => {
+      out.length = 0;
+      err.length = 0;
+      return main(argv, io);
+    };
+
+    expect(await cli('acquire', LOCK, '--permits', '0', '--no-wait')).toBe(2);
+    expect(err.join('\n')).toContain("--permits must be an integer from 1 to 100, got: '0'");
+    expect(await cli('acquire', LOCK, '--permits', '4', '--no-wait')).toBe(1);
+    expect(err.join('\n')).toContain('the permits (4) must be at most the limit (3)');
+
+    expect(await cli('acquire', LOCK, '--permits', '3', '--no-wait', '--json')).toBe(0);
+    const { leaseId } = JSON.parse(out.join('\n'));
+    expect(await cli('status', LOCK, '--json')).toBe(0);
+    expect(JSON.parse(out.join('\n'))).toMatchObject({ permitsInUse: 3, limit: 3, holders: [{ id: leaseId, kind: 'lease', permits: 3 }] });
+    expect(await cli('status', LOCK)).toBe(0);
+    expect(out[1]).toMatch(/^KIND\s+HOLDER\s+PERMITS\s+OWNER/);
+    expect(out[2]).toMatch(new RegExp(`^lease\\s+${leaseId}\\s+3\\s`));
+
+    // Two executions queue behind the lease; its release wakes both, each with one of its permits.
+    const queued = [sim.startExecution(sm, { n: 1 }), sim.startExecution(sm, { n: 2 })];
+    await until(async () => queued.every((e) => e.stateTransitions.has(STATE.waitInQueue)), 'both executions queued');
+    expect(await cli('release', LOCK, leaseId)).toBe(0);
+    await Promise.all(queued.map((e) => e.done));
+    expect(queued.map((e) => e.status)).toEqual(['SUCCEEDED', 'SUCCEEDED']);
+    // Both at once, each with one of the lease's permits (the client runs in real time: a few ms are
+    // seconds of the simulation, far below the 60 s bodies).
+    const [a, b] = queued.map((e) => work.startedAt.get(e.arn)!);
+    expect(Math.abs(a - b)).toBeLessThan(30_000);
+    // Woken by the release, not by a timed-out wait (the queue checks every 5 minutes).
+    expect(queued.every((e) => !e.stateTransitions.has(STATE.waitInQueueAgain))).toBe(true);
+    await sim.idle();
+    expect(await lockState(sim)).toEqual([{ lockName: LOCK, permitsInUse: 0, holders: [] }]);
+  });
+});

@@ -150,6 +150,14 @@ export const WEIGHTED_ACQUIRE_UPDATE = `SET ${NAMES.permits} = if_not_exists(${N
  * that has none yet; workflows keep writing theirs on every acquire.
  */
 export const CLIENT_ACQUIRE_CONDITION = `(attribute_not_exists(${NAMES.permits}) OR (${NAMES.permits} < ${VALUES.limit} AND (attribute_not_exists(${NAMES.limit}) OR ${NAMES.permits} < ${NAMES.limit}))) AND attribute_not_exists(${NAMES.holder})`;
+/**
+ * Acquire of `:weight` permits by a client: as CLIENT_ACQUIRE, with the gate of WEIGHTED_ACQUIRE, and
+ * the lock's stored limit at least the client's (a condition cannot subtract the weight from it: the
+ * client applies the smaller of the two limits, read before, and tries again with the stored one if
+ * it was lowered meanwhile).
+ */
+export const CLIENT_WEIGHTED_ACQUIRE_CONDITION = `(attribute_not_exists(${NAMES.permits}) OR (${NAMES.permits} <= ${VALUES.gate} AND (attribute_not_exists(${NAMES.limit}) OR ${NAMES.limit} >= ${VALUES.limit}))) AND attribute_not_exists(${NAMES.holder})`;
+export const CLIENT_WEIGHTED_ACQUIRE_UPDATE = `SET ${NAMES.permits} = if_not_exists(${NAMES.permits}, ${VALUES.zero}) + ${VALUES.weight}, ${NAMES.holder} = ${VALUES.entry}, ${NAMES.limit} = if_not_exists(${NAMES.limit}, ${VALUES.limit}), ${NAMES.fence} = if_not_exists(${NAMES.fence}, ${VALUES.zero}) + ${VALUES.one}`;
 export const CLIENT_ACQUIRE_UPDATE = `SET ${NAMES.permits} = if_not_exists(${NAMES.permits}, ${VALUES.zero}) + ${VALUES.one}, ${NAMES.holder} = ${VALUES.entry}, ${NAMES.limit} = if_not_exists(${NAMES.limit}, ${VALUES.limit}), ${NAMES.fence} = if_not_exists(${NAMES.fence}, ${VALUES.zero}) + ${VALUES.one}`;
 
 /**
