@@ -462,7 +462,8 @@ export function* acquireAttempt(
     const counter = { [VALUES.zero]: { N: '0' }, [VALUES.one]: { N: '1' } };
     const drawn = yield* conditionalUpdate(options.tableName, lockName, leaseId, DRAW_FENCING_TOKEN_UPDATE, RELEASE_CONDITION, counter, 'UPDATED_NEW');
     const fencingToken = numberOf(drawn?.[FENCING_TOKEN]);
-    const lease = { lockName, leaseId, expiresAt: Number(ours[HOLDER_LEASE_EXPIRES_AT]?.N), fencingToken, permits: numberOf(ours[HOLDER_PERMITS]) ?? 1 };
+    const heldPermits = numberOf(ours[HOLDER_PERMITS]) ?? 1;
+    const lease = { lockName, leaseId, expiresAt: Number(ours[HOLDER_LEASE_EXPIRES_AT]?.N), fencingToken, permits: heldPermits };
     return { lease: { ...lease, ...limits(request.limit, item) } };
   }
   if (failure !== undefined) return { failure };
