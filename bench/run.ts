@@ -2,6 +2,7 @@ import * as fs from 'fs';
 import * as path from 'path';
 import { App, CfnElement, Duration, Stack } from 'aws-cdk-lib';
 import * as tasks from 'aws-cdk-lib/aws-stepfunctions-tasks';
+import { JsonPath } from 'aws-cdk-lib/aws-stepfunctions';
 import { workFunction } from '../demo/app';
 import { demoSubject } from '../demo/run';
 import { AWS_SAMPLE_LOCK_LAYOUT, runScenario, ScenarioOptions, ScenarioResult, Subject } from '../simulator';
@@ -25,9 +26,13 @@ interface Scenario {
   readonly timeScale?: number;
   /** Props of our workflow beside the wait strategy (the sample gets the scenario's limit only). */
   readonly props?: Partial<ConcurrencyControlledWorkflowProps>;
+  /** Only our polling workflow runs it (weights wait by polling): the queue's column is empty. */
+  readonly pollingOnly?: boolean;
 }
 
 const LIMIT = 5;
+/** The weights of the `weights` scenario: 1, 2, 3, 4, 1, 2, ... */
+const weightOf = (id: number) => (id % 4) + 1;
 const SCENARIOS: Scenario[] = [
   { name: 'uncontended', description: 'one execution, first use of the lock', options: { executions: 1, limit: LIMIT } },
   { name: 'contending', description: '100 executions at once, limit 5, work 15 s ± 20%', options: { executions: 100, limit: LIMIT } },
@@ -71,6 +76,23 @@ const SCENARIOS: Scenario[] = [
     options: { executions: 200, limit: 5, workSeconds: 1, workJitter: 0, rate: { count: 5, intervalSeconds: 1 } },
     props: { rateLimit: RateLimit.perSecond(5), pollInterval: Duration.seconds(1) },
     timeScale: 0.5,
+  },
+  // Weighted permits (ours only, and polling only: the sample has no weights, so its column is its own
+  // run of the same executions taking one permit each).
+  {
+    name: 'weights',
+    description: '200 executions at once, limit 10, taking 1 to 4 permits each (permits from the input), work 5 s, 10% failing, 10% stopped inside',
+    options: {
+      executions: 200,
+      limit: 10,
+      workSeconds: 5,
+      failureRate: 0.1,
+      abortInsideRate: 0.1,
+      input: (id) => ({ weight: weightOf(id) }),
+      permits: weightOf,
+    },
+    props: { permits: JsonPath.numberAt('$.weight'), pollInterval: Duration.seconds(2) },
+    pollingOnly: true,
   },
   {
     name: 'high-limit',
@@ -176,6 +198,7 @@ const ROWS: Row[] = [
   ['executions overtaken by a later one', (r) => r.overtaken, 0],
   ['wake-ups lost (injected)', (r) => r.lostWakeUps, 0],
   ['most inside at once', (r) => r.maxInside, 0],
+  ['most permits held inside at once (by weight)', (r) => r.maxPermitsInside, 0],
   ['permits left held', (r) => r.permitsLeftHeld, 0],
   ['permits the reconciler reclaimed', (r) => r.reclaimedByReconciler, 0],
   ['executions stuck waiting', (r) => r.stuck, 0],
@@ -186,7 +209,8 @@ interface Measured {
   readonly scenario: Scenario;
   readonly sample: ScenarioResult;
   readonly polling: ScenarioResult;
-  readonly queue: ScenarioResult;
+  /** Undefined for a scenario that only polling runs. */
+  readonly queue?: ScenarioResult;
 }
 
 function table(results: Measured[]): string {
@@ -203,10 +227,13 @@ function table(results: Measured[]): string {
       if (scenario.name === 'uncontended' && notForOne.includes(label)) continue;
       if (label.startsWith('wake-ups lost') && !scenario.options.lostWakeUpRate) continue;
       if (label.startsWith('most entries') && !scenario.options.rate) continue;
+      if (label.startsWith('most permits') && !scenario.options.permits) continue;
       const a = value(sample);
-      const b = value(queue);
-      const ratio = a === 0 ? (b === 0 ? '–' : '∞') : `${(b / a).toFixed(2)}×`;
-      lines.push(`| ${scenario.name} | ${label} | ${a.toFixed(decimals)} | ${value(polling).toFixed(decimals)} | ${b.toFixed(decimals)} | ${ratio} |`);
+      // A scenario that only polling runs compares polling with the sample.
+      const b = value(queue ?? polling);
+      const ratio = a === 0 ? (b === 0 ? '–' : '∞') : `${(b / a).toFixed(2)}×${queue ? '' : ' (polling)'}`;
+      const queueCell = queue ? b.toFixed(decimals) : '–';
+      lines.push(`| ${scenario.name} | ${label} | ${a.toFixed(decimals)} | ${value(polling).toFixed(decimals)} | ${queueCell} | ${ratio} |`);
     }
   }
   return lines.join('\n');
@@ -225,12 +252,12 @@ async function main(): Promise<void> {
     const run = (subject: Subject) => runScenario(subject, { capacity, ...scenario.options, seed: options.seed, timeScale });
     process.stdout.write(`${scenario.name}: ${scenario.description} ...`);
     // The sample has no rate: its run is not judged by one.
-    const sampleOptions = { capacity, ...scenario.options, rate: undefined, seed: options.seed, timeScale };
+    const sampleOptions = { capacity, ...scenario.options, rate: undefined, permits: undefined, seed: options.seed, timeScale };
     const sample = await runScenario(awsSampleSubject(scenario.options.limit), sampleOptions);
     const ours = (waitStrategy: WaitStrategy) => demoSubject(scenario.options.limit, { ...scenario.props, waitStrategy });
     const polling = await run({ ...ours(WaitStrategy.POLLING), name: 'cdk-sfn-semaphore (polling)' });
-    const queue = await run({ ...ours(WaitStrategy.QUEUE), name: 'cdk-sfn-semaphore (queue)' });
-    console.log(` ${(sample.realSeconds + polling.realSeconds + queue.realSeconds).toFixed(0)} s`);
+    const queue = scenario.pollingOnly ? undefined : await run({ ...ours(WaitStrategy.QUEUE), name: 'cdk-sfn-semaphore (queue)' });
+    console.log(` ${(sample.realSeconds + polling.realSeconds + (queue?.realSeconds ?? 0)).toFixed(0)} s`);
     results.push({ scenario, sample, polling, queue });
   }
 
