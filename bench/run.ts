@@ -1,8 +1,8 @@
 import * as fs from 'fs';
 import * as path from 'path';
 import { App, CfnElement, Duration, Stack } from 'aws-cdk-lib';
-import * as tasks from 'aws-cdk-lib/aws-stepfunctions-tasks';
 import { JsonPath } from 'aws-cdk-lib/aws-stepfunctions';
+import * as tasks from 'aws-cdk-lib/aws-stepfunctions-tasks';
 import { workFunction } from '../demo/app';
 import { demoSubject } from '../demo/run';
 import { AWS_SAMPLE_LOCK_LAYOUT, runScenario, ScenarioOptions, ScenarioResult, Subject } from '../simulator';

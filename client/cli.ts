@@ -308,6 +308,9 @@ function acquireOptions(command: string, values: Values, env: NodeJS.ProcessEnv)
       throw new CliError(`${command}: --permits must be an integer from 1 to ${MAX_PERMITS}, got: '${values.permits}'`, EXIT.usage);
     }
   }
+  if (permits !== undefined && limit !== undefined && permits > limit) {
+    throw new CliError(`${command}: --permits (${permits}) must be at most --limit (${limit})`, EXIT.usage);
+  }
   return {
     limit,
     permits,

@@ -15,6 +15,8 @@ import {
   MAX_PERMITS,
   SPLIT_HAND_OFF_CONDITION,
   SPLIT_HAND_OFF_UPDATE,
+  TAKE_BACK_ONE_CONDITION,
+  TAKE_BACK_ONE_UPDATE,
   HOLDER_ACQUIRED_AT,
   HOLDER_LEASE_EXPIRES_AT,
   HOLDER_LEASE_SECONDS,
@@ -547,8 +549,14 @@ export function* releaseHolder(options: ClientProtocolOptions, lockName: string,
           yield* stepFunctions('SendTaskSuccess', { taskToken: served?.[TICKET_WAIT_TOKEN]?.S, output });
           yield* deleteServedTicket(table, lockName, ticket, handoffId);
         } catch (e) {
-          // Not delivered: the waiter finds the permit when its wait times out, or its cleanup frees it.
-          options.onWakeUpLost?.(waiter, e as Error);
+          if (['TaskTimedOut', 'TaskDoesNotExist', 'InvalidToken'].includes(errorName(e))) {
+            // The waiter's task is gone: take the permit back into this entry (unless it claimed it).
+            const takeBack = { [QUEUE_VALUES.handoffId]: { S: handoffId }, ...one };
+            yield* conditionalUpdate(table, lockName, holder, TAKE_BACK_ONE_UPDATE, TAKE_BACK_ONE_CONDITION, takeBack, 'NONE', waiter);
+          } else {
+            // Not delivered: the waiter finds the permit when its wait times out.
+            options.onWakeUpLost?.(waiter, e as Error);
+          }
         }
         continue;
       }

@@ -23,6 +23,8 @@ import {
   RELEASE_UPDATE,
   WEIGHTED_ACQUIRE_CONDITION,
   WEIGHTED_ACQUIRE_UPDATE,
+  WEIGHTED_CLAIM_CONDITION,
+  RELEASE_PARTIAL_CONDITION,
   HOLDER_PERMITS,
   HOLDER_EXTRA_PERMITS,
   VALUES,
@@ -158,8 +160,10 @@ export interface ReconcilerResult {
   /** True if the sweep stopped early for lack of time; the next one continues. */
   truncated: boolean;
   dryRun: boolean;
-  /** Permits in use per lock, after the sweep. */
+  /** Permits in use per lock, after the sweep (counted by weight: a weighted holder's are all counted). */
   permitsInUse: Record<string, number>;
+  /** Holders per lock, after the sweep: below `permitsInUse` where holders are weighted. */
+  holdersByLock: Record<string, number>;
   /** What the guard did for redriven executions that still run (the redrive guard's event may have been lost). */
   redriven: RedriveGuardResult[];
 }
@@ -200,6 +204,7 @@ export function* sweep(
     truncated: false,
     dryRun,
     permitsInUse: {},
+    holdersByLock: {},
     redriven: [],
   };
   // Tickets passed so far, per lock: only ever more, so a value read earlier in the sweep is safe.
@@ -227,24 +232,30 @@ export function* sweep(
       let held = Number(item[PERMITS_IN_USE] ?? 0);
       const holders = Object.entries(item).filter(([, v]) => isHolderEntry(v));
       result.holders += holders.length;
+      let holding = holders.length;
       for (const [holder, entry] of holders) {
         // A lock can have thousands of holders: the time bound holds inside one lock too.
         if (outOfTime()) {
           result.truncated = true;
           result.permitsInUse[lockName] = held;
+          result.holdersByLock[lockName] = holding;
           break scan;
         }
         try {
           const reason = yield* reconcileHolder(config, lockName, holder, entry as HolderEntry, dryRun, result);
           if (reason !== undefined) {
             result.reclaimed.push({ lockName, holder, reason });
-            if (!dryRun) held -= Number((entry as HolderEntry)[HOLDER_PERMITS] ?? 1);
+            if (!dryRun) {
+              held -= Number((entry as HolderEntry)[HOLDER_PERMITS] ?? 1);
+              holding--;
+            }
           }
         } catch (e) {
           result.errors.push({ lockName, holder, error: describeError(e) });
         }
       }
       result.permitsInUse[lockName] = held;
+      result.holdersByLock[lockName] = holding;
       if (!dryRun && Number(item[QUEUE_TAIL] ?? 0) > Number(item[QUEUE_HEAD] ?? 0) && !outOfTime()) {
         try {
           const served = yield* serveQueue({ tableName: config.tableName, isGone: (arn, run) => isGone(config, arn, run) }, lockName);
@@ -567,8 +578,16 @@ function* guardRun(
         [VALUES.acquiredAt]: now,
         [VALUES.redriveCount]: redriveCount,
       };
-      if (yield* conditionalUpdate(config, lockName, executionArn, CLAIM_UPDATE, CLAIM_CONDITION, claim)) {
+      // A weighted entry only while it holds all its permits (WEIGHTED_CLAIM_CONDITION).
+      const [condition, weightValue] = weight === 1 ? [CLAIM_CONDITION, {}] : [WEIGHTED_CLAIM_CONDITION, { [VALUES.weight]: weight }];
+      if (yield* conditionalUpdate(config, lockName, executionArn, CLAIM_UPDATE, condition, { ...claim, ...weightValue })) {
         return { executionArn, resumedAt, action: 'still holds its permit' };
+      }
+      // An entry of fewer permits, which the release of the stopped run is handing on one at a time:
+      // give back what is left, then take the whole weight again.
+      if (weight > 1) {
+        const partial = { [VALUES.one]: 1, [VALUES.weight]: weight, [VALUES.redriveCount]: redriveCount };
+        yield* conditionalUpdate(config, lockName, executionArn, RELEASE_UPDATE, RELEASE_PARTIAL_CONDITION, partial);
       }
       continue;
     }

@@ -66,7 +66,7 @@ export async function handler(event: ReconcilerEvent = {}, context?: Context): P
   const dryRun = event.dryRun === true;
   const result = await runFlow(sweep(config, dryRun, outOfTime), clients);
   emitMetrics(config.tableName, result);
-  const { permitsInUse: _, ...reported } = result;
+  const { permitsInUse: _, holdersByLock: __, ...reported } = result;
   return reported as ReconcilerResult;
 }
 
@@ -96,13 +96,18 @@ function configFromEnvironment(): ReconcilerConfig {
 function emitMetrics(table: string, result: ReconcilerResult): void {
   const namespace = process.env.METRICS_NAMESPACE ?? 'CdkSfnSemaphore';
   const timestamp = Date.now();
+  const perLock = [
+    { Name: 'PermitsInUse', Unit: 'Count' },
+    { Name: 'Holders', Unit: 'Count' },
+  ];
   for (const [lockName, permits] of Object.entries(result.permitsInUse)) {
     console.log(
       JSON.stringify({
-        _aws: { Timestamp: timestamp, CloudWatchMetrics: [{ Namespace: namespace, Dimensions: [['TableName', 'LockName']], Metrics: [{ Name: 'PermitsInUse', Unit: 'Count' }] }] },
+        _aws: { Timestamp: timestamp, CloudWatchMetrics: [{ Namespace: namespace, Dimensions: [['TableName', 'LockName']], Metrics: perLock }] },
         TableName: table,
         LockName: lockName,
         PermitsInUse: permits,
+        Holders: result.holdersByLock[lockName] ?? 0,
       }),
     );
   }

@@ -84,8 +84,9 @@ export interface CleanFromIncompleteProps {
   /**
    * Whether the protected executions may hold more than one permit each (a workflow with `permits`):
    * the release then hands a stopped execution's permits to queued waiters one at a time. Releases
-   * give back exactly what the execution held either way; without it, a weighted holder's permits go
-   * to the first waiter as one, and the rest stay held until that waiter releases.
+   * give back exactly what the execution held either way; without it, a weighted holder's release
+   * hands one permit to the first queued waiter and gives back the rest at once, so the other waiters
+   * sleep beside them until their `queueCheckInterval` ends (or a sweep hands them on).
    *
    * @default false
    */

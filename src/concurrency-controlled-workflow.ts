@@ -231,7 +231,7 @@ export interface ConcurrencyControlledWorkflowProps {
 
   /**
    * Whether to create a CloudWatch dashboard of the workflow: executions, acquisitions, waits,
-   * acquire timeouts, permits in use and permits reclaimed.
+   * acquire timeouts, permits in use (by weight) and holders, and permits reclaimed.
    *
    * @default false
    */
@@ -409,6 +409,17 @@ export class ConcurrencyControlledWorkflow extends Construct {
     const weighted = permits !== undefined && !(permits.inputPath === undefined && permits.fixed === 1);
     if (props.permits !== undefined) {
       validatePermits(props.permits, props.concurrencyLimit ?? 1);
+      // The acquire's gate (limit - permits) is computed at synth, or by intrinsic functions from the input.
+      if (permits!.inputPath === undefined && Token.isUnresolved(props.permits)) {
+        throw new Error('`permits` must be a number, or JsonPath.numberAt(...) to read it from the input, got a deploy-time token');
+      }
+      const limitValue = numberValue('concurrencyLimit', props.concurrencyLimit ?? 1);
+      if (weighted && limitValue.inputPath === undefined && Token.isUnresolved(props.concurrencyLimit)) {
+        throw new Error(
+          '`concurrencyLimit` must be a number, or JsonPath.numberAt(...) to read it from the input, beside `permits`, got a deploy-time token: ' +
+            'the acquire takes the permits while at most the limit less them are in use',
+        );
+      }
     }
     if (weighted && rate) {
       throw new Error(
@@ -719,7 +730,7 @@ export class ConcurrencyControlledWorkflow extends Construct {
             left: [this.metricAcquisitions(), this.metricWaits(), this.metricAcquireTimeouts()],
             right: [
               this.reconciler.metricPermitsReclaimed(),
-              ...(lockName === undefined ? [] : [this.reconciler.metricPermitsInUse(lockName)]),
+              ...(lockName === undefined ? [] : [this.reconciler.metricPermitsInUse(lockName), this.reconciler.metricHolders(lockName)]),
             ],
           }),
         ],

@@ -12,7 +12,7 @@ import { reconcilerFunction, validateFunctionRuntime } from './private/bundled-f
 import { defaultDeadLetterQueue } from './private/dead-letter-queue';
 import { functionWithOwnLogs } from './private/function-logs';
 import { numberValue, stringValue } from './private/runtime-value';
-import { knownWholeSeconds, validateWholeSeconds } from './private/validation';
+import { knownWholeSeconds, validatePermits, validateWholeSeconds } from './private/validation';
 import { grantWakeToRole } from './private/wake-grants';
 import { ISemaphoreTable } from './semaphore-table';
 
@@ -137,7 +137,7 @@ export interface SemaphoreReconcilerProps {
  * On a lock with a queue of waiters (wait strategy QUEUE) it then drops the entries of waiters whose
  * execution stopped and hands every free permit to the oldest waiter, waking it with SendTaskSuccess.
  *
- * It publishes, in the Embedded Metric Format, `PermitsInUse` per lock and `PermitsReclaimed`,
+ * It publishes, in the Embedded Metric Format, `PermitsInUse` (by weight) and `Holders` per lock and `PermitsReclaimed`,
  * `LeasesExpired` and `ReconcilerErrors` per table. A reclaimed permit means that events were lost or
  * a cleanup failed: `reclaimAlarm` goes off.
  */
@@ -281,6 +281,7 @@ export class SemaphoreReconciler extends Construct {
     if (limit.inputPath !== undefined) fn.addEnvironment('CONCURRENCY_LIMIT_PATH', limit.inputPath);
     else fn.addEnvironment('CONCURRENCY_LIMIT', String(limit.fixed));
     if (props.permits !== undefined) {
+      validatePermits(props.permits, props.concurrencyLimit ?? 1);
       const permits = numberValue('permits', props.permits);
       if (permits.inputPath !== undefined) fn.addEnvironment('PERMITS_PATH', permits.inputPath);
       else fn.addEnvironment('PERMITS', String(permits.fixed));
@@ -332,11 +333,23 @@ export class SemaphoreReconciler extends Construct {
     return this.tableMetric('ReconcilerErrors', props);
   }
 
-  /** Permits of a lock in use, as the last sweep saw them. */
+  /** Permits of a lock in use, as the last sweep saw them: counted by weight (a holder of 4 counts 4). */
   public metricPermitsInUse(lockName: string, props?: cloudwatch.MetricOptions): cloudwatch.Metric {
+    return this.lockMetric('PermitsInUse', lockName, props);
+  }
+
+  /**
+   * Holders of a lock (executions and leases), as the last sweep saw them: below `PermitsInUse` by
+   * the extra permits of weighted holders.
+   */
+  public metricHolders(lockName: string, props?: cloudwatch.MetricOptions): cloudwatch.Metric {
+    return this.lockMetric('Holders', lockName, props);
+  }
+
+  private lockMetric(metricName: string, lockName: string, props?: cloudwatch.MetricOptions): cloudwatch.Metric {
     return new cloudwatch.Metric({
       namespace: this.namespace,
-      metricName: 'PermitsInUse',
+      metricName,
       dimensionsMap: { TableName: this.tableName, LockName: lockName },
       statistic: 'Maximum',
       ...props,

@@ -165,7 +165,7 @@ describe('definition', () => {
     expect(def.States['Release Permit'].Parameters).toMatchObject({
       // No ticket waiting: the lock item's two counters say so.
       ConditionExpression: expect.stringContaining('AND (attribute_not_exists(#tail) OR #head >= #tail)'),
-      UpdateExpression: 'SET #permits = #permits - :one REMOVE #holder',
+      UpdateExpression: 'SET #permits = #permits - if_not_exists(#holder.permits, :one) REMOVE #holder',
       ExpressionAttributeNames: { '#holder.$': '$.handoff.holder', '#tail': 'queueTail', '#head': 'queueHead' },
     });
     // Waiters: the releaser claims the next ticket (head + 1) while it still holds the permit.
@@ -212,7 +212,8 @@ describe('definition', () => {
       Parameters: {
         Key: { lockName: { S: 'db-migrations' } },
         // The hand-off draws the waiter's fencing token itself: tokens follow the order permits are granted in.
-        UpdateExpression: 'SET #next = :entry, #fence = #fence + :one REMOVE #holder',
+        // (It gives back a weighted entry's extra permits: the waiter takes one.)
+        UpdateExpression: 'SET #next = :entry, #fence = #fence + :one, #permits = #permits - if_not_exists(#holder.extra, :zero) REMOVE #holder',
         ConditionExpression: expect.stringContaining('AND attribute_not_exists(#next)'),
         ExpressionAttributeNames: { '#next.$': '$.handoff.ticket.Item.waiter.S' },
         ReturnValues: 'UPDATED_OLD',

@@ -1,11 +1,11 @@
-import { App, Duration, Stack } from 'aws-cdk-lib';
+import { App, CfnParameter, Duration, Stack } from 'aws-cdk-lib';
 import * as lambda from 'aws-cdk-lib/aws-lambda';
 import * as sfn from 'aws-cdk-lib/aws-stepfunctions';
 import * as tasks from 'aws-cdk-lib/aws-stepfunctions-tasks';
 import { main } from '../client/cli';
 import { demoSubject } from '../demo/run';
 import { brokenInvariants, LockMonitor, runScenario } from '../simulator';
-import { ConcurrencyControlledWorkflow, RateLimit, SemaphoreTable, WaitStrategy } from '../src';
+import { ConcurrencyControlledWorkflow, IdempotencyKey, RateLimit, SemaphoreTable, WaitStrategy } from '../src';
 import { lockState, logicalId, simulate, stateMachineLogicalId, until, WORK_FUNCTION_TIMEOUT, WorkTracker, workflowStack } from './helpers';
 import { HOLDER_PERMITS } from '../src/private/lock-schema';
 import { STATE } from '../src/private/state-names';
@@ -28,6 +28,19 @@ describe('validation at synth', () => {
     [{ permits: 2, concurrencyLimit: 4, rateLimit: RateLimit.perSecond(4) }, /`permits` and `rateLimit` cannot be combined yet/],
   ])('a bad weight is refused, naming the value: %#', (props, message) => {
     expect(() => workflowStack(props)).toThrow(message);
+  });
+
+  test('a deploy-time token for the permits, or for the limit beside them, is refused: the gate is computed at synth', () => {
+    const app = new App();
+    const stack = new Stack(app, 'S');
+    const param = new CfnParameter(stack, 'P', { type: 'Number' });
+    const body = new sfn.Pass(stack, 'Body');
+    expect(() => new ConcurrencyControlledWorkflow(stack, 'A', { body, concurrencyLimit: 10, permits: param.valueAsNumber })).toThrow(
+      /`permits` must be a number, or JsonPath.numberAt\(...\) to read it from the input, got a deploy-time token/,
+    );
+    expect(() => new ConcurrencyControlledWorkflow(stack, 'B', { body: new sfn.Pass(stack, 'Body2'), concurrencyLimit: param.valueAsNumber, permits: 2 })).toThrow(
+      /`concurrencyLimit` must be a number, or JsonPath.numberAt\(...\) to read it from the input, beside `permits`, got a deploy-time token/,
+    );
   });
 
   test('a weight defaults the wait to polling; a weight of 1 is no weight at all', () => {
@@ -209,6 +222,8 @@ test('the CLI takes several permits with --permits, status shows them, and its r
     expect(err.join('\n')).toContain("--permits must be an integer from 1 to 100, got: '0'");
     expect(await cli('acquire', LOCK, '--permits', '4', '--no-wait')).toBe(1);
     expect(err.join('\n')).toContain('the permits (4) must be at most the limit (3)');
+    expect(await cli('acquire', LOCK, '--permits', '3', '--limit', '2', '--no-wait')).toBe(2);
+    expect(err.join('\n')).toContain('--permits (3) must be at most --limit (2)');
 
     expect(await cli('acquire', LOCK, '--permits', '3', '--no-wait', '--json')).toBe(0);
     const { leaseId } = JSON.parse(out.join('\n'));
@@ -232,5 +247,112 @@ test('the CLI takes several permits with --permits, status shows them, and its r
     expect(queued.every((e) => !e.stateTransitions.has(STATE.waitInQueueAgain))).toBe(true);
     await sim.idle();
     expect(await lockState(sim)).toEqual([{ lockName: LOCK, permitsInUse: 0, holders: [] }]);
+  });
+});
+
+test('a weighted execution stopped with its status event lost: the reconciler\'s sweep gives back all its permits', async () => {
+  const { stack, workflow, workFunctionId } = workflowStack({ permits: 3, concurrencyLimit: 4, reconcilerScheduleEnabled: false });
+  const work = new WorkTracker(() => 600);
+  await simulate(stack, { eventFaults: { lossRate: 1 }, lambdaHandlers: { [workFunctionId]: work.handler } }, async (sim) => {
+    const sm = sim.stateMachine(stateMachineLogicalId(workflow.stateMachine));
+    const stopped = sim.startExecution(sm, {});
+    await until(async () => work.inside === 1, 'the execution inside');
+    stopped.abort();
+    await stopped.done;
+    await sim.idle();
+    // No cleanup ran: its three permits are still counted.
+    expect(await lockState(sim)).toEqual([{ lockName: LOCK, permitsInUse: 3, holders: [stopped.arn] }]);
+    // Past the sweep's grace period for young entries, one sweep frees all three (invoked directly:
+    // with every event lost, the schedule's would be lost too).
+    await sim.sleep(90);
+    await sim.invokeFunction('WorkflowReconciler', {});
+    await sim.idle();
+    expect(await lockState(sim)).toEqual([{ lockName: LOCK, permitsInUse: 0, holders: [] }]);
+    // And the lock takes three again.
+    const next = await sim.startExecution(sm, {}).done;
+    expect(next.status).toBe('SUCCEEDED');
+  });
+});
+
+test('idempotent and weighted: a repeat returns the stored result without taking permits; the others take theirs', async () => {
+  const { stack, workflow, workFunctionId } = workflowStack({
+    permits: 2,
+    concurrencyLimit: 3,
+    pollInterval: Duration.seconds(1),
+    idempotency: { key: IdempotencyKey.fromFields('$.id') },
+    reconcilerScheduleEnabled: false,
+  });
+  const work = new WorkTracker(() => 2);
+  await simulate(stack, { timeScale: 0.05, lambdaHandlers: { [workFunctionId]: work.handler } }, async (sim) => {
+    const sm = sim.stateMachine(stateMachineLogicalId(workflow.stateMachine));
+    const first = await Promise.all(Array.from({ length: 4 }, (_, id) => sim.startExecution(sm, { id }).done));
+    expect(first.map((e) => e.status)).toEqual(Array(4).fill('SUCCEEDED'));
+    expect(work.maxInside).toBe(1);
+    const repeat = await sim.startExecution(sm, { id: 2 }).done;
+    expect(repeat.status).toBe('SUCCEEDED');
+    expect(repeat.output).toEqual(first[2].output);
+    expect(work.runs).toBe(4);
+    await sim.idle();
+    expect(await lockState(sim)).toEqual([{ lockName: LOCK, permitsInUse: 0, holders: [] }]);
+  });
+});
+
+describe('the limit from the input', () => {
+  test.each([
+    ['a fixed weight of 3', { permits: 3 }, (_: number) => ({})],
+    ['a weight of 3 from the input', { permits: sfn.JsonPath.numberAt('$.weight') }, (_: number) => ({ weight: 3 })],
+  ])('%s at a limit of 5 from the input: one body at a time; a limit of 2 fails with SemaphoreInvalidPermits', async (_name, props, input) => {
+    const { stack, workflow, workFunctionId } = workflowStack({
+      ...props,
+      concurrencyLimit: sfn.JsonPath.numberAt('$.limit'),
+      pollInterval: Duration.seconds(1),
+      reconcilerScheduleEnabled: false,
+    });
+    const work = new WorkTracker(() => 3);
+    await simulate(stack, { timeScale: 0.05, lambdaHandlers: { [workFunctionId]: work.handler } }, async (sim) => {
+      const sm = sim.stateMachine(stateMachineLogicalId(workflow.stateMachine));
+      // On a lock item not written yet too: the first acquire would let anything in.
+      const tooLow = await sim.startExecution(sm, { ...input(0), limit: 2 }).done;
+      expect([tooLow.status, tooLow.error]).toEqual(['FAILED', ConcurrencyControlledWorkflow.INVALID_PERMITS_ERROR]);
+      const executions = Array.from({ length: 4 }, (_, i) => sim.startExecution(sm, { ...input(i), limit: 5 }));
+      await Promise.all(executions.map((e) => e.done));
+      expect(executions.map((e) => e.status)).toEqual(Array(4).fill('SUCCEEDED'));
+      // 3 + 3 > 5: never two at once.
+      expect(work.maxInside).toBe(1);
+      await sim.idle();
+      expect(await lockState(sim)).toEqual([{ lockName: LOCK, permitsInUse: 0, holders: [] }]);
+    });
+  });
+});
+
+test('a weighted holder whose queued waiter is gone takes that permit back and hands it to the next', async () => {
+  const { stack, heavy, light, tableId, workFunctionId } = sharedLockStack();
+  const work = new WorkTracker((input) => input.seconds);
+  await simulate(stack, { timeScale: 0.05, lambdaHandlers: { [workFunctionId]: work.handler } }, async (sim) => {
+    const monitor = new LockMonitor(sim, tableId, () => 4).start(5);
+    const heavySm = sim.stateMachine(stateMachineLogicalId(heavy.stateMachine));
+    const lightSm = sim.stateMachine(stateMachineLogicalId(light.stateMachine));
+    const first = sim.startExecution(heavySm, { seconds: 20 });
+    await until(async () => work.inside === 1, 'the heavy execution inside');
+    const inside = sim.startExecution(lightSm, { seconds: 30 });
+    await until(async () => work.inside === 2, 'a light execution inside');
+    // Two wait in the queue; the first of them is stopped while it waits (its task token closes).
+    const gone = sim.startExecution(lightSm, { seconds: 30 });
+    await until(async () => gone.stateTransitions.has(STATE.waitInQueue), 'the first waiter queued');
+    const next = sim.startExecution(lightSm, { seconds: 30 });
+    await until(async () => next.stateTransitions.has(STATE.waitInQueue), 'the second waiter queued');
+    gone.abort();
+    await gone.done;
+    await Promise.all([first, inside, next].map((e) => e.done));
+    await sim.idle();
+    await monitor.stop();
+
+    expect([first, inside, next].map((e) => e.status)).toEqual(['SUCCEEDED', 'SUCCEEDED', 'SUCCEEDED']);
+    expect(work.byExecution.has(gone.arn)).toBe(false);
+    expect(first.stateTransitions.get(STATE.takeBackOne)).toBe(1);
+    // The permit taken back went to the next waiter with the heavy holder's release, not a check later.
+    expect(work.startedAt.get(next.arn)! - (first.stopDate ?? 0)).toBeLessThan(5_000);
+    expect(monitor.violations).toEqual([]);
+    expect(await lockState(sim, tableId)).toEqual([{ lockName: 'shared', permitsInUse: 0, holders: [] }]);
   });
 });

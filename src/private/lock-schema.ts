@@ -25,7 +25,7 @@
 /** Partition key of the lock table (type S). */
 export const LOCK_KEY = 'lockName';
 
-/** Number of permits currently held (type N). Never below the number of holder attributes. */
+/** Number of permits currently held (type N): the permits of the holder entries (one each, or a weighted entry's HOLDER_PERMITS). */
 export const PERMITS_IN_USE = 'permitsInUse';
 
 /**
@@ -204,6 +204,21 @@ export const RELEASE_SEEN_HOLDER_CONDITION = `attribute_exists(${NAMES.holder}) 
  * by a later run.
  */
 export const CLAIM_CONDITION = `attribute_exists(${NAMES.holder}) AND ${STAMPED_AT_MOST}`;
+
+/**
+ * CLAIM_CONDITION for a weighted holder (`:weight` permits): only an entry that still holds all of
+ * them. A release of a stopped run may be handing its permits on one at a time (SPLIT_HAND_OFF); a
+ * claim of such an entry would re-stamp it for the new run, stop that release, and let the body run
+ * on fewer permits than it takes. Refused, the claimant waits for the release to finish.
+ */
+export const WEIGHTED_CLAIM_CONDITION = `${CLAIM_CONDITION} AND ${NAMES.holder}.${HOLDER_PERMITS} = ${VALUES.weight}`;
+
+/**
+ * Release of a weighted entry that holds fewer than `:weight` permits (some handed on by a release of
+ * a stopped run, which a redrive interrupted), stamped by the run `:redriveCount` or an earlier one:
+ * the redrive guard gives back what is left, then takes the whole weight again.
+ */
+export const RELEASE_PARTIAL_CONDITION = `${RELEASE_STOPPED_RUN_CONDITION} AND ${NAMES.holder}.${HOLDER_PERMITS} < ${VALUES.weight}`;
 
 /** Longest lock name we accept; far below DynamoDB's 2,048-byte partition key limit. */
 export const MAX_LOCK_NAME_LENGTH = 255;
@@ -404,6 +419,16 @@ export const SPLIT_HAND_OFF_UPDATE =
   `SET ${QUEUE_NAMES.next} = ${VALUES.entry}, ${NAMES.fence} = ${NAMES.fence} + ${VALUES.one}, ` +
   `${NAMES.holder}.${HOLDER_PERMITS} = ${NAMES.holder}.${HOLDER_PERMITS} - ${VALUES.one}, ` +
   `${NAMES.holder}.${HOLDER_EXTRA_PERMITS} = ${NAMES.holder}.${HOLDER_EXTRA_PERMITS} - ${VALUES.one}`;
+
+/**
+ * Take back one permit handed off by SPLIT_HAND_OFF to a waiter that could not be woken (its token is
+ * closed): as TAKE_BACK, but into the releaser's entry, which still holds the rest. Refused when the
+ * waiter claimed it, or the releaser's entry is gone.
+ */
+export const TAKE_BACK_ONE_CONDITION = `${QUEUE_NAMES.next}.${HOLDER_HANDOFF_ID} = ${QUEUE_VALUES.handoffId} AND attribute_not_exists(${QUEUE_NAMES.next}.${HOLDER_CLAIMED}) AND attribute_exists(${NAMES.holder}.${HOLDER_PERMITS})`;
+export const TAKE_BACK_ONE_UPDATE =
+  `SET ${NAMES.holder}.${HOLDER_PERMITS} = ${NAMES.holder}.${HOLDER_PERMITS} + ${VALUES.one}, ` +
+  `${NAMES.holder}.${HOLDER_EXTRA_PERMITS} = ${NAMES.holder}.${HOLDER_EXTRA_PERMITS} + ${VALUES.one} REMOVE ${QUEUE_NAMES.next}`;
 
 /**
  * After a server error on the hand-off: did it land? Its hand-off id is unique, so the waiter's entry

@@ -6,6 +6,9 @@ import { CONDITIONAL_CHECK_FAILED, SERVER_ERRORS, THROTTLING_ERRORS, transientRe
 import {
   CLAIM_CONDITION,
   CLAIM_UPDATE,
+  WEIGHTED_CLAIM_CONDITION,
+  TAKE_BACK_ONE_CONDITION,
+  TAKE_BACK_ONE_UPDATE,
   CONCURRENCY_LIMIT,
   CONFIRM_HAND_OFF_CONDITION,
   CONFIRM_HAND_OFF_UPDATE,
@@ -131,6 +134,7 @@ export function releaseStateNames(suffix: string) {
     isWaiterOfOneWaiting: `${STATE.isWaiterOfOneWaiting}${suffix}`,
     wakeWaiterOfOneAgain: `${STATE.wakeWaiterOfOneAgain}${suffix}`,
     deleteTicketOfOne: `${STATE.deleteTicketOfOne}${suffix}`,
+    takeBackOne: `${STATE.takeBackOne}${suffix}`,
   };
 }
 
@@ -438,8 +442,8 @@ export function handOffChain(scope: Construct, props: HandOffProps): sfn.State {
   if (props.weighted) {
     // A weighted holder hands one of its permits to the waiter and keeps the rest, then releases
     // again: it gives back what is left if nobody waits, else hands on the next one. Its entry of one
-    // permit, at last, moves as a whole (Hand Off Permit). A waiter that cannot be woken keeps the
-    // permit handed to it: it claims it when its wait times out, or its cleanup frees it.
+    // permit, at last, moves as a whole (Hand Off Permit). A waiter whose task is gone has the permit
+    // taken back into the entry, as after any hand-off.
     const handOffOne = new tasks.DynamoUpdateItem(scope, names.handOffOne, {
       table,
       key,
@@ -491,9 +495,24 @@ export function handOffChain(scope: Construct, props: HandOffProps): sfn.State {
       .addRetry({ errors: SFN_THROTTLED_ERRORS, interval: Duration.seconds(1), backoffRate: 2, maxAttempts: 5, jitterStrategy: sfn.JitterType.FULL })
       .addCatch(release, { errors: [sfn.Errors.ALL], resultPath: sfn.JsonPath.DISCARD })
       .next(wakeOneAgain);
+    // The waiter's task is gone: take its permit back into this entry (unless it claimed it), and
+    // release again, which hands it on.
+    const takeBackOne = new tasks.DynamoUpdateItem(scope, names.takeBackOne, {
+      table,
+      key,
+      conditionExpression: TAKE_BACK_ONE_CONDITION,
+      updateExpression: TAKE_BACK_ONE_UPDATE,
+      expressionAttributeNames: { [NAMES.holder]: holder, [QUEUE_NAMES.next]: waiterId },
+      expressionAttributeValues: { [QUEUE_VALUES.handoffId]: handoffId, [VALUES.one]: tasks.DynamoAttributeValue.fromNumber(1) },
+      resultPath: sfn.JsonPath.DISCARD,
+    })
+      .addRetry(retry)
+      .addCatch(release, { errors: [CONDITIONAL_CHECK_FAILED], resultPath: sfn.JsonPath.DISCARD })
+      .next(release);
     const wakeOne = sendWakeUp(names.wakeWaiterOfOne)
+      .addCatch(takeBackOne, { errors: TOKEN_GONE_ERRORS, resultPath: sfn.JsonPath.DISCARD })
       .addCatch(isWaiterOfOneWaiting, { errors: SFN_THROTTLED_ERRORS, resultPath: sfn.JsonPath.DISCARD })
-      // Token gone, or any other failure: the waiter keeps the permit (see above); hand on the rest.
+      // Any other failure: a lost wake-up, which the waiter finds when its wait times out; hand on the rest.
       .addCatch(release, { errors: [sfn.Errors.ALL], resultPath: sfn.JsonPath.DISCARD })
       .next(deleteOne);
     handOffOne.next(wakeOne);
@@ -611,12 +630,13 @@ export const WAIT_TIMED_OUT = [sfn.Errors.TIMEOUT];
 export function fencingTokenTask(
   scope: Construct,
   id: string,
-  props: { table: ISemaphoreTable; lockName: tasks.DynamoAttributeValue; permitPath?: string },
+  props: { table: ISemaphoreTable; lockName: tasks.DynamoAttributeValue; permitPath?: string; weight?: tasks.DynamoAttributeValue },
 ): sfn.TaskStateBase {
   return new tasks.DynamoUpdateItem(scope, id, {
     table: props.table.table,
     key: { [LOCK_KEY]: props.lockName },
-    conditionExpression: CLAIM_CONDITION,
+    // A weighted holder claims only an entry that holds all its permits (WEIGHTED_CLAIM_CONDITION).
+    conditionExpression: props.weight ? WEIGHTED_CLAIM_CONDITION : CLAIM_CONDITION,
     updateExpression: CLAIM_UPDATE,
     expressionAttributeNames: {
       [NAMES.holder]: sfn.JsonPath.stringAt('$$.Execution.Id'),
@@ -628,6 +648,7 @@ export function fencingTokenTask(
       [QUEUE_VALUES.claimed]: tasks.DynamoAttributeValue.fromBoolean(true),
       [VALUES.acquiredAt]: tasks.DynamoAttributeValue.fromString(sfn.JsonPath.stringAt('$$.State.EnteredTime')),
       [VALUES.redriveCount]: tasks.DynamoAttributeValue.numberFromString(sfn.JsonPath.jsonToString(sfn.JsonPath.objectAt('$$.Execution.RedriveCount'))),
+      ...(props.weight ? { [VALUES.weight]: props.weight } : {}),
     },
     returnValues: props.permitPath ? tasks.DynamoReturnValues.UPDATED_NEW : undefined,
     resultSelector: props.permitPath ? fencingTokenSelector() : undefined,

@@ -73,6 +73,7 @@ export const STATE = {
   isWaiterOfOneWaiting: 'Is Waiter Of One Still Waiting',
   wakeWaiterOfOneAgain: 'Wake Waiter Of One Again',
   deleteTicketOfOne: 'Delete Ticket Of One',
+  takeBackOne: 'Take Back One Permit',
   releaseWithoutHandOffAfterFailure: 'Release Permit Without Hand-Off After Failure',
   peekAtNextWaiterAfterFailure: 'Peek At Next Waiter After Failure',
   serveTicketAfterFailure: 'Serve Ticket After Failure',
@@ -95,6 +96,7 @@ export const STATE = {
   isWaiterOfOneWaitingAfterFailure: 'Is Waiter Of One Still Waiting After Failure',
   wakeWaiterOfOneAgainAfterFailure: 'Wake Waiter Of One Again After Failure',
   deleteTicketOfOneAfterFailure: 'Delete Ticket Of One After Failure',
+  takeBackOneAfterFailure: 'Take Back One Permit After Failure',
 
   // Idempotency (before the permit is taken, and after it is given back).
   computeKey: 'Compute Idempotency Key',

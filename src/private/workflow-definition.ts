@@ -124,10 +124,8 @@ export function renderDefinition(scope: Construct, table: ISemaphoreTable, spec:
   // (Only where a Parallel takes the permit: polling, or the queue with an acquire timeout.)
   let toBody: sfn.State = runBody;
   if (permitPath && (spec.waitStrategy === WaitStrategy.POLLING || spec.acquireTimeout !== undefined)) {
-    toBody = fencingTokenTask(scope, STATE.readFencingToken, { table: table, lockName, permitPath }).addCatch(releaseAfterFailure, {
-      errors: [sfn.Errors.ALL],
-      resultPath: errorPath,
-    });
+    const readToken = fencingTokenTask(scope, STATE.readFencingToken, { table: table, lockName, permitPath, weight: weight?.permits });
+    toBody = readToken.addCatch(releaseAfterFailure, { errors: [sfn.Errors.ALL], resultPath: errorPath });
     (toBody as sfn.TaskStateBase).next(runBody);
   }
 
@@ -147,7 +145,7 @@ export function renderDefinition(scope: Construct, table: ISemaphoreTable, spec:
   // The acquire found this execution's own entry (see ACQUIRE_CONDITION): a permit it holds already,
   // taken by a write of its stopped run that landed late, or by a write whose response was lost.
   // It claims that permit for its current run; if it was freed meanwhile, it waits for one.
-  const claimOwn = fencingTokenTask(scope, STATE.claimOwnPermit, { table: table, lockName, permitPath })
+  const claimOwn = fencingTokenTask(scope, STATE.claimOwnPermit, { table: table, lockName, permitPath, weight: weight?.permits })
     .addCatch(waitForPermit, { errors: [CONDITIONAL_CHECK_FAILED], resultPath: sfn.JsonPath.DISCARD })
     .addCatch(releaseAfterFailure, { errors: [sfn.Errors.ALL], resultPath: errorPath })
     .next(runBody);
@@ -203,15 +201,24 @@ function limitFromInput(path: string): number {
  */
 function checkRuntimePermits(scope: Construct, spec: DefinitionSpec, next: sfn.IChainable): sfn.IChainable {
   const path = spec.permits?.inputPath;
-  if (path === undefined) return next;
+  const limitPath = spec.limit.inputPath;
+  if (path === undefined) {
+    // A fixed weight beside a limit from the input: the limit must hold the weight (on a lock item
+    // not written yet, the acquire's condition does not compare them).
+    const fixed = spec.permits?.fixed;
+    if (fixed === undefined || fixed === 1 || limitPath === undefined) return next;
+    const tooMany = new sfn.Fail(scope, STATE.runtimePermitsInvalid, {
+      error: INVALID_PERMITS_ERROR,
+      cause: `The concurrency limit read from the execution input at ${limitPath} must be at least the workflow's permits, ${fixed}`,
+    });
+    return new sfn.Choice(scope, STATE.checkRuntimePermits).when(sfn.Condition.numberLessThan(limitPath, fixed), tooMany).otherwise(next);
+  }
   const invalid = new sfn.Fail(scope, STATE.runtimePermitsInvalid, {
     error: INVALID_PERMITS_ERROR,
     cause: `The permits read from the execution input at ${path} must be an integer from 1 to ${MAX_PERMITS}, and at most the concurrency limit`,
   });
   const aboveLimit =
-    spec.limit.inputPath === undefined
-      ? sfn.Condition.numberGreaterThan(path, spec.limit.fixed!)
-      : sfn.Condition.numberGreaterThanJsonPath(path, spec.limit.inputPath);
+    limitPath === undefined ? sfn.Condition.numberGreaterThan(path, spec.limit.fixed!) : sfn.Condition.numberGreaterThanJsonPath(path, limitPath);
   // A Choice cannot test for an integer, but it can test for each of the MAX_PERMITS allowed values.
   const allowed = Array.from({ length: MAX_PERMITS }, (_, i) => sfn.Condition.numberEquals(path, i + 1));
   return new sfn.Choice(scope, STATE.checkRuntimePermits)
@@ -427,7 +434,7 @@ function renderWaitForPermit(
   const nextWait = new sfn.Wait(scope, STATE.nextWait, { time: sfn.WaitTime.duration(spec.pollInterval) });
   // A poll refused on the execution's own entry (a permit its stopped run took, or a write whose
   // response was lost) claims it, rather than poll beside it until the execution times out.
-  const claimOwn = fencingTokenTask(scope, STATE.claimOwnPermitWhilePolling, { table: table, lockName: lockTask.lockName })
+  const claimOwn = fencingTokenTask(scope, STATE.claimOwnPermitWhilePolling, { table: table, lockName: lockTask.lockName, weight: weight?.permits })
     .addCatch(nextWait, { errors: [CONDITIONAL_CHECK_FAILED], resultPath: sfn.JsonPath.DISCARD });
   // Server errors are retried: a write that landed makes the retry find the execution's own entry.
   const poll = acquireTask(scope, STATE.poll, { ...lockTask, limit, leaseSeconds: spec.leaseSeconds, rateIntervalSeconds: spec.holdSeconds, weight })

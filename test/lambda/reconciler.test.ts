@@ -305,9 +305,24 @@ test('publishes permits in use per lock and reclaimed permits in the Embedded Me
       TableName: 'locks',
       LockName: 'db',
       PermitsInUse: 1,
+      Holders: 1,
     }),
   );
   expect(lines).toContainEqual(expect.objectContaining({ TableName: 'locks', PermitsReclaimed: 1, LeasesExpired: 0, ReconcilerErrors: 0 }));
+});
+
+test('a weighted holder\'s permits all count: PermitsInUse by weight, Holders by entry', async () => {
+  const weighted = entry(undefined, { permits: 3, extra: 2 });
+  ddb.on(ScanCommand).resolves({ Items: [{ lockName: 'db', permitsInUse: 6, [exec('done')]: weighted, [exec('busy')]: weighted }] });
+  statuses({ [exec('done')]: 'FAILED', [exec('busy')]: 'RUNNING' });
+  ddb.on(UpdateCommand).resolves({});
+  const log = console.log as jest.Mock;
+
+  const result = await sweep({});
+
+  expect(result).toMatchObject({ reclaimed: [{ lockName: 'db', holder: exec('done') }] });
+  const lines = log.mock.calls.map(([line]) => JSON.parse(line));
+  expect(lines).toContainEqual(expect.objectContaining({ LockName: 'db', PermitsInUse: 3, Holders: 1 }));
 });
 
 describe('redrive guard', () => {
