@@ -356,3 +356,40 @@ test('a weighted holder whose queued waiter is gone takes that permit back and h
     expect(await lockState(sim, tableId)).toEqual([{ lockName: 'shared', permitsInUse: 0, holders: [] }]);
   });
 });
+
+test('redriven while its stopped run\'s release was handing its permits on: the redrive guard takes the whole weight again', async () => {
+  const { stack, workflow, workFunctionId } = workflowStack({ permits: 3, concurrencyLimit: 4, reconcilerScheduleEnabled: false });
+  // The redriven run's body lasts long enough to be looked at.
+  const work = new WorkTracker((_input, run) => (run === 1 ? 30 : 100));
+  await simulate(stack, { timeScale: 0.05, lambdaHandlers: { [workFunctionId]: work.handler } }, async (sim) => {
+    const sm = sim.stateMachine(stateMachineLogicalId(workflow.stateMachine));
+    const heavy = sim.startExecution(sm, {});
+    await until(async () => work.inside === 1, 'the execution inside');
+    // Stopped inside its body; its cleanup (held back here) had handed one of its three permits to
+    // a queued holder, as Hand Off One Of Permits does, when the execution is redriven.
+    sim.eventFaults = { lossRate: 1 };
+    heavy.abort();
+    await heavy.done;
+    await sim.db.call('UpdateItem', {
+      TableName: sim.tableName('WorkflowLockTable'),
+      Key: { lockName: { S: LOCK } },
+      UpdateExpression: `SET #next = :entry, #holder.${HOLDER_PERMITS} = #holder.${HOLDER_PERMITS} - :one, #holder.extra = #holder.extra - :one`,
+      ExpressionAttributeNames: { '#next': 'lease-waiter', '#holder': heavy.arn },
+      ExpressionAttributeValues: { ':one': { N: '1' }, ':entry': { M: { acquiredAt: { S: new Date(sim.now()).toISOString() } } } },
+    });
+    sim.eventFaults = {};
+    // (It resolves when the redriven run stops.)
+    const redriven = sim.redriveExecution(heavy.arn);
+    // The guard frees the two permits left, and takes three for the redriven run.
+    await until(async () => {
+      const [lock] = await sim.scan('WorkflowLockTable');
+      return lock[heavy.arn]?.M?.[HOLDER_PERMITS]?.N === '3';
+    }, 'the redriven run holding three permits');
+    const [lock] = await sim.scan('WorkflowLockTable');
+    expect(lock.permitsInUse).toEqual({ N: '4' });
+    expect(lock[heavy.arn].M?.redriveCount).toEqual({ N: '1' });
+    expect((await redriven).status).toBe('SUCCEEDED');
+    await sim.idle();
+    expect(await lockState(sim)).toEqual([{ lockName: LOCK, permitsInUse: 1, holders: ['lease-waiter'] }]);
+  });
+});
