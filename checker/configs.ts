@@ -16,6 +16,8 @@ export interface CheckerConfig {
   readonly workflow: Partial<ConcurrencyControlledWorkflowProps>;
   readonly executions: number;
   readonly clients?: number;
+  /** How many permits each client lease takes. @default 1 */
+  readonly clientPermits?: number;
   readonly budget: Budget;
   /**
    * The widest window of ticket numbers its worlds may name (see canonicalTickets in model.ts).
@@ -169,6 +171,16 @@ export const CONFIGS: CheckerConfig[] = [
     workflow: { ...POLLING, concurrencyLimit: 3, permits: 2 },
     executions: 2,
     budget: { ...NO_FAULTS, stops: 1, inFlight: 1, redrives: 1, sweeps: 1 },
+  },
+  {
+    name: 'weighted-client',
+    shard: 2,
+    description: 'queue, limit 2: a client lease of 2 permits handing them to queued executions one at a time, a stop',
+    workflow: { ...QUEUE, concurrencyLimit: 2 },
+    executions: 2,
+    clients: 1,
+    clientPermits: 2,
+    budget: { ...NO_FAULTS, stops: 1 },
   },
   {
     name: 'limit-2',

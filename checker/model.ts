@@ -159,6 +159,8 @@ export interface ModelOptions {
   readonly executions: number;
   /** Client leases (scripts), each acquiring once and releasing, or crashing. */
   readonly clients?: number;
+  /** How many permits each client lease takes (`--permits`); its release hands them on one at a time. @default 1 */
+  readonly clientPermits?: number;
   readonly budget: Budget;
   /** Told of every UpdateItem the model evaluates (for the conformance test against dynalite). */
   readonly onUpdateItem?: (call: RecordedUpdate) => void;
@@ -693,11 +695,12 @@ export class Model {
         const options: ClientProtocolOptions = { tableName: this.s.tableName, clockSkewMs: config.clockSkewMs };
         const lockName = this.s.lockName;
         const limit = this.s.limit;
+        const permits = this.options.clientPermits ?? 1;
         return (function* life(): Flow<unknown> {
-          const attempt = yield* acquireAttempt(options, lockName, actor.args.leaseId, { limit, leaseSeconds: CLIENT_LEASE_SECONDS });
+          const attempt = yield* acquireAttempt(options, lockName, actor.args.leaseId, { limit, leaseSeconds: CLIENT_LEASE_SECONDS, permits });
           if (!attempt.lease) return 'not acquired';
           yield HOLDING;
-          return yield* releaseHolder(options, lockName, actor.args.leaseId);
+          return yield* releaseHolder(options, lockName, actor.args.leaseId, permits > 1);
         })();
       }
     }
@@ -1057,9 +1060,10 @@ export class Model {
     for (const c of clients) {
       if (!item?.[c.args.leaseId]) result.push(`${c.id} holds its permit, but its lease entry is gone`);
     }
-    if (inside.length * this.s.permits + clients.length > limit) {
+    const permitsInside = inside.length * this.s.permits + clients.length * (this.options.clientPermits ?? 1);
+    if (permitsInside > limit) {
       const who = [...inside.map((e) => e.name), ...clients.map((c) => c.id)].join(', ');
-      result.push(`${inside.length + clients.length} inside at once (${who}) holding ${inside.length * this.s.permits + clients.length} permits, limit ${limit}`);
+      result.push(`${inside.length + clients.length} inside at once (${who}) holding ${permitsInside} permits, limit ${limit}`);
     }
     for (const [handoff, n] of Object.entries(w.ghost.wakes)) if (n > 1) result.push(`hand-off ${handoff} woke ${n} waiters`);
     if (w.ghost.fenceViolation) result.push(`fencing: ${w.ghost.fenceViolation}`);

@@ -339,7 +339,6 @@ export function handOffChain(scope: Construct, props: HandOffProps): sfn.State {
     // polling): then DynamoDB rejects the update (its two paths overlap), and the same goes.
     .addCatch(peek, { errors: [CONDITIONAL_CHECK_FAILED, VALIDATION_ERROR], resultPath: sfn.JsonPath.DISCARD });
 
-
   const wakeUpLost = props.next ?? new sfn.Succeed(scope, names.wakeUpLost, { outputPath: props.outputPath });
 
   // Did the hand-off land? Its id is in the waiter's entry if and only if it did. If it did, wake the
