@@ -55,7 +55,8 @@ export interface ConcurrencyControlledWorkflowProps {
   readonly lockName?: string;
 
   /**
-   * How many executions may hold a permit of the lock at the same time.
+   * How many executions may hold a permit of the lock at the same time (with `permits`, how many
+   * permits: an execution then takes several).
    *
    * A `JsonPath.numberAt('$.path')` reads it from each execution's input. Each acquire compares the
    * permits in use with its own limit, so workflows sharing a lock should agree on it.
