@@ -551,7 +551,7 @@ export function* releaseHolder(options: ClientProtocolOptions, lockName: string,
         } catch (e) {
           if (['TaskTimedOut', 'TaskDoesNotExist', 'InvalidToken'].includes(errorName(e))) {
             // The waiter's task is gone: take the permit back into this entry (unless it claimed it).
-            const takeBack = { [QUEUE_VALUES.handoffId]: { S: handoffId }, ...one };
+            const takeBack = { [QUEUE_VALUES.handoffId]: { S: handoffId }, ...one, ...run };
             yield* conditionalUpdate(table, lockName, holder, TAKE_BACK_ONE_UPDATE, TAKE_BACK_ONE_CONDITION, takeBack, 'NONE', waiter);
           } else {
             // Not delivered: the waiter finds the permit when its wait times out.

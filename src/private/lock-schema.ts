@@ -423,9 +423,9 @@ export const SPLIT_HAND_OFF_UPDATE =
 /**
  * Take back one permit handed off by SPLIT_HAND_OFF to a waiter that could not be woken (its token is
  * closed): as TAKE_BACK, but into the releaser's entry, which still holds the rest. Refused when the
- * waiter claimed it, or the releaser's entry is gone.
+ * waiter claimed it, or the releaser's entry is gone or was taken by a later run.
  */
-export const TAKE_BACK_ONE_CONDITION = `${QUEUE_NAMES.next}.${HOLDER_HANDOFF_ID} = ${QUEUE_VALUES.handoffId} AND attribute_not_exists(${QUEUE_NAMES.next}.${HOLDER_CLAIMED}) AND attribute_exists(${NAMES.holder}.${HOLDER_PERMITS})`;
+export const TAKE_BACK_ONE_CONDITION = `${QUEUE_NAMES.next}.${HOLDER_HANDOFF_ID} = ${QUEUE_VALUES.handoffId} AND attribute_not_exists(${QUEUE_NAMES.next}.${HOLDER_CLAIMED}) AND attribute_exists(${NAMES.holder}.${HOLDER_PERMITS}) AND ${STAMPED_AT_MOST}`;
 export const TAKE_BACK_ONE_UPDATE =
   `SET ${NAMES.holder}.${HOLDER_PERMITS} = ${NAMES.holder}.${HOLDER_PERMITS} + ${VALUES.one}, ` +
   `${NAMES.holder}.${HOLDER_EXTRA_PERMITS} = ${NAMES.holder}.${HOLDER_EXTRA_PERMITS} + ${VALUES.one} REMOVE ${QUEUE_NAMES.next}`;

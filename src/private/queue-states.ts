@@ -502,7 +502,11 @@ export function handOffChain(scope: Construct, props: HandOffProps): sfn.State {
       conditionExpression: TAKE_BACK_ONE_CONDITION,
       updateExpression: TAKE_BACK_ONE_UPDATE,
       expressionAttributeNames: { [NAMES.holder]: holder, [QUEUE_NAMES.next]: waiterId },
-      expressionAttributeValues: { [QUEUE_VALUES.handoffId]: handoffId, [VALUES.one]: tasks.DynamoAttributeValue.fromNumber(1) },
+      expressionAttributeValues: {
+        [QUEUE_VALUES.handoffId]: handoffId,
+        [VALUES.one]: tasks.DynamoAttributeValue.fromNumber(1),
+        [VALUES.redriveCount]: redriveCount,
+      },
       resultPath: sfn.JsonPath.DISCARD,
     })
       .addRetry(retry)
