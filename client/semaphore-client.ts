@@ -485,7 +485,7 @@ export function* acquireAttempt(
  * oldest (the holder entry moves to it) and wake it with SendTaskSuccess; a waiter whose task is
  * gone gets it taken back and passed on. True when the holder held a permit. A `weighted` holder (an
  * entry of several permits) hands them to the waiters one at a time (SPLIT_HAND_OFF), and gives back
- * what is left once nobody waits; a waiter it could not wake keeps the permit handed to it.
+ * what is left once nobody waits; from a waiter whose task is gone it takes that permit back (TAKE_BACK_ONE).
  */
 export function* releaseHolder(options: ClientProtocolOptions, lockName: string, holder: string, weighted = false): Flow<boolean> {
   const table = options.tableName;
