@@ -139,7 +139,9 @@ test('the queue: the sweep drops a waiter stopped while queued and hands the per
     queueCheckInterval: Duration.hours(1),
     reconcilerScheduleEnabled: false,
   });
-  const work = new WorkTracker(() => 5);
+  // Bodies long enough (3 s of real time at this time scale) that the woken waiter is still inside
+  // when the test looks at the queue after the sweep, however long the sweep itself took.
+  const work = new WorkTracker(() => 300);
   const sim = await Simulator.start(stack, { lambdaHandlers: { [workFunctionId]: work.handler } });
   try {
     const sm = sim.stateMachine(stateMachineLogicalId(workflow.stateMachine));
@@ -173,6 +175,7 @@ test('the queue: the sweep drops a waiter stopped while queued and hands the per
       await sim.sleep(2);
     }
     const [a, b, c] = waiters;
+    await until(() => waiters.every((e) => e.stateTransitions.get('Wait In Queue') === 1), 'the three waiters queued');
     expect(waiters.every((e) => e.status === 'RUNNING' && e.stateTransitions.get('Wait In Queue') === 1)).toBe(true);
     b.abort('Test.Stop', 'stopped while queued');
     await sim.sleep(5);
