@@ -1,7 +1,7 @@
 import { UpdateItemCommand } from '@aws-sdk/client-dynamodb';
 import { CfnElement, Duration } from 'aws-cdk-lib';
 import { GRACE_MS } from '../lambda/reconciler-flows';
-import { LockMonitor, seededRandom, Simulator } from '../simulator';
+import { Execution, LockMonitor, seededRandom, Simulator } from '../simulator';
 import { WaitStrategy } from '../src';
 import { lockState, logicalId, queuedWaiters, stateMachineLogicalId, statuses, until, WorkTracker, workflowStack } from './helpers';
 import { ACQUIRE_CONDITION, ACQUIRE_UPDATE, CONCURRENCY_LIMIT, FENCING_TOKEN, LOCK_KEY, NAMES, PERMITS_IN_USE, VALUES } from '../src/private/lock-schema';
@@ -169,7 +169,7 @@ test('the queue: the sweep drops a waiter stopped while queued and hands the per
         },
       }),
     );
-    const waiters = [];
+    const waiters: Execution[] = [];
     for (const name of ['a', 'b', 'c']) {
       waiters.push(sim.startExecution(sm, {}, { name }));
       await sim.sleep(2);
