@@ -799,7 +799,13 @@ describe('Lambda functions, schedules and the Step Functions API', () => {
        };`,
     );
     const { stack, sm } = machineStack((s, table) => {
-      const fn = new lambda.Function(s, 'Store', { runtime: lambda.Runtime.NODEJS_18_X, handler: 'index.handler', code: lambda.Code.fromAsset(code) });
+      // A timeout of a minute: 600 ms of real time here, enough to load the AWS SDK on a busy machine.
+      const fn = new lambda.Function(s, 'Store', {
+        runtime: lambda.Runtime.NODEJS_18_X,
+        handler: 'index.handler',
+        code: lambda.Code.fromAsset(code),
+        timeout: Duration.minutes(1),
+      });
       fn.addEnvironment('TABLE', table.tableName);
       return new tasks.LambdaInvoke(s, 'Invoke Store', { lambdaFunction: fn, payloadResponseOnly: true });
     });

@@ -4,7 +4,7 @@ import * as lambda from 'aws-cdk-lib/aws-lambda';
 import * as sfn from 'aws-cdk-lib/aws-stepfunctions';
 import * as tasks from 'aws-cdk-lib/aws-stepfunctions-tasks';
 import { ConcurrencyControlledWorkflow, SemaphoreTable, WaitStrategy } from '../src';
-import { lockState, logicalId, simulate, stateMachineLogicalId, statuses, WORK_FUNCTION_TIMEOUT, WorkTracker, workflowStack } from './helpers';
+import { lockState, logicalId, simulate, stateMachineLogicalId, statuses, until as waitUntil, WORK_FUNCTION_TIMEOUT, WorkTracker, workflowStack } from './helpers';
 import { Execution, LockMonitor, seededRandom, Simulator, TaskContext, TaskError } from '../simulator';
 import { isTicketKey, ticketKey } from '../src/private/lock-schema';
 
@@ -935,9 +935,10 @@ describe('the queue', () => {
       const first = sim.startExecution(sm, {}, { name: 'first' });
       await sim.sleep(1);
       const gone = sim.startExecution(sm, {}, { name: 'gone' });
-      await sim.sleep(1);
+      // Queued in this order (a second of the simulation is 10 ms here: CPU time alone can reorder them).
+      await waitUntil(() => gone.stateTransitions.has('Wait In Queue'), 'the first waiter queued');
       const next = sim.startExecution(sm, {}, { name: 'next' });
-      await sim.sleep(1);
+      await waitUntil(() => next.stateTransitions.has('Wait In Queue'), 'the second waiter queued');
       gone.abort('Test.Stop', 'stopped while queued');
       await Promise.all([first.done, gone.done, next.done]);
       await sim.idle();
