@@ -341,63 +341,6 @@ export function handOffChain(scope: Construct, props: HandOffProps): sfn.State {
 
   const wakeUpLost = props.next ?? new sfn.Succeed(scope, names.wakeUpLost, { outputPath: props.outputPath });
 
-  // Did the hand-off land? Its id is in the waiter's entry if and only if it did. If it did, wake the
-  // waiter as after a hand-off that answered.
-  const confirmHandOff = new tasks.DynamoUpdateItem(scope, names.confirmHandOff, {
-    table,
-    key,
-    conditionExpression: CONFIRM_HAND_OFF_CONDITION,
-    updateExpression: CONFIRM_HAND_OFF_UPDATE,
-    expressionAttributeNames: { [QUEUE_NAMES.next]: waiterId, [NAMES.fence]: FENCING_TOKEN },
-    expressionAttributeValues: { [QUEUE_VALUES.handoffId]: handoffId },
-    returnValues: tasks.DynamoReturnValues.UPDATED_NEW,
-    resultSelector: { fencingToken: sfn.JsonPath.stringToJson(sfn.JsonPath.stringAt(`$.Attributes.${FENCING_TOKEN}.N`)) },
-    resultPath: `${HANDOFF_PATH}.wake`,
-  })
-    .addRetry(retry)
-    .addCatch(release, { errors: [CONDITIONAL_CHECK_FAILED], resultPath: sfn.JsonPath.DISCARD });
-  handOff.addCatch(confirmHandOff, { errors: SERVER_ERRORS, resultPath: sfn.JsonPath.DISCARD });
-
-  // The woken waiter's task has gone (the execution stopped, or its wait timed out just then): take
-  // the permit back, unless the waiter found and claimed it meanwhile, and hand it on.
-  const takeBack = new tasks.DynamoUpdateItem(scope, names.takeBack, {
-    table,
-    key,
-    conditionExpression: TAKE_BACK_CONDITION,
-    updateExpression: TAKE_BACK_UPDATE,
-    expressionAttributeNames: { [NAMES.holder]: holder, [QUEUE_NAMES.next]: waiterId },
-    expressionAttributeValues: {
-      [QUEUE_VALUES.handoffId]: handoffId,
-      [VALUES.entry]: tasks.DynamoAttributeValue.fromMap({
-        [HOLDER_ACQUIRED_AT]: tasks.DynamoAttributeValue.fromString(sfn.JsonPath.stringAt('$$.State.EnteredTime')),
-        [HOLDER_REDRIVE_COUNT]: redriveCount,
-      }),
-    },
-    resultPath: sfn.JsonPath.DISCARD,
-  }).addRetry(retry);
-  takeBack.next(release);
-  // Refused: the waiter claimed the permit, or it is gone with it, or a retry finds that the take-back
-  // landed already. Only in that last case is there still a permit to give back, which the release
-  // finds out by itself.
-  takeBack.addCatch(release, { errors: [CONDITIONAL_CHECK_FAILED], resultPath: sfn.JsonPath.DISCARD });
-
-  // The waiter is awake and will never wait on its ticket again: its item goes (a sweep deletes the
-  // items of tickets whose wake-up failed).
-  const deleteTicket = end(
-    new tasks.DynamoDeleteItem(scope, names.deleteTicket, {
-      table,
-      key: ticketItemKeyMap,
-      conditionExpression: DELETE_SERVED_CONDITION,
-      expressionAttributeNames: { [QUEUE_NAMES.servedBy]: TICKET_SERVED_BY },
-      expressionAttributeValues: { [QUEUE_VALUES.servedBy]: handoffId },
-      resultPath: sfn.JsonPath.DISCARD,
-      ...endProps,
-    }).addRetry(retry),
-  );
-  deleteTicket.addCatch(props.next ?? new sfn.Succeed(scope, names.ticketGone, { outputPath: props.outputPath }), {
-    errors: [CONDITIONAL_CHECK_FAILED],
-    resultPath: sfn.JsonPath.DISCARD,
-  });
   const tokenPath = `${ticketAttributes}.${TICKET_WAIT_TOKEN}.S`;
   // AWS SDK integration tasks written as ASL (CustomState), not CallAwsService: CallAwsService puts its
   // grant in the role's default policy, which the state machine depends on, and the grant names the
@@ -414,28 +357,115 @@ export function handOffChain(scope: Construct, props: HandOffProps): sfn.State {
     });
   const sendWakeUp = (id: string) =>
     sfnCall(id, 'sendTaskSuccess', { 'TaskToken.$': tokenPath, 'Output.$': `States.JsonToString(${HANDOFF_PATH}.wake)` });
-  // The wake-up is never retried blindly: a retry of a call that did wake the waiter would hear
-  // TaskTimedOut and take back the permit the waiter is using. After a throttled call (SFN_THROTTLED_ERRORS),
-  // whatever it did, a heartbeat on the token tells: it is refused once the task has ended (woken, timed
-  // out or stopped), and succeeds only while the waiter still waits, when a second wake-up is safe.
-  const wakeAgain = sendWakeUp(names.wakeAgain)
-    // Whatever fails now, the waiter finds its permit when its wait times out (no take-back from here).
-    .addCatch(wakeUpLost, { errors: [sfn.Errors.ALL], resultPath: sfn.JsonPath.DISCARD })
-    .next(deleteTicket);
-  const isWaiterWaiting = sfnCall(names.isWaiterWaiting, 'sendTaskHeartbeat', { 'TaskToken.$': tokenPath })
-    // A heartbeat changes nothing but the task's heartbeat clock: any failure of it may be retried.
-    .addRetry({ errors: SFN_THROTTLED_ERRORS, interval: Duration.seconds(1), backoffRate: 2, maxAttempts: 5, jitterStrategy: sfn.JitterType.FULL })
-    // The token is closed (the wake-up landed, or the wait ended): as a lost wake-up.
-    .addCatch(wakeUpLost, { errors: [sfn.Errors.ALL], resultPath: sfn.JsonPath.DISCARD })
-    .next(wakeAgain);
-  const wake = sendWakeUp(names.wake)
-    .addCatch(takeBack, { errors: TOKEN_GONE_ERRORS, resultPath: sfn.JsonPath.DISCARD })
-    .addCatch(isWaiterWaiting, { errors: SFN_THROTTLED_ERRORS, resultPath: sfn.JsonPath.DISCARD })
-    // Any other failure is a lost wake-up: the waiter finds its permit when its wait times out.
-    .addCatch(wakeUpLost, { errors: [sfn.Errors.ALL], resultPath: sfn.JsonPath.DISCARD })
-    .next(deleteTicket);
-  handOff.next(wake);
-  confirmHandOff.next(wake);
+
+  /**
+   * What follows a hand-off (of a whole entry, or of one of a weighted entry's permits): confirm it
+   * after a server error (did it land? its id is in the waiter's entry if and only if it did), wake the
+   * waiter, and delete its ticket's item. A waiter whose task is gone has its permit taken back
+   * (`takeBack`); any other failure to wake it is a lost wake-up (`lost`), which the waiter finds when
+   * its wait times out. After the delete the chain goes to `then`, else it ends as the release does.
+   * `takeBack` is built after the confirm, so that the rendered definitions keep their order.
+   */
+  const wakeChain = (
+    ids: { confirm: string; wake: string; isWaiting: string; wakeAgain: string; deleteTicket: string },
+    to: { takeBack: () => sfn.IChainable; lost: sfn.IChainable; then?: sfn.IChainable },
+  ) => {
+    const confirm = new tasks.DynamoUpdateItem(scope, ids.confirm, {
+      table,
+      key,
+      conditionExpression: CONFIRM_HAND_OFF_CONDITION,
+      updateExpression: CONFIRM_HAND_OFF_UPDATE,
+      expressionAttributeNames: { [QUEUE_NAMES.next]: waiterId, [NAMES.fence]: FENCING_TOKEN },
+      expressionAttributeValues: { [QUEUE_VALUES.handoffId]: handoffId },
+      returnValues: tasks.DynamoReturnValues.UPDATED_NEW,
+      resultSelector: { fencingToken: sfn.JsonPath.stringToJson(sfn.JsonPath.stringAt(`$.Attributes.${FENCING_TOKEN}.N`)) },
+      resultPath: `${HANDOFF_PATH}.wake`,
+    })
+      .addRetry(retry)
+      .addCatch(release, { errors: [CONDITIONAL_CHECK_FAILED], resultPath: sfn.JsonPath.DISCARD });
+    const takeBack = to.takeBack();
+    // The waiter is awake and will never wait on its ticket again: its item goes (a sweep deletes the
+    // items of tickets whose wake-up failed). Only the item this hand-off served: a sweep may have
+    // deleted it meanwhile.
+    const deleteTicket = new tasks.DynamoDeleteItem(scope, ids.deleteTicket, {
+      table,
+      key: ticketItemKeyMap,
+      conditionExpression: DELETE_SERVED_CONDITION,
+      expressionAttributeNames: { [QUEUE_NAMES.servedBy]: TICKET_SERVED_BY },
+      expressionAttributeValues: { [QUEUE_VALUES.servedBy]: handoffId },
+      resultPath: sfn.JsonPath.DISCARD,
+      ...(to.then ? {} : endProps),
+    }).addRetry(retry);
+    if (to.then) {
+      deleteTicket.addCatch(to.then, { errors: [CONDITIONAL_CHECK_FAILED], resultPath: sfn.JsonPath.DISCARD }).next(to.then);
+    } else {
+      end(deleteTicket).addCatch(props.next ?? new sfn.Succeed(scope, names.ticketGone, { outputPath: props.outputPath }), {
+        errors: [CONDITIONAL_CHECK_FAILED],
+        resultPath: sfn.JsonPath.DISCARD,
+      });
+    }
+    // The wake-up is never retried blindly: a retry of a call that did wake the waiter would hear
+    // TaskTimedOut and take back the permit the waiter is using. After a throttled call (SFN_THROTTLED_ERRORS),
+    // whatever it did, a heartbeat on the token tells: it is refused once the task has ended (woken, timed
+    // out or stopped), and succeeds only while the waiter still waits, when a second wake-up is safe.
+    const wakeAgain = sendWakeUp(ids.wakeAgain)
+      // Whatever fails now, the waiter finds its permit when its wait times out (no take-back from here).
+      .addCatch(to.lost, { errors: [sfn.Errors.ALL], resultPath: sfn.JsonPath.DISCARD })
+      .next(deleteTicket);
+    const isWaiting = sfnCall(ids.isWaiting, 'sendTaskHeartbeat', { 'TaskToken.$': tokenPath })
+      // A heartbeat changes nothing but the task's heartbeat clock: any failure of it may be retried.
+      .addRetry({ errors: SFN_THROTTLED_ERRORS, interval: Duration.seconds(1), backoffRate: 2, maxAttempts: 5, jitterStrategy: sfn.JitterType.FULL })
+      // The token is closed (the wake-up landed, or the wait ended): as a lost wake-up.
+      .addCatch(to.lost, { errors: [sfn.Errors.ALL], resultPath: sfn.JsonPath.DISCARD })
+      .next(wakeAgain);
+    const wake = sendWakeUp(ids.wake)
+      .addCatch(takeBack, { errors: TOKEN_GONE_ERRORS, resultPath: sfn.JsonPath.DISCARD })
+      .addCatch(isWaiting, { errors: SFN_THROTTLED_ERRORS, resultPath: sfn.JsonPath.DISCARD })
+      // Any other failure is a lost wake-up: the waiter finds its permit when its wait times out.
+      .addCatch(to.lost, { errors: [sfn.Errors.ALL], resultPath: sfn.JsonPath.DISCARD })
+      .next(deleteTicket);
+    confirm.next(wake);
+    return { confirm, wake };
+  };
+
+  // The woken waiter's task has gone (the execution stopped, or its wait timed out just then): take
+  // the permit back, unless the waiter found and claimed it meanwhile, and hand it on.
+  const takeBackPermit = () => {
+    const takeBack = new tasks.DynamoUpdateItem(scope, names.takeBack, {
+      table,
+      key,
+      conditionExpression: TAKE_BACK_CONDITION,
+      updateExpression: TAKE_BACK_UPDATE,
+      expressionAttributeNames: { [NAMES.holder]: holder, [QUEUE_NAMES.next]: waiterId },
+      expressionAttributeValues: {
+        [QUEUE_VALUES.handoffId]: handoffId,
+        [VALUES.entry]: tasks.DynamoAttributeValue.fromMap({
+          [HOLDER_ACQUIRED_AT]: tasks.DynamoAttributeValue.fromString(sfn.JsonPath.stringAt('$$.State.EnteredTime')),
+          [HOLDER_REDRIVE_COUNT]: redriveCount,
+        }),
+      },
+      resultPath: sfn.JsonPath.DISCARD,
+    }).addRetry(retry);
+    takeBack.next(release);
+    // Refused: the waiter claimed the permit, or it is gone with it, or a retry finds that the take-back
+    // landed already. Only in that last case is there still a permit to give back, which the release
+    // finds out by itself.
+    takeBack.addCatch(release, { errors: [CONDITIONAL_CHECK_FAILED], resultPath: sfn.JsonPath.DISCARD });
+    return takeBack;
+  };
+
+  const unit = wakeChain(
+    {
+      confirm: names.confirmHandOff,
+      wake: names.wake,
+      isWaiting: names.isWaiterWaiting,
+      wakeAgain: names.wakeAgain,
+      deleteTicket: names.deleteTicket,
+    },
+    { takeBack: takeBackPermit, lost: wakeUpLost },
+  );
+  handOff.addCatch(unit.confirm, { errors: SERVER_ERRORS, resultPath: sfn.JsonPath.DISCARD });
+  handOff.next(unit.wake);
 
   let firstHandOff: sfn.State = handOff;
   if (props.weighted) {
@@ -462,38 +492,6 @@ export function handOffChain(scope: Construct, props: HandOffProps): sfn.State {
       .addRetry(transientRetry(THROTTLING_ERRORS))
       // An entry of one permit (or the waiter holds one, or ours is gone): as any holder's hand-off.
       .addCatch(handOff, { errors: [CONDITIONAL_CHECK_FAILED, VALIDATION_ERROR], resultPath: sfn.JsonPath.DISCARD });
-    const confirmOne = new tasks.DynamoUpdateItem(scope, names.confirmHandOffOne, {
-      table,
-      key,
-      conditionExpression: CONFIRM_HAND_OFF_CONDITION,
-      updateExpression: CONFIRM_HAND_OFF_UPDATE,
-      expressionAttributeNames: { [QUEUE_NAMES.next]: waiterId, [NAMES.fence]: FENCING_TOKEN },
-      expressionAttributeValues: { [QUEUE_VALUES.handoffId]: handoffId },
-      returnValues: tasks.DynamoReturnValues.UPDATED_NEW,
-      resultSelector: { fencingToken: sfn.JsonPath.stringToJson(sfn.JsonPath.stringAt(`$.Attributes.${FENCING_TOKEN}.N`)) },
-      resultPath: `${HANDOFF_PATH}.wake`,
-    })
-      .addRetry(retry)
-      .addCatch(release, { errors: [CONDITIONAL_CHECK_FAILED], resultPath: sfn.JsonPath.DISCARD });
-    handOffOne.addCatch(confirmOne, { errors: SERVER_ERRORS, resultPath: sfn.JsonPath.DISCARD });
-    const deleteOne = new tasks.DynamoDeleteItem(scope, names.deleteTicketOfOne, {
-      table,
-      key: ticketItemKeyMap,
-      conditionExpression: DELETE_SERVED_CONDITION,
-      expressionAttributeNames: { [QUEUE_NAMES.servedBy]: TICKET_SERVED_BY },
-      expressionAttributeValues: { [QUEUE_VALUES.servedBy]: handoffId },
-      resultPath: sfn.JsonPath.DISCARD,
-    })
-      .addRetry(retry)
-      .addCatch(release, { errors: [CONDITIONAL_CHECK_FAILED], resultPath: sfn.JsonPath.DISCARD })
-      .next(release);
-    const wakeOneAgain = sendWakeUp(names.wakeWaiterOfOneAgain)
-      .addCatch(release, { errors: [sfn.Errors.ALL], resultPath: sfn.JsonPath.DISCARD })
-      .next(deleteOne);
-    const isWaiterOfOneWaiting = sfnCall(names.isWaiterOfOneWaiting, 'sendTaskHeartbeat', { 'TaskToken.$': tokenPath })
-      .addRetry({ errors: SFN_THROTTLED_ERRORS, interval: Duration.seconds(1), backoffRate: 2, maxAttempts: 5, jitterStrategy: sfn.JitterType.FULL })
-      .addCatch(release, { errors: [sfn.Errors.ALL], resultPath: sfn.JsonPath.DISCARD })
-      .next(wakeOneAgain);
     // The waiter's task is gone: take its permit back into this entry (unless it claimed it), and
     // release again, which hands it on.
     const takeBackOne = new tasks.DynamoUpdateItem(scope, names.takeBackOne, {
@@ -512,14 +510,19 @@ export function handOffChain(scope: Construct, props: HandOffProps): sfn.State {
       .addRetry(retry)
       .addCatch(release, { errors: [CONDITIONAL_CHECK_FAILED], resultPath: sfn.JsonPath.DISCARD })
       .next(release);
-    const wakeOne = sendWakeUp(names.wakeWaiterOfOne)
-      .addCatch(takeBackOne, { errors: TOKEN_GONE_ERRORS, resultPath: sfn.JsonPath.DISCARD })
-      .addCatch(isWaiterOfOneWaiting, { errors: SFN_THROTTLED_ERRORS, resultPath: sfn.JsonPath.DISCARD })
-      // Any other failure: a lost wake-up, which the waiter finds when its wait times out; hand on the rest.
-      .addCatch(release, { errors: [sfn.Errors.ALL], resultPath: sfn.JsonPath.DISCARD })
-      .next(deleteOne);
-    handOffOne.next(wakeOne);
-    confirmOne.next(wakeOne);
+    // As after any hand-off, but the holder keeps permits: whatever happens, it releases again.
+    const one = wakeChain(
+      {
+        confirm: names.confirmHandOffOne,
+        wake: names.wakeWaiterOfOne,
+        isWaiting: names.isWaiterOfOneWaiting,
+        wakeAgain: names.wakeWaiterOfOneAgain,
+        deleteTicket: names.deleteTicketOfOne,
+      },
+      { takeBack: () => takeBackOne, lost: release, then: release },
+    );
+    handOffOne.addCatch(one.confirm, { errors: SERVER_ERRORS, resultPath: sfn.JsonPath.DISCARD });
+    handOffOne.next(one.wake);
     firstHandOff = handOffOne;
   }
   serveTicket.next(firstHandOff);
