@@ -94,6 +94,13 @@ test('a weight read from the input is checked first: not an integer from 1 to 10
     const good = [sim.startExecution(sm, { weight: 4, limit: 10 }), sim.startExecution(sm, { weight: 100, limit: 100 })];
     await Promise.all([...refused, ...good].map((e) => e.done));
     expect(refused.map((e) => [e.status, e.error])).toEqual(Array(bad.length).fill(['FAILED', ConcurrencyControlledWorkflow.INVALID_PERMITS_ERROR]));
+    // The cause says what is allowed, and quotes what it got.
+    const allowed = 'The permits read from the execution input at $.weight must be an integer from 1 to 100, and at most the concurrency limit';
+    expect(refused.map((e) => e.cause)).toEqual([
+      ...['got none', 'got: "two"', 'got: 0', 'got: 2.5'].map((got) => `${allowed}, ${got}`),
+      'The permits read from the execution input at $.weight must be at most the concurrency limit read from it at $.limit, got: 11 and 10',
+      `${allowed}, got: 101`,
+    ]);
     expect(good.map((e) => e.status)).toEqual(['SUCCEEDED', 'SUCCEEDED']);
     expect(work.runs).toBe(2);
     await sim.idle();
@@ -314,6 +321,7 @@ describe('the limit from the input', () => {
       // On a lock item not written yet too: the first acquire would let anything in.
       const tooLow = await sim.startExecution(sm, { ...input(0), limit: 2 }).done;
       expect([tooLow.status, tooLow.error]).toEqual(['FAILED', ConcurrencyControlledWorkflow.INVALID_PERMITS_ERROR]);
+      expect(tooLow.cause).toMatch(/^The (concurrency limit read from the execution input at \$\.limit must be at least the permits of the workflow, 3, got: 2|permits read from the execution input at \$\.weight must be at most the concurrency limit read from it at \$\.limit, got: 3 and 2)$/);
       const executions = Array.from({ length: 4 }, (_, i) => sim.startExecution(sm, { ...input(i), limit: 5 }));
       await Promise.all(executions.map((e) => e.done));
       expect(executions.map((e) => e.status)).toEqual(Array(4).fill('SUCCEEDED'));

@@ -307,15 +307,22 @@ describe('lock name and limit from the execution input', () => {
     });
   });
 
-  test.each([[{ limit: 0 }], [{ limit: -2 }], [{ limit: 'five' }], [{}], [{ limit: 1001 }]])(
-    'a runtime limit that is not a number from 1 to 1000 fails with SemaphoreInvalidLimit, holding nothing: %j',
-    async (input) => {
+  test.each([
+    [{ limit: 0 }, 'got: 0'],
+    [{ limit: -2 }, 'got: -2'],
+    [{ limit: 'five' }, 'got: "five"'],
+    [{}, 'got none'],
+    [{ limit: 1001 }, 'got: 1001'],
+  ])(
+    'a runtime limit that is not a number from 1 to 1000 fails with SemaphoreInvalidLimit, holding nothing, quoting it: %j',
+    async (input, got) => {
       const { stack, workflow, workFunctionId } = workflowStack({ concurrencyLimit: sfn.JsonPath.numberAt('$.limit') });
       const work = new WorkTracker();
       await simulate(stack, { lambdaHandlers: { [workFunctionId]: work.handler } }, async (sim) => {
         const e = await sim.startExecution(sim.stateMachine(stateMachineLogicalId(workflow.stateMachine)), input).done;
 
         expect([e.status, e.error]).toEqual(['FAILED', 'SemaphoreInvalidLimit']);
+        expect(e.cause).toBe(`The concurrency limit read from the execution input at $.limit must be a number from 1 to 1000, ${got}`);
         expect(e.dynamoCalls).toBe(0);
         expect(work.runs).toBe(0);
         // The bound itself is allowed.

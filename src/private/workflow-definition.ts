@@ -195,6 +195,41 @@ function limitFromInput(path: string): number {
 }
 
 /**
+ * The failure of a value read from the input that a check refused: its cause says what is allowed and
+ * quotes the value it got (`quoted`; `also` quotes several, with a cause of its own), or says that
+ * there was none (`missing`). A Pass state writes the
+ * cause, since the simulator's Fail state reads `CausePath` as a path only; it costs a transition on
+ * the failure only.
+ */
+function invalidInput(
+  scope: Construct,
+  props: {
+    error: string;
+    fail: string;
+    quote: string;
+    missing?: string;
+    path: string;
+    cause: string;
+    /** A second quoting failure, with a template of its own and the paths it quotes. */
+    also?: { quote: string; cause: string; paths: string[] };
+  },
+): { quoted: sfn.IChainable; missing: sfn.IChainable; also: sfn.IChainable } {
+  const fail = new sfn.Fail(scope, props.fail, { error: props.error, causePath: '$.Cause' });
+  const quote = (id: string, template: string, paths: string[]) => {
+    // States.Format's template escapes these characters; the causes here use none of them.
+    if (/[{}'\\]/.test(template.replace(/\{\}/g, ''))) throw new Error(`invalidInput: a cause must not contain {, }, ' or a backslash: ${template}`);
+    const args = paths.map((p) => sfn.JsonPath.jsonToString(sfn.JsonPath.objectAt(p)));
+    return new sfn.Pass(scope, id, { parameters: { Cause: sfn.JsonPath.format(template, ...args) }, resultPath: '$' }).next(fail);
+  };
+  const quoted = quote(props.quote, `${props.cause}, got: {}`, [props.path]);
+  const missing = props.missing
+    ? new sfn.Pass(scope, props.missing, { parameters: { Cause: `${props.cause}, got none` }, resultPath: '$' }).next(fail)
+    : quoted;
+  const also = props.also ? quote(props.also.quote, props.also.cause, props.also.paths) : quoted;
+  return { quoted, missing, also };
+}
+
+/**
  * `permits` read from the input is checked before the first acquire, as the limit is: a missing or
  * non-numeric weight would fail the acquire's parameters, one below 1 would give permits away, and
  * one above the limit would wait forever. One more transition, only here; nothing is held yet.
@@ -207,25 +242,40 @@ function checkRuntimePermits(scope: Construct, spec: DefinitionSpec, next: sfn.I
     // not written yet, the acquire's condition does not compare them).
     const fixed = spec.permits?.fixed;
     if (fixed === undefined || fixed === 1 || limitPath === undefined) return next;
-    const tooMany = new sfn.Fail(scope, STATE.runtimePermitsInvalid, {
+    const tooMany = invalidInput(scope, {
       error: INVALID_PERMITS_ERROR,
-      cause: `The concurrency limit read from the execution input at ${limitPath} must be at least the workflow's permits, ${fixed}`,
-    });
+      fail: STATE.runtimePermitsInvalid,
+      quote: STATE.quoteInvalidPermits,
+      path: limitPath,
+      cause: `The concurrency limit read from the execution input at ${limitPath} must be at least the permits of the workflow, ${fixed}`,
+    }).quoted;
     return new sfn.Choice(scope, STATE.checkRuntimePermits).when(sfn.Condition.numberLessThan(limitPath, fixed), tooMany).otherwise(next);
   }
-  const invalid = new sfn.Fail(scope, STATE.runtimePermitsInvalid, {
+  const invalid = invalidInput(scope, {
     error: INVALID_PERMITS_ERROR,
+    fail: STATE.runtimePermitsInvalid,
+    quote: STATE.quoteInvalidPermits,
+    missing: STATE.runtimePermitsMissing,
+    path,
     cause: `The permits read from the execution input at ${path} must be an integer from 1 to ${MAX_PERMITS}, and at most the concurrency limit`,
+    also:
+      limitPath === undefined
+        ? undefined
+        : {
+          quote: STATE.quotePermitsAboveLimit,
+          cause: `The permits read from the execution input at ${path} must be at most the concurrency limit read from it at ${limitPath}, got: {} and {}`,
+          paths: [path, limitPath],
+        },
   });
   const aboveLimit =
     limitPath === undefined ? sfn.Condition.numberGreaterThan(path, spec.limit.fixed!) : sfn.Condition.numberGreaterThanJsonPath(path, limitPath);
   // A Choice cannot test for an integer, but it can test for each of the MAX_PERMITS allowed values.
   const allowed = Array.from({ length: MAX_PERMITS }, (_, i) => sfn.Condition.numberEquals(path, i + 1));
   return new sfn.Choice(scope, STATE.checkRuntimePermits)
-    .when(sfn.Condition.not(sfn.Condition.isPresent(path)), invalid)
-    .when(sfn.Condition.not(sfn.Condition.isNumeric(path)), invalid)
-    .when(sfn.Condition.not(sfn.Condition.or(...allowed)), invalid)
-    .when(aboveLimit, invalid)
+    .when(sfn.Condition.not(sfn.Condition.isPresent(path)), invalid.missing)
+    .when(sfn.Condition.not(sfn.Condition.isNumeric(path)), invalid.quoted)
+    .when(sfn.Condition.not(sfn.Condition.or(...allowed)), invalid.quoted)
+    .when(aboveLimit, invalid.also)
     .otherwise(next);
 }
 
@@ -237,15 +287,19 @@ function checkRuntimePermits(scope: Construct, spec: DefinitionSpec, next: sfn.I
  */
 function checkRuntimeLimit(scope: Construct, spec: DefinitionSpec, next: sfn.IChainable): sfn.IChainable {
   if (spec.limit.inputPath === undefined) return next;
-  const invalidLimit = new sfn.Fail(scope, STATE.runtimeLimitInvalid, {
+  const invalidLimit = invalidInput(scope, {
     error: INVALID_LIMIT_ERROR,
+    fail: STATE.runtimeLimitInvalid,
+    quote: STATE.quoteInvalidLimit,
+    missing: STATE.runtimeLimitMissing,
+    path: spec.limit.inputPath,
     cause: `The concurrency limit read from the execution input at ${spec.limit.inputPath} must be a number from 1 to ${MAX_CONCURRENCY_LIMIT}`,
   });
   return new sfn.Choice(scope, STATE.checkRuntimeLimit)
-    .when(sfn.Condition.not(sfn.Condition.isPresent(spec.limit.inputPath)), invalidLimit)
-    .when(sfn.Condition.not(sfn.Condition.isNumeric(spec.limit.inputPath)), invalidLimit)
-    .when(sfn.Condition.numberLessThan(spec.limit.inputPath, 1), invalidLimit)
-    .when(sfn.Condition.numberGreaterThan(spec.limit.inputPath, MAX_CONCURRENCY_LIMIT), invalidLimit)
+    .when(sfn.Condition.not(sfn.Condition.isPresent(spec.limit.inputPath)), invalidLimit.missing)
+    .when(sfn.Condition.not(sfn.Condition.isNumeric(spec.limit.inputPath)), invalidLimit.quoted)
+    .when(sfn.Condition.numberLessThan(spec.limit.inputPath, 1), invalidLimit.quoted)
+    .when(sfn.Condition.numberGreaterThan(spec.limit.inputPath, MAX_CONCURRENCY_LIMIT), invalidLimit.quoted)
     .otherwise(next);
 }
 
