@@ -935,12 +935,15 @@ describe('the queue', () => {
   });
 
   test('a waiter stopped while queued: its permit is taken back and handed to the next', async () => {
-    const { stack, workflow, workFunctionId } = workflowStack({ concurrencyLimit: 1, waitStrategy: WaitStrategy.QUEUE });
-    const work = new WorkTracker(() => 10);
-    await simulate(stack, { lambdaHandlers: { [workFunctionId]: work.handler } }, async (sim) => {
+    // No sweep, and the stopped waiter's status event is lost, so that its cleanup cannot drop its
+    // ticket first: the release finds the ticket and hands the permit to a closed task. The first
+    // holds for 300 s (3 s here), so that the stop always comes before its release.
+    const { stack, workflow, workFunctionId } = workflowStack({ concurrencyLimit: 1, waitStrategy: WaitStrategy.QUEUE, reconcilerScheduleEnabled: false });
+    const work = new WorkTracker((input) => input.seconds ?? 10);
+    await simulate(stack, { lambdaHandlers: { [workFunctionId]: work.handler }, eventFaults: { lossRate: 1 } }, async (sim) => {
       const sm = sim.stateMachine(stateMachineLogicalId(workflow.stateMachine));
-      const first = sim.startExecution(sm, {}, { name: 'first' });
-      await sim.sleep(1);
+      const first = sim.startExecution(sm, { seconds: 300 }, { name: 'first' });
+      await waitUntil(() => work.byExecution.has(first.arn), 'the first in its body');
       const gone = sim.startExecution(sm, {}, { name: 'gone' });
       // Queued in this order (a second of the simulation is 10 ms here: CPU time alone can reorder them).
       await waitUntil(() => gone.stateTransitions.has('Wait In Queue'), 'the first waiter queued');
