@@ -65,7 +65,8 @@ export interface ConcurrencyControlledWorkflowProps {
    * holds 400 KB. A limit read from the input above that fails the execution with
    * `SemaphoreInvalidLimit` before it takes anything.
    *
-   * @default 1, or with a `rateLimit`, the rate's count (no concurrency limit beside the rate)
+   * @default 1, or with a `rateLimit`, the rate's count (which then also bounds how many bodies run at once, since each
+   * holds its permit for the longer of the body and the interval)
    */
   readonly concurrencyLimit?: number;
 
