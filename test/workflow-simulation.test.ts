@@ -938,7 +938,11 @@ describe('the queue', () => {
     // No sweep, and the stopped waiter's status event is lost, so that its cleanup cannot drop its
     // ticket first: the release finds the ticket and hands the permit to a closed task. The first
     // holds for 300 s (3 s here), so that the stop always comes before its release.
-    const { stack, workflow, workFunctionId } = workflowStack({ concurrencyLimit: 1, waitStrategy: WaitStrategy.QUEUE, reconcilerScheduleEnabled: false });
+    const { stack, workflow, workFunctionId } = workflowStack({
+      concurrencyLimit: 1,
+      waitStrategy: WaitStrategy.QUEUE,
+      reconcilerScheduleEnabled: false,
+    });
     const work = new WorkTracker((input) => input.seconds ?? 10);
     await simulate(stack, { lambdaHandlers: { [workFunctionId]: work.handler }, eventFaults: { lossRate: 1 } }, async (sim) => {
       const sm = sim.stateMachine(stateMachineLogicalId(workflow.stateMachine));
