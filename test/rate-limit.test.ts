@@ -129,6 +129,26 @@ test('beside a concurrency limit: never more than the limit inside, nor the rate
   });
 });
 
+test('without a concurrency limit the count also bounds how many run at once: bodies longer than the interval start fewer than the rate', async () => {
+  const { stack, workflow, workFunctionId } = workflowStack({ rateLimit: RateLimit.of(3, Duration.seconds(10)), reconcilerScheduleEnabled: false });
+  const work = new WorkTracker(() => 40);
+  await simulate(stack, { timeScale: 0.05, lambdaHandlers: { [workFunctionId]: work.handler } }, async (sim) => {
+    const sm = sim.stateMachine(stateMachineLogicalId(workflow.stateMachine));
+    const executions = Array.from({ length: 9 }, (_, i) => sim.startExecution(sm, { i }));
+    await Promise.all(executions.map((e) => e.done));
+
+    expect(executions.every((e) => e.status === 'SUCCEEDED')).toBe(true);
+    // A permit is held for the longer of the body (40 s) and the interval (10 s): 3 at once, and so
+    // 3 starts per 40 s, not per 10 s (what the README says of a rate alone).
+    expect(work.maxInside).toBe(3);
+    expect(mostInAnyWindow(work.starts, 39_000)).toBe(3);
+    const span = (Math.max(...work.starts) - Math.min(...work.starts)) / 1000;
+    expect(span).toBeGreaterThanOrEqual(80);
+    await sim.idle();
+    expect(await lockState(sim)).toEqual([{ lockName: LOCK, permitsInUse: 0, holders: [] }]);
+  });
+});
+
 test('failing and stopped bodies: the catch and the cleanup free the permit only once the interval has passed', async () => {
   const { stack, workflow, workFunctionId } = workflowStack({ rateLimit: RateLimit.of(2, Duration.seconds(20)), reconcilerScheduleEnabled: false });
   const work = new WorkTracker(() => 1);
