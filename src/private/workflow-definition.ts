@@ -197,9 +197,8 @@ function limitFromInput(path: string): number {
 /**
  * The failure of a value read from the input that a check refused: its cause says what is allowed and
  * quotes the value it got (`quoted`; `also` quotes several, with a cause of its own), or says that
- * there was none (`missing`). A Pass state writes the
- * cause, since the simulator's Fail state reads `CausePath` as a path only; it costs a transition on
- * the failure only.
+ * there was none (`missing`). A Pass state writes the cause, since the simulator's Fail state reads
+ * `CausePath` as a path only; it costs a transition on the failure only.
  */
 function invalidInput(
   scope: Construct,
