@@ -115,8 +115,8 @@ ${COMMON_HELP}`,
   'status': `Usage: ${NAME} status LOCK [--json]
 
 Show the holders of LOCK (executions and leases), the permits each holds, their ages and leases, the permits in use, the
-lock's limit and rate interval (every permit is held at least so long), and how many executions are
-queued for a permit (--json lists them).
+lock's limit and rate interval (every permit is held at least so long, and the RATE HOLD column
+says how much longer each is), and how many executions are queued for a permit (--json lists them).
 
   --json          print JSON instead of a table
 
@@ -406,11 +406,15 @@ async function printStatus(client: SemaphoreClient, lock: string, json: boolean,
     return EXIT.ok;
   }
   const queued = status.waiting === 0 ? '' : `, ${status.waiting} execution${status.waiting === 1 ? '' : 's'} queued`;
-  const rate = status.rateIntervalSeconds === undefined ? '' : `, each held at least ${status.rateIntervalSeconds}s (the lock's rate)`;
+  const rate =
+    status.rateIntervalSeconds === undefined
+      ? ''
+      : `, each held at least ${status.rateIntervalSeconds}s (the lock's rate), ${status.permitsHeldForRate} still inside that interval`;
   io.stdout(`${lock}: ${status.permitsInUse} of ${status.limit ?? '?'} permits in use${rate}${queued}`);
   if (status.holders.length === 0) return EXIT.ok;
-  const rows = status.holders.map((h) => [h.kind, h.id, String(h.permits), h.owner ?? '', age(h.ageSeconds), lease(h)]);
-  const header = ['KIND', 'HOLDER', 'PERMITS', 'OWNER', 'AGE', 'LEASE'];
+  const withRate = status.rateIntervalSeconds !== undefined;
+  const rows = status.holders.map((h) => [h.kind, h.id, String(h.permits), h.owner ?? '', age(h.ageSeconds), lease(h), ...(withRate ? [rateHold(h)] : [])]);
+  const header = ['KIND', 'HOLDER', 'PERMITS', 'OWNER', 'AGE', 'LEASE', ...(withRate ? ['RATE HOLD'] : [])];
   const widths = header.map((title, i) => Math.max(title.length, ...rows.map((r) => r[i].length)));
   for (const row of [header, ...rows]) io.stdout(row.map((cell, i) => cell.padEnd(widths[i])).join('  ').trimEnd());
   return EXIT.ok;
@@ -420,6 +424,12 @@ function age(seconds: number): string {
   if (seconds < 120) return `${seconds}s`;
   if (seconds < 7200) return `${Math.floor(seconds / 60)}m`;
   return `${Math.floor(seconds / 3600)}h${Math.floor((seconds % 3600) / 60)}m`;
+}
+
+/** How long the rate still holds a holder's permits, whatever its work does. */
+function rateHold(h: HolderStatus): string {
+  const left = Math.ceil((h.rateHoldEndsAt! - Date.now()) / 1000);
+  return left > 0 ? `${age(left)} left` : 'ended';
 }
 
 function lease(h: HolderStatus): string {

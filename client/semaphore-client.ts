@@ -172,6 +172,11 @@ export interface HolderStatus {
   readonly expired: boolean;
   /** How many of the lock's permits it holds (a weighted acquisition's, else 1). */
   readonly permits: number;
+  /**
+   * On a lock with a rate: when the rate's interval ends for this acquisition (its acquire plus the
+   * interval), epoch milliseconds. Until then its permits stay held whether or not its work has ended.
+   */
+  readonly rateHoldEndsAt?: number;
 }
 
 export interface LockStatus {
@@ -184,6 +189,12 @@ export interface LockStatus {
    * a client's included, holds its permit at least this long, so that the rate counts it.
    */
   readonly rateIntervalSeconds?: number;
+  /**
+   * On a lock with a rate: the permits in use (by weight) whose acquisition is still inside the rate's
+   * interval. No permit goes back before its interval ends, so while the lock is full these are the
+   * permits the rate, rather than the concurrency limit, may be keeping from the waiters.
+   */
+  readonly permitsHeldForRate?: number;
   readonly holders: HolderStatus[];
   /**
    * How many tickets wait in the lock's queue: while there are any, every permit given back goes to
@@ -325,6 +336,7 @@ export class SemaphoreClient {
     validLockName(lockName);
     const item = await this.run(getItem(this.tableName, lockName));
     const now = Date.now();
+    const rateMillis = item?.[RATE_INTERVAL]?.N === undefined ? undefined : Number(item[RATE_INTERVAL].N) * 1000;
     const holders: HolderStatus[] = [];
     for (const [id, value] of Object.entries(item ?? {})) {
       const entry = value.M;
@@ -341,6 +353,7 @@ export class SemaphoreClient {
         leaseSeconds: entry[HOLDER_LEASE_SECONDS]?.N === undefined ? undefined : Number(entry[HOLDER_LEASE_SECONDS].N),
         expired: !isExecutionHolder(id) && leaseExpiresAt !== undefined && leaseExpiresAt + this.skewMillis < now,
         permits: numberOf(entry[HOLDER_PERMITS]) ?? 1,
+        ...(rateMillis === undefined ? {} : { rateHoldEndsAt: Date.parse(acquiredAt) + rateMillis }),
       });
     }
     holders.sort((a, b) => a.acquiredAt.localeCompare(b.acquiredAt));
@@ -355,7 +368,12 @@ export class SemaphoreClient {
       lockName,
       permitsInUse: Number(item?.[PERMITS_IN_USE]?.N ?? 0),
       limit: item?.[CONCURRENCY_LIMIT]?.N === undefined ? undefined : Number(item[CONCURRENCY_LIMIT].N),
-      ...(item?.[RATE_INTERVAL]?.N === undefined ? {} : { rateIntervalSeconds: Number(item[RATE_INTERVAL].N) }),
+      ...(rateMillis === undefined
+        ? {}
+        : {
+          rateIntervalSeconds: rateMillis / 1000,
+          permitsHeldForRate: holders.filter((h) => h.rateHoldEndsAt! > now).reduce((sum, h) => sum + h.permits, 0),
+        }),
       holders,
       waiting: Math.max(0, queue.tail - queue.head),
       waiters,

@@ -290,7 +290,14 @@ test('the CLI and the client on a rate-limited lock: a lease at least the interv
     const err: string[] = [];
     const io = { stdout: (l: string) => out.push(l), stderr: (l: string) => err.push(l), env: { ...env, CDK_SFN_SEMAPHORE_TABLE: tableName } };
     expect(await main(['status', LOCK, '--json'], io)).toBe(0);
-    expect(JSON.parse(out.join('\n'))).toMatchObject({ permitsInUse: 1, limit: 2, rateIntervalSeconds: 3 });
+    const status = JSON.parse(out.join('\n'));
+    expect(status).toMatchObject({ permitsInUse: 1, limit: 2, rateIntervalSeconds: 3, permitsHeldForRate: 1 });
+    expect(status.holders[0].rateHoldEndsAt - Date.parse(status.holders[0].acquiredAt)).toBe(3000);
+    out.length = 0;
+    expect(await main(['status', LOCK], io)).toBe(0);
+    expect(out[0]).toBe(`${LOCK}: 1 of 2 permits in use, each held at least 3s (the lock's rate), 1 still inside that interval`);
+    expect(out[1]).toMatch(/RATE HOLD$/);
+    expect(out[2]).toMatch(/ [123]s left$/);
 
     // A renewal to less than the interval never ends the lease before the interval has passed.
     const renewedTo = await client.renew(LOCK, lease!.leaseId, 1);
@@ -303,6 +310,15 @@ test('the CLI and the client on a rate-limited lock: a lease at least the interv
     expect(Date.now() - released).toBeGreaterThan(1500);
     expect(err.join('\n')).toMatch(/holding the permit \ds more: the lock's rate counts every acquisition for its interval/);
     expect(await lockState(sim)).toEqual([{ lockName: LOCK, permitsInUse: 0, holders: [] }]);
+
+    // A lease whose interval has passed still holds its permit, but no longer for the rate.
+    const second = await client.acquire(LOCK, { leaseSeconds: 10 });
+    await new Promise((resolve) => setTimeout(resolve, 3100));
+    out.length = 0;
+    expect(await main(['status', LOCK], io)).toBe(0);
+    expect(out[0]).toBe(`${LOCK}: 1 of 2 permits in use, each held at least 3s (the lock's rate), 0 still inside that interval`);
+    expect(out[2]).toMatch(/ ended$/);
+    expect(await client.release(LOCK, second!.leaseId)).toBe(true);
   });
 });
 
