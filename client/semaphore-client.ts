@@ -173,8 +173,9 @@ export interface HolderStatus {
   /** How many of the lock's permits it holds (a weighted acquisition's, else 1). */
   readonly permits: number;
   /**
-   * On a lock with a rate: when the rate's interval ends for this acquisition (its acquire plus the
-   * interval), epoch milliseconds. Until then its permits stay held whether or not its work has ended.
+   * On a lock with a rate: its acquire plus the rate's interval, epoch milliseconds. Until then its
+   * permits stay held whether or not its work has ended. (An execution's interval runs from its body's
+   * start, a moment after the acquire or the hand-off, so this is the earliest its permits go back.)
    */
   readonly rateHoldEndsAt?: number;
 }
