@@ -198,7 +198,7 @@ function limitFromInput(path: string): number {
  * The failure of a value read from the input that a check refused: its cause says what is allowed and
  * quotes the value it got (`quoted`; `also` quotes several, with a cause of its own), or says that
  * there was none (`missing`). A Pass state writes the cause, since the simulator's Fail state reads
- * `CausePath` as a path only; it costs a transition on the failure only.
+ * `CausePath` as a path only; it costs two transitions on the failure only.
  */
 function invalidInput(
   scope: Construct,
@@ -209,24 +209,43 @@ function invalidInput(
     missing?: string;
     path: string;
     cause: string;
-    /** A second quoting failure, with a template of its own and the paths it quotes. */
-    also?: { quote: string; cause: string; paths: string[] };
+    /** A second quoting failure: its cause as texts with a value read from `paths` between each two. */
+    also?: { quote: string; texts: string[]; paths: string[] };
   },
 ): { quoted: sfn.IChainable; missing: sfn.IChainable; also: sfn.IChainable } {
   const fail = new sfn.Fail(scope, props.fail, { error: props.error, causePath: '$.Cause' });
-  const quote = (id: string, template: string, paths: string[]) => {
-    // States.Format's template escapes these characters; the causes here use none of them.
-    if (/[{}'\\]/.test(template.replace(/\{\}/g, ''))) throw new Error(`invalidInput: a cause must not contain {, }, ' or a backslash: ${template}`);
-    const args = paths.map((p) => sfn.JsonPath.jsonToString(sfn.JsonPath.objectAt(p)));
-    return new sfn.Pass(scope, id, { parameters: { Cause: sfn.JsonPath.format(template, ...args) }, resultPath: '$' }).next(fail);
+  // The texts name input paths, which may hold quotes or braces (`$['limit']`): as literals of an
+  // intrinsic function they would need escapes (which asl-validator refuses), so they go in as plain
+  // parameters beside the values as JSON text, and a second Pass joins them.
+  const quote = (id: string, texts: string[], paths: string[]) => {
+    if (texts.length !== paths.length + 1) throw new Error(`invalidInput: ${texts.length} texts around ${paths.length} values`);
+    const parameters: Record<string, string> = {};
+    const parts: string[] = [];
+    texts.forEach((text, i) => {
+      parameters[`Text${i}`] = text;
+      parts.push(sfn.JsonPath.stringAt(`$.Text${i}`));
+      if (i === paths.length) return;
+      parameters[`Value${i}`] = sfn.JsonPath.jsonToString(sfn.JsonPath.objectAt(paths[i]));
+      parts.push(sfn.JsonPath.stringAt(`$.Value${i}`));
+    });
+    const cause = sfn.JsonPath.format('{}'.repeat(parts.length), ...parts);
+    const format = new sfn.Pass(scope, CAUSE_FORMAT_STATES[id], { parameters: { Cause: cause }, resultPath: '$' }).next(fail);
+    return new sfn.Pass(scope, id, { parameters, resultPath: '$' }).next(format);
   };
-  const quoted = quote(props.quote, `${props.cause}, got: {}`, [props.path]);
+  const quoted = quote(props.quote, [`${props.cause}, got: `, ''], [props.path]);
   const missing = props.missing
     ? new sfn.Pass(scope, props.missing, { parameters: { Cause: `${props.cause}, got none` }, resultPath: '$' }).next(fail)
     : quoted;
-  const also = props.also ? quote(props.also.quote, props.also.cause, props.also.paths) : quoted;
+  const also = props.also ? quote(props.also.quote, props.also.texts, props.also.paths) : quoted;
   return { quoted, missing, also };
 }
+
+/** The Pass that joins a quoting failure's cause, by the Pass that gathers its parts. */
+const CAUSE_FORMAT_STATES: Record<string, string> = {
+  [STATE.quoteInvalidLimit]: STATE.formatInvalidLimitCause,
+  [STATE.quoteInvalidPermits]: STATE.formatInvalidPermitsCause,
+  [STATE.quotePermitsAboveLimit]: STATE.formatPermitsAboveLimitCause,
+};
 
 /**
  * `permits` read from the input is checked before the first acquire, as the limit is: a missing or
@@ -246,7 +265,7 @@ function checkRuntimePermits(scope: Construct, spec: DefinitionSpec, next: sfn.I
       fail: STATE.runtimePermitsInvalid,
       quote: STATE.quoteInvalidPermits,
       path: limitPath,
-      cause: `The concurrency limit read from the execution input at ${limitPath} must be at least the permits of the workflow, ${fixed}`,
+      cause: `The concurrency limit read from the execution input at ${limitPath} must be at least the workflow's permits, ${fixed}`,
     }).quoted;
     return new sfn.Choice(scope, STATE.checkRuntimePermits).when(sfn.Condition.numberLessThan(limitPath, fixed), tooMany).otherwise(next);
   }
@@ -262,7 +281,7 @@ function checkRuntimePermits(scope: Construct, spec: DefinitionSpec, next: sfn.I
         ? undefined
         : {
           quote: STATE.quotePermitsAboveLimit,
-          cause: `The permits read from the execution input at ${path} must be at most the concurrency limit read from it at ${limitPath}, got: {} and {}`,
+          texts: [`The permits read from the execution input at ${path} must be at most the concurrency limit read from it at ${limitPath}, got: `, ' and ', ''],
           paths: [path, limitPath],
         },
   });
