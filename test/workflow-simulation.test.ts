@@ -331,6 +331,25 @@ describe('lock name and limit from the execution input', () => {
       });
     },
   );
+  test('a limit and a weight at bracketed paths: the causes quote the paths as written', async () => {
+    const { stack, workflow, workFunctionId } = workflowStack({
+      concurrencyLimit: sfn.JsonPath.numberAt("$['limit']"),
+      permits: sfn.JsonPath.numberAt("$['job']['weight']"),
+    });
+    const work = new WorkTracker();
+    await simulate(stack, { lambdaHandlers: { [workFunctionId]: work.handler } }, async (sim) => {
+      const sm = sim.stateMachine(stateMachineLogicalId(workflow.stateMachine));
+      const badLimit = await sim.startExecution(sm, { limit: 'five', job: { weight: 1 } }).done;
+      expect([badLimit.status, badLimit.error]).toEqual(['FAILED', 'SemaphoreInvalidLimit']);
+      expect(badLimit.cause).toBe("The concurrency limit read from the execution input at $['limit'] must be a number from 1 to 1000, got: \"five\"");
+      const badWeight = await sim.startExecution(sm, { limit: 2, job: { weight: 3 } }).done;
+      expect([badWeight.status, badWeight.error]).toEqual(['FAILED', ConcurrencyControlledWorkflow.INVALID_PERMITS_ERROR]);
+      expect(badWeight.cause).toBe("The permits read from the execution input at $['job']['weight'] must be at most the concurrency limit read from it at $['limit'], got: 3 and 2");
+      const ok = await sim.startExecution(sm, { limit: 2, job: { weight: 2 } }).done;
+      expect([ok.status, work.runs]).toEqual(['SUCCEEDED', 1]);
+    });
+  });
+
   test.each([[{ tenant: 'a\u001f1' }], [{ tenant: '' }], [{ tenant: 7 }], [{}]])(
     'a runtime lock name that is missing, not a string, empty or has U+001F fails with SemaphoreInvalidLockName: %j',
     async (input) => {
@@ -509,18 +528,26 @@ describe('payload edges: the release needs 4 KiB beside the body\'s output', () 
 describe('history budget: a wait gives up with SemaphoreAcquireTimeout well before 25,000 history events, holding nothing', () => {
   // The queue counts its rounds' events; polling's timer allows as many polls as fit if each took only
   // pollInterval (each also takes its call's time, so fewer happen).
+  // (A poll's CPU time passes as simulated time too, 500 times over at this time scale: on a busy
+  // machine fewer polls fit in the timer, hence polling's lower floor.)
   test.each([
     [WaitStrategy.QUEUE, { queueCheckInterval: Duration.seconds(1) }, 'Wait Budget Spent', 17_000],
-    [WaitStrategy.POLLING, { pollInterval: Duration.seconds(1) }, 'Acquire Timed Out', 5_000],
+    [WaitStrategy.POLLING, { pollInterval: Duration.seconds(1) }, 'Acquire Timed Out', 2_000],
   ])('%s', async (waitStrategy, intervals, endState, leastEvents) => {
     const { stack, workflow } = workflowStack({ concurrencyLimit: 1, waitStrategy, ...intervals, reconcilerScheduleEnabled: false });
-    // The holder outlasts the waiter's whole budget: a body of 4,000 s, longer than a Lambda function
-    // may run, so the task itself is replaced (as a job run with .sync would take that long).
+    // The holder outlasts the waiter's whole budget: its body (longer than a Lambda function may run,
+    // so the task itself is replaced, as a job run with .sync would take that long) ends only once the
+    // waiter has given up.
+    let waiterDone = false;
     const work = new WorkTracker((input) => input.seconds);
-    await simulate(stack, { timeScale: 0.002, taskHandlers: { 'Do Work': work.handler } }, async (sim) => {
+    const body = async (input: any, context: TaskContext) => {
+      if (input.holder) await waitUntil(() => waiterDone, 'the waiter to give up', 240_000);
+      return work.handler(input, context);
+    };
+    await simulate(stack, { timeScale: 0.002, taskHandlers: { 'Do Work': body } }, async (sim) => {
       const sm = sim.stateMachine(stateMachineLogicalId(workflow.stateMachine));
-      const holder = sim.startExecution(sm, { seconds: 4000 });
-      await sim.sleep(5);
+      const holder = sim.startExecution(sm, { seconds: 1, holder: true });
+      await waitUntil(() => holder.stateTransitions.has('Do Work'), 'the holder in its body');
       const waiter = await sim.startExecution(sm, { seconds: 1 }).done;
 
       expect([waiter.status, waiter.error]).toEqual(['FAILED', ConcurrencyControlledWorkflow.ACQUIRE_TIMEOUT_ERROR]);
@@ -535,6 +562,7 @@ describe('history budget: a wait gives up with SemaphoreAcquireTimeout well befo
       expect(await lockState(sim)).toEqual([{ lockName: 'TestStack/Workflow', permitsInUse: 1, holders: [holder.arn] }]);
 
       // The holder's release skips the abandoned ticket: nothing is left held.
+      waiterDone = true;
       await holder.done;
       await sim.idle();
       expect(holder.status).toBe('SUCCEEDED');
@@ -548,17 +576,22 @@ describe('the queue', () => {
     const { stack, workflow, workFunctionId } = workflowStack({ concurrencyLimit: 1, waitStrategy: WaitStrategy.QUEUE, permitPath: '$.permit' });
     const tokens: Array<[string, number]> = [];
     const work = new WorkTracker(() => 10);
+    const executions: Execution[] = [];
+    const queued = (e: Execution) => e.stateTransitions.get('Wait In Queue') === 1;
     const tracked = async (input: any, context: any) => {
       tokens.push([context.execution.name, input.permit.fencingToken]);
+      // The first holds the permit until all five wait (a fixed head start could run out on a busy machine).
+      if (context.execution.name === 'e0') await waitUntil(() => executions.length === 6 && executions.slice(1).every(queued), 'five queued');
       return work.handler(input, context);
     };
     await simulate(stack, { lambdaHandlers: { [workFunctionId]: tracked } }, async (sim) => {
       const sm = sim.stateMachine(stateMachineLogicalId(workflow.stateMachine));
-      // One at a time, a second apart, so that the arrival order is known.
-      const executions: Execution[] = [];
+      // One at a time, each started once the one before is in the body or the queue, so that the
+      // arrival order is known.
       for (let i = 0; i < 6; i++) {
-        executions.push(sim.startExecution(sm, { i }, { name: `e${i}` }));
-        await sim.sleep(1);
+        const e = sim.startExecution(sm, { i }, { name: `e${i}` });
+        executions.push(e);
+        await waitUntil(() => (i === 0 ? tokens.length === 1 : queued(e)), `e${i} in the body or the queue`);
       }
       await Promise.all(executions.map((e) => e.done));
       await sim.idle();
@@ -898,10 +931,9 @@ describe('the queue', () => {
     await simulate(stack, { lambdaHandlers: { [workFunctionId]: body } }, async (sim) => {
       const sm = sim.stateMachine(stateMachineLogicalId(workflow.stateMachine));
       const holder = sim.startExecution(sm, { seconds: 100 }, { name: 'holder' });
-      await sim.sleep(2);
+      await waitUntil(() => holder.stateTransitions.has('Do Work'), 'the holder in its body');
       const waiter = sim.startExecution(sm, { seconds: 5 }, { name: 'waiter' });
-      await sim.sleep(2);
-      expect(waiter.stateTransitions.get('Wait In Queue')).toBe(1);
+      await waitUntil(() => waiter.stateTransitions.get('Wait In Queue') === 1, 'the waiter in the queue');
       // The holder's permit is freed behind the queue's back (as an operator's force-release would),
       // so the waiter finds it by polling once its wait times out.
       await localDynamoDb(sim).send(
