@@ -593,6 +593,10 @@ export class Simulator {
       if (existing.status === 'RUNNING' && JSON.stringify(existing.input) === JSON.stringify(input)) return existing;
       throw new ApiError('ExecutionAlreadyExists', `Execution Already Exists: '${arn}'`);
     }
+    // The first execution of a state machine validates its definition, which takes a moment of real
+    // time (many simulated seconds): before the start time is read, as Step Functions validates at
+    // deploy time.
+    this.interpreter(stateMachine);
     const execution = new Execution(arn, execName, stateMachine, input, this.now());
     this.executions.set(arn, execution);
     this.track(this.run(execution));

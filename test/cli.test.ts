@@ -253,8 +253,9 @@ describe('CLI holders and workflow executions share one lock', () => {
     expect(leaseId).toMatch(/^lease-[0-9a-f-]{36}$/);
 
     const execution = sim.startExecution(sim.stateMachine(stateMachineLogicalId(workflowStateMachine())), { n: 1 });
-    // A second of real time is 100 s in the simulation: the execution sleeps in the queue, without polling.
-    await new Promise((r) => setTimeout(r, 1000));
+    // Once queued, half a second of real time is 50 s in the simulation: it sleeps there, without polling.
+    await until(() => execution.stateTransitions.get('Wait In Queue') === 1, 'the execution queued');
+    await new Promise((r) => setTimeout(r, 500));
     expect(execution.status).toBe('RUNNING');
     expect(execution.stateTransitions.get('Wait In Queue')).toBe(1);
     expect(execution.stateTransitions.has('Poll For Permit')).toBe(false);

@@ -3,7 +3,7 @@ import { App, CfnElement, Duration, Stack } from 'aws-cdk-lib';
 import * as lambda from 'aws-cdk-lib/aws-lambda';
 import * as sfn from 'aws-cdk-lib/aws-stepfunctions';
 import * as tasks from 'aws-cdk-lib/aws-stepfunctions-tasks';
-import { lockState, logicalId, simulate, stateMachineLogicalId, statuses, WORK_FUNCTION_TIMEOUT, WorkTracker } from './helpers';
+import { lockState, logicalId, simulate, stateMachineLogicalId, statuses, until, WORK_FUNCTION_TIMEOUT, WorkTracker } from './helpers';
 import { ApiError, Execution, Simulator, TaskContext } from '../simulator';
 import { ConcurrencyControlledWorkflow, ConcurrencyControlledWorkflowProps, IdempotencyKey, IdempotencyOptions, IdempotentWorkflow } from '../src';
 
@@ -80,9 +80,16 @@ describe('repeats', () => {
   test('20 concurrent duplicates: the body runs once, every execution returns its result', async () => {
     const { stack, stateMachineId, workFunctionId } = idempotentStack({ duplicatePollInterval: Duration.seconds(4) });
     const work = new WorkTracker(() => 30);
-    await simulate(stack, { lambdaHandlers: { [workFunctionId]: work.handler } }, async (sim) => {
+    let executions: Execution[] = [];
+    // The body starts only once the 19 duplicates wait for it: on a busy machine the first body could
+    // otherwise end before the last duplicate started, which would find the result and not wait.
+    const handler = async (input: unknown, context: TaskContext) => {
+      await until(() => executions.filter((e) => e.stateTransitions.has('Wait For Duplicate')).length === 19, 'the duplicates waiting');
+      return work.handler(input, context);
+    };
+    await simulate(stack, { lambdaHandlers: { [workFunctionId]: handler } }, async (sim) => {
       const sm = sim.stateMachine(stateMachineId);
-      const executions = Array.from({ length: 20 }, () => sim.startExecution(sm, { job: 'nightly' }));
+      executions = Array.from({ length: 20 }, () => sim.startExecution(sm, { job: 'nightly' }));
       await Promise.all(executions.map((e) => e.done));
 
       expect(statuses(executions)).toEqual({ SUCCEEDED: 20 });

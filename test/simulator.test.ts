@@ -932,6 +932,8 @@ describe('Lambda functions, schedules and the Step Functions API', () => {
       const fn = new lambda.Function(s, 'Reader', {
         runtime: lambda.Runtime.NODEJS_22_X,
         handler: 'index.handler',
+        // Not the default 3 s: that is 30 ms of real time for a real SDK call at the tests' time scale.
+        timeout: Duration.minutes(1),
         environment: { TABLE: t.tableName },
         code: lambda.Code.fromInline(
           `const ddb = require('@aws-sdk/client-dynamodb');
