@@ -188,6 +188,11 @@ export class LocalDynamoDb {
     return new LocalDynamoDb(server, port);
   }
 
+  /** Requests dynalite has received, answered or not: `stop()` answers every one of them first. */
+  public get requestsReceived(): number {
+    return this.received;
+  }
+
   /** Endpoint URL, for SDK clients of code under test (`AWS_ENDPOINT_URL_DYNAMODB`). */
   public readonly endpoint: string;
   /** An SDK client, for tests and tools. */
@@ -195,6 +200,7 @@ export class LocalDynamoDb {
   private readonly agent = new http.Agent({ keepAlive: true, maxSockets: 64 });
   /** Requests dynalite has received and not yet answered. */
   private inFlight = 0;
+  private received = 0;
   private drained?: () => void;
 
   private constructor(
@@ -204,6 +210,7 @@ export class LocalDynamoDb {
     this.endpoint = `http://127.0.0.1:${port}`;
     server.on('request', (_req: http.IncomingMessage, res: http.ServerResponse) => {
       this.inFlight++;
+      this.received++;
       // 'close' follows the answer, or a client that hung up first: either way, never missed.
       res.once('close', () => this.answered());
     });
