@@ -115,8 +115,9 @@ ${COMMON_HELP}`,
   'status': `Usage: ${NAME} status LOCK [--json]
 
 Show the holders of LOCK (executions and leases), the permits each holds, their ages and leases, the permits in use, the
-lock's limit and rate interval (every permit is held at least so long, and the RATE HOLD column
-says how much longer each is), and how many executions are queued for a permit (--json lists them).
+lock's limit and rate interval (every permit is held at least so long: the summary counts the permits
+still inside their interval, and the RATE HOLD column says at least how much longer each is held), and
+how many executions are queued for a permit (--json lists them).
 
   --json          print JSON instead of a table
 
@@ -426,10 +427,13 @@ function age(seconds: number): string {
   return `${Math.floor(seconds / 3600)}h${Math.floor((seconds % 3600) / 60)}m`;
 }
 
-/** How long the rate still holds a holder's permits, whatever its work does. */
+/**
+ * At least how long the rate still holds a holder's permits, whatever its work does: an execution's
+ * interval runs from its body's start (or its stop, or its failure), later than its acquire.
+ */
 function rateHold(h: HolderStatus): string {
   const left = Math.ceil((h.rateHoldEndsAt! - Date.now()) / 1000);
-  return left > 0 ? `${age(left)} left` : 'ended';
+  return left > 0 ? `at least ${age(left)}` : 'interval passed';
 }
 
 function lease(h: HolderStatus): string {

@@ -175,7 +175,8 @@ export interface HolderStatus {
   /**
    * On a lock with a rate: its acquire plus the rate's interval, epoch milliseconds. Until then its
    * permits stay held whether or not its work has ended. (An execution's interval runs from its body's
-   * start, a moment after the acquire or the hand-off, so this is the earliest its permits go back.)
+   * start, and again from a failure or a stop, all later than the acquire or the hand-off it records:
+   * this is the earliest its permits go back.)
    */
   readonly rateHoldEndsAt?: number;
 }
@@ -337,7 +338,7 @@ export class SemaphoreClient {
     validLockName(lockName);
     const item = await this.run(getItem(this.tableName, lockName));
     const now = Date.now();
-    const rateMillis = item?.[RATE_INTERVAL]?.N === undefined ? undefined : Number(item[RATE_INTERVAL].N) * 1000;
+    const rateSeconds = numberOf(item?.[RATE_INTERVAL]);
     const holders: HolderStatus[] = [];
     for (const [id, value] of Object.entries(item ?? {})) {
       const entry = value.M;
@@ -354,7 +355,7 @@ export class SemaphoreClient {
         leaseSeconds: entry[HOLDER_LEASE_SECONDS]?.N === undefined ? undefined : Number(entry[HOLDER_LEASE_SECONDS].N),
         expired: !isExecutionHolder(id) && leaseExpiresAt !== undefined && leaseExpiresAt + this.skewMillis < now,
         permits: numberOf(entry[HOLDER_PERMITS]) ?? 1,
-        ...(rateMillis === undefined ? {} : { rateHoldEndsAt: Date.parse(acquiredAt) + rateMillis }),
+        rateHoldEndsAt: rateHoldEndOf(entry, rateSeconds),
       });
     }
     holders.sort((a, b) => a.acquiredAt.localeCompare(b.acquiredAt));
@@ -369,10 +370,10 @@ export class SemaphoreClient {
       lockName,
       permitsInUse: Number(item?.[PERMITS_IN_USE]?.N ?? 0),
       limit: item?.[CONCURRENCY_LIMIT]?.N === undefined ? undefined : Number(item[CONCURRENCY_LIMIT].N),
-      ...(rateMillis === undefined
+      ...(rateSeconds === undefined
         ? {}
         : {
-          rateIntervalSeconds: rateMillis / 1000,
+          rateIntervalSeconds: rateSeconds,
           permitsHeldForRate: holders.filter((h) => h.rateHoldEndsAt! > now).reduce((sum, h) => sum + h.permits, 0),
         }),
       holders,
@@ -384,9 +385,7 @@ export class SemaphoreClient {
   /** On a lock with a rate: when the rate's interval ends for a lease's acquire (epoch ms); else undefined. */
   private async rateHoldEnd(lockName: string, leaseId: string): Promise<number | undefined> {
     const lock = await this.run(getItem(this.tableName, lockName));
-    const acquiredAt = lock?.[leaseId]?.M?.[HOLDER_ACQUIRED_AT]?.S;
-    const rate = numberOf(lock?.[RATE_INTERVAL]);
-    return acquiredAt === undefined || rate === undefined ? undefined : Date.parse(acquiredAt) + rate * 1000;
+    return rateHoldEndOf(lock?.[leaseId]?.M, numberOf(lock?.[RATE_INTERVAL]));
   }
 
   private protocol(): ClientProtocolOptions {
@@ -695,6 +694,12 @@ function isTransient(e: unknown): boolean {
     ['ThrottlingException', 'ProvisionedThroughputExceededException', 'RequestLimitExceeded', 'TimeoutError'].includes(err.name ?? '') ||
     ['ECONNRESET', 'ECONNREFUSED', 'ETIMEDOUT', 'EPIPE', 'EAI_AGAIN'].includes(err.code ?? '')
   );
+}
+
+/** A holder entry's acquire plus the lock's rate interval (epoch ms): the earliest its permits go back; undefined without a rate. */
+function rateHoldEndOf(entry: Record<string, AttributeValue> | undefined, rateSeconds: number | undefined): number | undefined {
+  const acquiredAt = entry?.[HOLDER_ACQUIRED_AT]?.S;
+  return acquiredAt === undefined || rateSeconds === undefined ? undefined : Date.parse(acquiredAt) + rateSeconds * 1000;
 }
 
 function numberOf(value: AttributeValue | undefined): number | undefined {
