@@ -18,6 +18,11 @@ function overhead(e: Execution): number {
   return [...e.stateTransitions].filter(([name]) => !BODY_STATES.has(name)).reduce((sum, [, n]) => sum + n, 0);
 }
 
+/** Until an execution is in its body (it claimed its record, and holds the permit): a head start a busy machine cannot run out. */
+function inBody(execution: Execution): Promise<void> {
+  return until(() => execution.stateTransitions.has('Do Work'), `${execution.name} in its body`);
+}
+
 /** A stack with one idempotent workflow (or, with `limit`, a concurrency-controlled one) around "Do Work". */
 function idempotentStack(options: IdempotencyOptions = {}, limit?: number, semaphore: Partial<ConcurrencyControlledWorkflowProps> = {}) {
   const app = new App();
@@ -240,7 +245,7 @@ describe('dead first executions', () => {
     await simulate(stack, { lambdaHandlers: { [workFunctionId]: work.handler } }, async (sim) => {
       const sm = sim.stateMachine(stateMachineId);
       const first = sim.startExecution(sm, { job: 'j' }, { abortAfterSeconds: 20 });
-      await sim.sleep(2);
+      await inBody(first);
       const duplicate = sim.startExecution(sm, { job: 'j' });
       await Promise.all([first.done, duplicate.done]);
       expect(first.status).toBe('ABORTED');
@@ -260,7 +265,7 @@ describe('records of running executions', () => {
     await simulate(stack, { lambdaHandlers: { [workFunctionId]: work.handler } }, async (sim) => {
       const sm = sim.stateMachine(stateMachineId);
       const first = sim.startExecution(sm, { job: 'j' }, { abortAfterSeconds: 50 });
-      await sim.sleep(2);
+      await inBody(first);
       // Waits for the first, takes over when it is stopped (its record's expiry, from its start, is 62 s).
       const second = sim.startExecution(sm, { job: 'j' });
       await sim.sleep(68);
@@ -289,7 +294,7 @@ describe('records of running executions', () => {
       expect(corrected.stateTransitions.get('Take Over Idempotency Record')).toBe(1);
       // While a first execution runs, a duplicate with other validated fields is refused at once.
       const running = sim.startExecution(sm, { paymentId: 'q', amount: 1 }, { abortAfterSeconds: 500 });
-      await sim.sleep(2);
+      await inBody(running);
       const other = await sim.startExecution(sm, { paymentId: 'q', amount: 2 }).done;
       expect([other.status, other.error]).toEqual(['FAILED', IdempotentWorkflow.VALIDATION_ERROR]);
       expect(other.stateTransitions.has('Wait For Duplicate')).toBe(false);
@@ -305,7 +310,7 @@ describe('records of running executions', () => {
     await simulate(stack, { lambdaHandlers: { [workFunctionId]: work.handler } }, async (sim) => {
       const sm = sim.stateMachine(stateMachineId);
       const first = sim.startExecution(sm, { job: 'long' });
-      await sim.sleep(1);
+      await inBody(first);
       const duplicate = await sim.startExecution(sm, { job: 'long' }).done;
       expect([duplicate.status, duplicate.error]).toEqual(['FAILED', IdempotentWorkflow.DUPLICATE_TIMEOUT_ERROR]);
       // 30 s at three quarters of 4 s: 10 waits.
@@ -500,7 +505,7 @@ describe('with a concurrency limit', () => {
     await simulate(stack, { lambdaHandlers: { [workFunctionId]: work.handler } }, async (sim) => {
       const sm = sim.stateMachine(stateMachineId);
       const holder = sim.startExecution(sm, { job: 'long' });
-      await sim.sleep(1);
+      await inBody(holder);
       const timedOut = await sim.startExecution(sm, { job: 'short' }).done;
       expect([timedOut.status, timedOut.error]).toEqual(['FAILED', ConcurrencyControlledWorkflow.ACQUIRE_TIMEOUT_ERROR]);
       expect((await records(sim)).map((r) => r.status).sort()).toEqual(['FAILED', 'IN_PROGRESS']);
