@@ -269,7 +269,8 @@ describe('state machines', () => {
           return (err as Error).name;
         }
       };
-      // Just started (a few simulated seconds ago): some answers do not know it yet, the others see it RUNNING.
+      // Started half a window ago: some answers do not know it yet, the others see it RUNNING.
+      await sim.sleep(30);
       expect(new Set(Array.from({ length: 40 }, look))).toEqual(new Set(['ExecutionDoesNotExist', 'RUNNING']));
       await e.done;
       // Ended half a window ago: RUNNING or SUCCEEDED, never a status it did not have; the current answer is SUCCEEDED.
