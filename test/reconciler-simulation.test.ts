@@ -364,7 +364,7 @@ describe('redrive guard', () => {
     try {
       const sm = sim.stateMachine(stateMachineLogicalId(workflow.stateMachine));
       const execution = sim.startExecution(sm, { seconds: 5 }, { name: 'late' });
-      await sim.sleep(1);
+      await until(() => execution.stateTransitions.has('Acquire Permit'), 'the execution acquiring');
       execution.abort('Test.Stop', 'stopped while acquiring');
       await sim.sleep(70);
       expect(execution.status).toBe('ABORTED');

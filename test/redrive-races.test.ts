@@ -1,7 +1,7 @@
 import { Duration } from 'aws-cdk-lib';
 import { ApiError, Simulator, TaskContext, TaskError } from '../simulator';
 import { WaitStrategy } from '../src';
-import { lockState, stateMachineLogicalId, WorkTracker, workflowStack } from './helpers';
+import { lockState, stateMachineLogicalId, until, WorkTracker, workflowStack } from './helpers';
 import { HOLDER_REDRIVE_COUNT, isTicketKey, LOCK_KEY } from '../src/private/lock-schema';
 import { STATE } from '../src/private/state-names';
 
@@ -59,7 +59,7 @@ test('F1: a run redriven before the body claims the entry its stopped run left, 
     loseRedriveEvents(sim);
     const sm = sim.stateMachine(stateMachineLogicalId(workflow.stateMachine));
     const x = sim.startExecution(sm, { seconds: 200 }, { name: 'x' });
-    await sim.sleep(1);
+    await until(() => x.stateTransitions.has(STATE.acquire), 'x acquiring');
     x.abort('Test.Stop', 'stopped while acquiring');
     await sim.sleep(70);
     expect(await lockState(sim)).toEqual([{ lockName: LOCK, permitsInUse: 1, holders: [x.arn] }]);
@@ -268,7 +268,7 @@ test('F6: polling, a run redriven before the body finds the entry its stopped ru
     loseRedriveEvents(sim);
     const sm = sim.stateMachine(stateMachineLogicalId(workflow.stateMachine));
     const x = sim.startExecution(sm, { seconds: 5 }, { name: 'x' });
-    await sim.sleep(1);
+    await until(() => x.stateTransitions.has(STATE.acquire), 'x acquiring');
     x.abort('Test.Stop', 'stopped while acquiring');
     await sim.sleep(70);
     expect(await lockState(sim)).toEqual([{ lockName: LOCK, permitsInUse: 1, holders: [x.arn] }]);

@@ -12,7 +12,7 @@ import * as sqs from 'aws-cdk-lib/aws-sqs';
 import * as sfn from 'aws-cdk-lib/aws-stepfunctions';
 import * as tasks from 'aws-cdk-lib/aws-stepfunctions-tasks';
 import { CodeDynamoDbEndpoint, DynamoTaskRunner, jsonPath, LocalDynamoDb, matchesPattern, REDRIVE_RESUME, refuseWhatItCannotRun, seededRandom, Simulator, targetInput, unsupportedPattern } from '../simulator';
-import { logicalId, workflowStack } from './helpers';
+import { logicalId, until, workflowStack } from './helpers';
 
 /*
  * The simulator is only worth what its fidelity is worth: these tests pin the AWS behaviour it
@@ -1047,7 +1047,7 @@ test('a stopped execution\'s status event goes out at once, while its call is st
     sim.onTaskStarted((_, stateName) => started.push(stateName));
     sim.onTaskEnded((_, stateName) => ended.push(stateName));
     const execution = sim.startExecution(sim.stateMachine(logicalId(workflow.stateMachine.node.defaultChild as any)), {});
-    await sim.sleep(1);
+    await until(() => started.length > 0, 'the acquire started');
     expect(started).toEqual(['Acquire Permit']);
     // Started, not answered yet.
     expect(ended).toEqual([]);
