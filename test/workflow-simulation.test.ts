@@ -279,7 +279,7 @@ describe('lock name and limit from the execution input', () => {
     const work = new WorkTracker((input) => input.seconds);
     await simulate(stack, { lambdaHandlers: { [workFunctionId]: work.handler } }, async (sim) => {
       const holder = sim.startExecution(sim.stateMachine(stateMachineLogicalId(workflow.stateMachine)), { seconds: 100 });
-      await sim.sleep(5);
+      await waitUntil(() => work.byExecution.has(holder.arn), 'the holder in its body');
       expect(await lockState(sim)).toEqual([{ lockName: 'TestStack/Workflow', permitsInUse: 1, holders: [holder.arn] }]);
       const cleanup = sim.stateMachine(stateMachineLogicalId(workflow.cleanupStateMachine));
       const event = (detail: Record<string, unknown>) => ({
@@ -376,7 +376,7 @@ test('the acquire timeout fails a waiting execution with SemaphoreAcquireTimeout
   await simulate(stack, { lambdaHandlers: { [workFunctionId]: work.handler } }, async (sim) => {
     const sm = sim.stateMachine(stateMachineLogicalId(workflow.stateMachine));
     const holder = sim.startExecution(sm, { seconds: 100 }, { name: 'holder' });
-    await sim.sleep(2);
+    await waitUntil(() => work.byExecution.has(holder.arn), 'the holder in its body');
 
     const waiter = await sim.startExecution(sm, { seconds: 1 }, { name: 'waiter' }).done;
 
@@ -624,13 +624,14 @@ describe('the queue', () => {
     const inputs: unknown[] = [];
     const body = async (input: any, context: TaskContext) => {
       inputs.push(input);
-      await context.simulator.sleep(5, context.signal);
+      // Long enough that the holder is still inside once the test sees it there (it looks every 50 ms, 5 s here).
+      await context.simulator.sleep(30, context.signal);
       return { ok: true };
     };
     await simulate(stack, { lambdaHandlers: { [workFunctionId]: body } }, async (sim) => {
       const sm = sim.stateMachine(stateMachineLogicalId(workflow.stateMachine));
       const holder = sim.startExecution(sm, 'first');
-      await sim.sleep(1);
+      await waitUntil(() => inputs.length === 1, 'the holder in its body');
       const waiters = [sim.startExecution(sm, 'a string'), sim.startExecution(sm, [1, 2])];
       await Promise.all([holder.done, ...waiters.map((w) => w.done)]);
 
@@ -721,7 +722,8 @@ describe('the queue', () => {
   test('a fencing token drawn between a peek and its hand-off: the hand-off draws the head\'s own, greater one', async () => {
     const { stack, workflow, workFunctionId } = workflowStack({ concurrencyLimit: 1, waitStrategy: WaitStrategy.QUEUE, permitPath: '$.permit' });
     const tokens = new Map<string, number>();
-    const work = new WorkTracker(() => 5);
+    // Long enough that the holder is still inside once the test sees it there (it looks every 50 ms, 5 s here).
+    const work = new WorkTracker(() => 30);
     const tracked = async (input: any, context: TaskContext) => {
       tokens.set(context.execution.name, input.permit.fencingToken);
       return work.handler(input, context);
@@ -747,7 +749,7 @@ describe('the queue', () => {
     await simulate(stack, { taskHandlers: { 'Hand Off Permit': handOff }, lambdaHandlers: { [workFunctionId]: tracked } }, async (sim) => {
       const sm = sim.stateMachine(stateMachineLogicalId(workflow.stateMachine));
       const holder = sim.startExecution(sm, {}, { name: 'holder' });
-      await sim.sleep(1);
+      await waitUntil(() => tokens.has('holder'), 'the holder in its body');
       const waiter = sim.startExecution(sm, {}, { name: 'waiter' });
       await Promise.all([holder.done, waiter.done]);
 
