@@ -116,7 +116,7 @@ test('mixed weights 1 to 4 at limit 10, 10% failing and 10% stopped bodies, lost
     limit: 10,
     workSeconds: 5,
     // Polling's CPU counts as simulated time: at 0.02 a machine 3 to 4 times slower reached the horizon
-    // (4x the ideal drain) with executions still waiting; at 0.05 the test takes about 6 s.
+    // (4x the ideal drain) with executions still waiting; at 0.05 the test takes about 10 s.
     timeScale: 0.05,
     seed: 5,
     input: (id) => ({ weight: weight(id) }),
