@@ -34,6 +34,7 @@ import {
   TICKET_KEY_SEPARATOR,
   TICKET_SERVED_BY,
   TICKET_WAITER,
+  RATE_INTERVAL,
 } from '../src/private/lock-schema';
 import { OUTSIDE_BODY_STATES } from '../src/private/state-names';
 
@@ -164,8 +165,30 @@ export interface ReconcilerResult {
   permitsInUse: Record<string, number>;
   /** Holders per lock, after the sweep: below `permitsInUse` where holders are weighted. */
   holdersByLock: Record<string, number>;
+  /** Tickets of each lock's queue not yet served, as the sweep read the lock item (waiters that poll are in no queue). */
+  queuedByLock: Record<string, number>;
+  /**
+   * Per lock with a rate (RATE_INTERVAL): each holder left after the sweep, with the end of its
+   * acquisition's interval (epoch ms). The rate holds its permits until then at least (PermitsHeldForRate).
+   */
+  rateHoldsByLock: Record<string, RateHold[]>;
   /** What the guard did for redriven executions that still run (the redrive guard's event may have been lost). */
   redriven: RedriveGuardResult[];
+}
+
+/** A holder of a lock with a rate: its permits, and when its acquisition's interval ends (epoch ms). */
+export interface RateHold {
+  readonly permits: number;
+  readonly endsAt: number;
+}
+
+/**
+ * Permits that the rate holds at `now`, at least: those of holders still inside their acquisition's
+ * interval. A lower bound, since an execution's interval runs from its body's start (or its failure, or
+ * its stop), later than the acquire its entry records.
+ */
+export function permitsHeldForRate(holds: RateHold[], now: number): number {
+  return holds.filter((h) => h.endsAt > now).reduce((sum, h) => sum + h.permits, 0);
 }
 
 /** Statuses of an execution that will never give its permit back itself (a missing one counts too). */
@@ -205,6 +228,8 @@ export function* sweep(
     dryRun,
     permitsInUse: {},
     holdersByLock: {},
+    queuedByLock: {},
+    rateHoldsByLock: {},
     redriven: [],
   };
   // Tickets passed so far, per lock: only ever more, so a value read earlier in the sweep is safe.
@@ -256,6 +281,16 @@ export function* sweep(
       }
       result.permitsInUse[lockName] = held;
       result.holdersByLock[lockName] = holding;
+      result.queuedByLock[lockName] = Math.max(0, Number(item[QUEUE_TAIL] ?? 0) - Number(item[QUEUE_HEAD] ?? 0));
+      if (item[RATE_INTERVAL] !== undefined) {
+        const reclaimed = new Set(result.reclaimed.filter((r) => r.lockName === lockName).map((r) => r.holder));
+        result.rateHoldsByLock[lockName] = holders
+          .filter(([holder]) => dryRun || !reclaimed.has(holder))
+          .map(([, entry]) => ({
+            permits: Number((entry as HolderEntry)[HOLDER_PERMITS] ?? 1),
+            endsAt: Date.parse(String((entry as HolderEntry)[HOLDER_ACQUIRED_AT])) + Number(item[RATE_INTERVAL]) * 1000,
+          }));
+      }
       if (!dryRun && Number(item[QUEUE_TAIL] ?? 0) > Number(item[QUEUE_HEAD] ?? 0) && !outOfTime()) {
         try {
           const served = yield* serveQueue({ tableName: config.tableName, isGone: (arn, run) => isGone(config, arn, run) }, lockName);

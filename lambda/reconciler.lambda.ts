@@ -1,7 +1,7 @@
 import { DynamoDBClient } from '@aws-sdk/client-dynamodb';
 import { SFNClient } from '@aws-sdk/client-sfn';
 import { DynamoDBDocumentClient } from '@aws-sdk/lib-dynamodb';
-import { guardRedrive, ReconcilerConfig, ReconcilerResult, RedriveGuardResult, StatusChangeDetail, sweep } from './reconciler-flows';
+import { guardRedrive, permitsHeldForRate, ReconcilerConfig, ReconcilerResult, RedriveGuardResult, StatusChangeDetail, sweep } from './reconciler-flows';
 import { runFlow } from '../client/effects';
 
 export type { ReconcilerResult, RedriveGuardResult, StatusChangeDetail, Reclaimed } from './reconciler-flows';
@@ -66,7 +66,7 @@ export async function handler(event: ReconcilerEvent = {}, context?: Context): P
   const dryRun = event.dryRun === true;
   const result = await runFlow(sweep(config, dryRun, outOfTime), clients);
   emitMetrics(config.tableName, result);
-  const { permitsInUse: _, holdersByLock: __, ...reported } = result;
+  const { permitsInUse: _, holdersByLock: __, queuedByLock: ___, rateHoldsByLock: ____, ...reported } = result;
   return reported as ReconcilerResult;
 }
 
@@ -99,15 +99,24 @@ function emitMetrics(table: string, result: ReconcilerResult): void {
   const perLock = [
     { Name: 'PermitsInUse', Unit: 'Count' },
     { Name: 'Holders', Unit: 'Count' },
+    { Name: 'Queued', Unit: 'Count' },
   ];
+  // Only a lock with a rate has permits the rate holds (a zero elsewhere would read as "the rate holds none").
+  const withRate = [...perLock, { Name: 'PermitsHeldForRate', Unit: 'Count' }];
   for (const [lockName, permits] of Object.entries(result.permitsInUse)) {
+    const rateHolds = result.rateHoldsByLock[lockName];
     console.log(
       JSON.stringify({
-        _aws: { Timestamp: timestamp, CloudWatchMetrics: [{ Namespace: namespace, Dimensions: [['TableName', 'LockName']], Metrics: perLock }] },
+        _aws: {
+          Timestamp: timestamp,
+          CloudWatchMetrics: [{ Namespace: namespace, Dimensions: [['TableName', 'LockName']], Metrics: rateHolds ? withRate : perLock }],
+        },
         TableName: table,
         LockName: lockName,
         PermitsInUse: permits,
         Holders: result.holdersByLock[lockName] ?? 0,
+        Queued: result.queuedByLock[lockName] ?? 0,
+        ...(rateHolds ? { PermitsHeldForRate: permitsHeldForRate(rateHolds, timestamp) } : {}),
       }),
     );
   }

@@ -233,7 +233,8 @@ export interface ConcurrencyControlledWorkflowProps {
 
   /**
    * Whether to create a CloudWatch dashboard of the workflow: executions, acquisitions, waits,
-   * acquire timeouts, permits in use (by weight) and holders, and permits reclaimed.
+   * acquire timeouts, permits in use (by weight), holders, queued waiters, permits reclaimed, and with a
+   * `rateLimit`, the permits the rate holds.
    *
    * @default false
    */
@@ -568,7 +569,7 @@ export class ConcurrencyControlledWorkflow extends Construct {
     }
     this.addMetricFilters();
     if (props.dashboard) {
-      this.addDashboard();
+      this.addDashboard(rate !== undefined);
     }
   }
 
@@ -718,7 +719,7 @@ export class ConcurrencyControlledWorkflow extends Construct {
     }
   }
 
-  private addDashboard(): void {
+  private addDashboard(withRate: boolean): void {
     const lockName = stringValue('lockName', this.lockName).fixed;
     new cloudwatch.Dashboard(this, 'Dashboard', {
       widgets: [
@@ -732,7 +733,14 @@ export class ConcurrencyControlledWorkflow extends Construct {
             left: [this.metricAcquisitions(), this.metricWaits(), this.metricAcquireTimeouts()],
             right: [
               this.reconciler.metricPermitsReclaimed(),
-              ...(lockName === undefined ? [] : [this.reconciler.metricPermitsInUse(lockName), this.reconciler.metricHolders(lockName)]),
+              ...(lockName === undefined
+                ? []
+                : [
+                  this.reconciler.metricPermitsInUse(lockName),
+                  this.reconciler.metricHolders(lockName),
+                  this.reconciler.metricQueued(lockName),
+                  ...(withRate ? [this.reconciler.metricPermitsHeldForRate(lockName)] : []),
+                ]),
             ],
           }),
         ],

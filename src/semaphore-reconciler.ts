@@ -346,6 +346,25 @@ export class SemaphoreReconciler extends Construct {
     return this.lockMetric('Holders', lockName, props);
   }
 
+  /**
+   * Tickets in a lock's queue not yet served (executions of the queue strategy and clients that wait),
+   * as the last sweep read the lock item. Executions that wait by polling are in no queue.
+   */
+  public metricQueued(lockName: string, props?: cloudwatch.MetricOptions): cloudwatch.Metric {
+    return this.lockMetric('Queued', lockName, props);
+  }
+
+  /**
+   * On a lock with a rate (`rateLimit`): the permits the rate holds, at least, when the last sweep
+   * ended: those of holders still inside their acquisition's interval. A lower bound, since an
+   * execution's interval runs from its body's start, later than the acquire its entry records. While
+   * this equals `PermitsInUse` and executions are queued, they wait for the rate, not for running
+   * bodies. Published only for locks with a rate.
+   */
+  public metricPermitsHeldForRate(lockName: string, props?: cloudwatch.MetricOptions): cloudwatch.Metric {
+    return this.lockMetric('PermitsHeldForRate', lockName, props);
+  }
+
   private lockMetric(metricName: string, lockName: string, props?: cloudwatch.MetricOptions): cloudwatch.Metric {
     return new cloudwatch.Metric({
       namespace: this.namespace,

@@ -5,7 +5,7 @@ import * as kms from 'aws-cdk-lib/aws-kms';
 import * as lambda from 'aws-cdk-lib/aws-lambda';
 import * as logs from 'aws-cdk-lib/aws-logs';
 import * as sfn from 'aws-cdk-lib/aws-stepfunctions';
-import { ConcurrencyControlledWorkflow, ConcurrencyControlledWorkflowProps, IdempotentWorkflow, SemaphoreReconciler, SemaphoreTable, WaitStrategy } from '../src';
+import { ConcurrencyControlledWorkflow, ConcurrencyControlledWorkflowProps, IdempotentWorkflow, RateLimit, SemaphoreReconciler, SemaphoreTable, WaitStrategy } from '../src';
 import { logicalId } from './helpers';
 
 function newStack() {
@@ -732,6 +732,13 @@ describe('reconciler, leases and metrics', () => {
     expect(body).toContain('Acquisitions');
     expect(body).toContain('PermitsReclaimed');
     expect(body).toContain('PermitsInUse');
+    expect(body).toContain('Queued');
+    // Only a workflow with a rate shows the permits the rate holds.
+    expect(body).not.toContain('PermitsHeldForRate');
+    const rated = JSON.stringify(
+      workflow({ dashboard: true, lockName: 'db', rateLimit: RateLimit.perSecond(5) }).template.findResources('AWS::CloudWatch::Dashboard'),
+    );
+    expect(rated).toContain('PermitsHeldForRate');
   });
 });
 

@@ -149,6 +149,37 @@ test('without a concurrency limit the count also bounds how many run at once: bo
   });
 });
 
+test('the reconciler publishes the queue and the permits the rate holds: the dashboard can tell waits for the rate', async () => {
+  // A long interval (3 minutes, 1.8 s of real time): the sweep must see the first two still inside it.
+  const { stack, workflow, workFunctionId } = workflowStack({ rateLimit: RateLimit.of(2, Duration.minutes(3)), reconcilerScheduleEnabled: false });
+  const work = new WorkTracker(() => 1);
+  await simulate(stack, { lambdaHandlers: { [workFunctionId]: work.handler } }, async (sim) => {
+    const sm = sim.stateMachine(stateMachineLogicalId(workflow.stateMachine));
+    const client = new SemaphoreClient({ tableName: sim.tableName('WorkflowLockTable'), dynamodb: sim.db.client });
+    const executions = Array.from({ length: 4 }, (_, i) => sim.startExecution(sm, { i }));
+    /** The per-lock metrics of the reconciler's last sweep. */
+    const sweep = async () => {
+      await sim.invokeFunction('WorkflowReconcilerFunction', {});
+      const lines = (sim.lambdaLogs.get([...sim.lambdaLogs.keys()].find((id) => id.startsWith('WorkflowReconcilerFunction'))!) ?? [])
+        .filter((l) => l.includes('"LockName"'))
+        .map((l) => JSON.parse(l));
+      return lines[lines.length - 1];
+    };
+
+    // Two bodies ran and ended; the rate holds their permits for the rest of the interval, and two wait.
+    await until(async () => work.runs === 2 && work.inside === 0 && (await client.status(LOCK)).waiting === 2, 'two bodies done, two queued');
+    const during = await sweep();
+    expect(during).toMatchObject({ LockName: LOCK, PermitsInUse: 2, Holders: 2, Queued: 2, PermitsHeldForRate: 2 });
+    expect(during._aws.CloudWatchMetrics[0].Metrics.map((m: { Name: string }) => m.Name)).toEqual(['PermitsInUse', 'Holders', 'Queued', 'PermitsHeldForRate']);
+
+    await Promise.all(executions.map((e) => e.done));
+    expect(executions.every((e) => e.status === 'SUCCEEDED')).toBe(true);
+    // The last acquisitions' interval passes after their bodies: their executions end with it.
+    await sim.idle();
+    expect(await sweep()).toMatchObject({ PermitsInUse: 0, Holders: 0, Queued: 0, PermitsHeldForRate: 0 });
+  });
+});
+
 test('failing and stopped bodies: the catch and the cleanup free the permit only once the interval has passed', async () => {
   const { stack, workflow, workFunctionId } = workflowStack({ rateLimit: RateLimit.of(2, Duration.seconds(20)), reconcilerScheduleEnabled: false });
   const work = new WorkTracker(() => 1);

@@ -325,6 +325,54 @@ test('a weighted holder\'s permits all count: PermitsInUse by weight, Holders by
   expect(lines).toContainEqual(expect.objectContaining({ LockName: 'db', PermitsInUse: 3, Holders: 1 }));
 });
 
+test('publishes the queue\'s length, and on a lock with a rate the permits still inside their interval (only there)', async () => {
+  const now = Date.now();
+  const at = (msAgo: number) => entry(new Date(now - msAgo).toISOString());
+  ddb.on(ScanCommand).resolves({
+    Items: [
+      // A rate of 5 minutes: taken 2 minutes ago (held by the rate), 10 minutes ago (not any more), and a weighted one of 3 just inside.
+      {
+        lockName: 'api',
+        permitsInUse: 5,
+        rateIntervalSeconds: 300,
+        [exec('recent')]: at(120_000),
+        [exec('old')]: at(600_000),
+        [exec('heavy')]: { ...at(299_000), permits: 3, extra: 2 },
+      },
+      { lockName: 'db', permitsInUse: 1, queueHead: 4, queueTail: 7, [exec('busy')]: entry() },
+    ],
+  });
+  statuses({ [exec('recent')]: 'RUNNING', [exec('old')]: 'RUNNING', [exec('heavy')]: 'RUNNING', [exec('busy')]: 'RUNNING' });
+  const log = console.log as jest.Mock;
+
+  await sweep({ dryRun: true });
+
+  const lines = log.mock.calls.map(([line]) => JSON.parse(line));
+  const api = lines.find((l) => l.LockName === 'api');
+  expect(api).toMatchObject({ PermitsInUse: 5, Holders: 3, Queued: 0, PermitsHeldForRate: 4 });
+  expect(api._aws.CloudWatchMetrics[0].Metrics.map((m: { Name: string }) => m.Name)).toContain('PermitsHeldForRate');
+  const db = lines.find((l) => l.LockName === 'db');
+  expect(db).toMatchObject({ PermitsInUse: 1, Holders: 1, Queued: 3 });
+  expect(db).not.toHaveProperty('PermitsHeldForRate');
+  expect(db._aws.CloudWatchMetrics[0].Metrics.map((m: { Name: string }) => m.Name)).toEqual(['PermitsInUse', 'Holders', 'Queued']);
+});
+
+test('a holder the sweep releases no longer counts for the rate', async () => {
+  const recent = entry(new Date(Date.now() - 120_000).toISOString());
+  ddb.on(ScanCommand).resolves({ Items: [{ lockName: 'api', permitsInUse: 2, rateIntervalSeconds: 300, [exec('gone')]: recent, [exec('busy')]: recent }] });
+  statuses({ [exec('gone')]: 'FAILED', [exec('busy')]: 'RUNNING' });
+  ddb.on(UpdateCommand).resolves({});
+  const log = console.log as jest.Mock;
+
+  const result = await sweep({});
+
+  expect(result).toMatchObject({ reclaimed: [{ holder: exec('gone') }] });
+  // Both were taken 2 minutes ago, inside the 5-minute interval; only the one left holds a permit.
+  expect(log.mock.calls.map(([line]) => JSON.parse(line))).toContainEqual(expect.objectContaining({ LockName: 'api', PermitsInUse: 1, PermitsHeldForRate: 1 }));
+  expect(result).not.toHaveProperty('rateHoldsByLock');
+  expect(result).not.toHaveProperty('queuedByLock');
+});
+
 describe('redrive guard', () => {
   const redrivenAt = new Date(Date.now() - 10_000);
   const redriven = (name: string, input = { tenant: 'acme' }, time = redrivenAt) => ({
