@@ -25,6 +25,8 @@ const BASE: ScenarioOptions = {
   timeScale: 0.02,
   capacity: { partitionLimits: true },
   staleReads: { windowSeconds: 10, rate: 0.3 },
+  // A busy machine's pauses pass as simulated time: go past the horizon while executions still finish.
+  extendHorizon: true,
 };
 
 const MIXES: Array<[string, Partial<ScenarioOptions>]> = [
@@ -102,6 +104,31 @@ test('the suite catches a leak: without the reconciler, lost status events leave
 
   expect(result.lostEvents).toBeGreaterThan(0);
   expect(brokenInvariants(result, LIMIT)).toContainEqual(expect.stringMatching(/permits are still held after every execution stopped/));
+});
+
+describe('the horizon', () => {
+  // 12 executions at limit 4 with 10 s of work: an ideal drain of 30 s, which no run can meet exactly.
+  const SMALL: ScenarioOptions = { ...BASE, executions: 12, staleReads: undefined };
+
+  test('a run that still finishes executions goes on past it, up to twice the horizon', async () => {
+    // At one ideal drain time the last executions are still inside: stuck, with a fixed horizon.
+    const fixed = await runScenario(demoSubject(LIMIT), { ...SMALL, extendHorizon: false, horizonFactor: 1 });
+    expect(fixed.stuck).toBeGreaterThan(0);
+
+    const extended = await runScenario(demoSubject(LIMIT), { ...SMALL, horizonFactor: 1 });
+    expect(extended.stuck).toBe(0);
+    expect(extended.drainRatio).toBeGreaterThan(1);
+    expect(extended.drainRatio).toBeLessThanOrEqual(2);
+    expect(brokenInvariants(extended, LIMIT)).toEqual([]);
+  });
+
+  test('an execution that waits for a permit nobody gives back is still stuck: nothing finishes, and the run ends', async () => {
+    // Every status event lost and no reconciler: each stop inside the body leaks its permit for good.
+    const subject = demoSubject(LIMIT, { reconcilerScheduleEnabled: false });
+    const result = await runScenario(subject, { ...SMALL, abortInsideRate: 0.5, lostEventRate: 1, seed: 3 });
+    expect(result.stuck).toBeGreaterThan(0);
+    expect(brokenInvariants(result, LIMIT)).toContainEqual(expect.stringMatching(/still waiting at the horizon/));
+  });
 });
 
 test('FIFO figures: one late first write makes many overtakers but one overtaken', () => {
