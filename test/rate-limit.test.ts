@@ -290,6 +290,7 @@ describe('scenarios, under DynamoDB\'s capacity rules', () => {
           dynamoFaults: { throttleRate: 0.05 },
           capacity: { partitionLimits: true },
           staleReads: { windowSeconds: 10, rate: 0.3 },
+          extendHorizon: true,
         },
       );
 

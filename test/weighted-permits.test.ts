@@ -129,6 +129,7 @@ test('mixed weights 1 to 4 at limit 10, 10% failing and 10% stopped bodies, lost
     dynamoFaults: { throttleRate: 0.05 },
     capacity: { partitionLimits: true },
     staleReads: { windowSeconds: 10, rate: 0.3 },
+    extendHorizon: true,
   });
 
   expect(brokenInvariants(result, 10)).toEqual([]);
