@@ -23,7 +23,7 @@ import { WAKE_ACTIONS } from './private/queue-states';
 import { numberValue, stringValue } from './private/runtime-value';
 import { stateMachineLogs } from './private/state-machine-defaults';
 import { STATE } from './private/state-names';
-import { humanSeconds, validateConcurrencyLimit, validateLockName, validatePermitPath, validatePermits, validateWholeSeconds } from './private/validation';
+import { highQueueLimitWarning, humanSeconds, validateConcurrencyLimit, validateLockName, validatePermitPath, validatePermits, validateWholeSeconds } from './private/validation';
 import { grantWakeToRole, registerWaiter } from './private/wake-grants';
 import { ACQUIRE_TIMEOUT_ERROR, INVALID_LIMIT_ERROR, INVALID_LOCK_NAME_ERROR, INVALID_PERMITS_ERROR, renderDefinition } from './private/workflow-definition';
 import { RateLimit } from './rate-limit';
@@ -455,6 +455,10 @@ export class ConcurrencyControlledWorkflow extends Construct {
     validateWholeSeconds('queueCheckInterval', queueCheckInterval, 1);
     if (props.queueCheckInterval && waitStrategy !== WaitStrategy.QUEUE) {
       Annotations.of(this).addWarning('queueCheckInterval is set but waitStrategy is not QUEUE: it has no effect');
+    }
+    const highLimit = waitStrategy === WaitStrategy.QUEUE ? highQueueLimitWarning(limit) : undefined;
+    if (highLimit) {
+      Annotations.of(this).addWarningV2('cdk-sfn-semaphore:highQueueLimit', highLimit);
     }
     if (props.permitPath !== undefined) {
       validatePermitPath('permitPath', props.permitPath);

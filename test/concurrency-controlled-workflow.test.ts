@@ -717,6 +717,18 @@ describe('reconciler, leases and metrics', () => {
     expect(w.metricAcquireTimeouts().metricName).toBe('AcquireTimeouts');
   });
 
+  test('warns that a high limit with the queue meets the partition\'s write capacity, with the figures and the id that acknowledges it', () => {
+    const { stack: high } = workflow({ concurrencyLimit: 500 });
+    // 0.1 + 0.2 x 500 = 100.1 KB, 101 write units a write, three writes a hand-off: 3.3 a second, 500 / 3.3 = 152 s.
+    Annotations.fromStack(high).hasWarning(
+      '/Stack/Workflow',
+      Match.stringLikeRegexp('concurrencyLimit 500 with the queue: .*about 100 KB .*at most about 3\\.3 permits a second: bodies shorter than about 152 s .*cdk-sfn-semaphore:highQueueLimit'),
+    );
+    for (const quiet of [{ concurrencyLimit: 99 }, { concurrencyLimit: 500, waitStrategy: WaitStrategy.POLLING }, { concurrencyLimit: sfn.JsonPath.numberAt('$.limit') }]) {
+      Annotations.fromStack(workflow(quiet).stack).hasNoWarning('/Stack/Workflow', Match.stringLikeRegexp('with the queue'));
+    }
+  });
+
   test('warns that the log metrics stay empty when the state machine does not log at level ALL', () => {
     const stack = newStack();
     const { stack: s } = workflow({ logs: { destination: new logs.LogGroup(stack, 'Quiet'), level: sfn.LogLevel.ERROR } }, stack);

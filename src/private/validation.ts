@@ -39,6 +39,29 @@ export function validateConcurrencyLimit(limit: number): void {
   }
 }
 
+/** A lock limit from which the queue's hand-offs, which write the whole lock item, meet one partition's write capacity. */
+export const HIGH_QUEUE_LIMIT = 100;
+
+/**
+ * Why a fixed `concurrencyLimit` of HIGH_QUEUE_LIMIT or more with the queue may wait for DynamoDB rather
+ * than for permits, with the figures (README, "The ceiling of a high limit"): a full lock passes on a
+ * permit with three writes of the lock item (the refused give-back, the claim, the hand-off), billed by
+ * its size, about 0.1 KB plus 0.2 KB per holder (measured on the bench's ARNs; longer ARNs cost more),
+ * against one partition's 1,000 write units a second. Undefined below that limit, or for a token.
+ */
+export function highQueueLimitWarning(limit: number): string | undefined {
+  if (Token.isUnresolved(limit) || limit < HIGH_QUEUE_LIMIT) return undefined;
+  const itemKb = 0.1 + 0.2 * limit;
+  const perSecond = 1000 / (3 * Math.ceil(itemKb));
+  const shortest = limit / perSecond;
+  return (
+    `concurrencyLimit ${limit} with the queue: every hand-off writes the whole lock item (about ${Math.round(itemKb)} KB with ${limit} holders), ` +
+    `and one item's partition takes 1,000 write units a second, so a full lock passes on at most about ${perSecond.toFixed(1)} permits a second: ` +
+    `bodies shorter than about ${Math.ceil(shortest)} s will wait for DynamoDB rather than for permits. For shorter bodies, split the lock into ` +
+    'several with smaller limits, or use WaitStrategy.POLLING (README, "The ceiling of a high limit")'
+  );
+}
+
 /**
  * `permits` (the weight of one acquisition): an integer from 1 to MAX_PERMITS, and at most the
  * concurrency limit when both are known (a weight above the limit could never be granted).
