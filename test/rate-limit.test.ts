@@ -150,8 +150,8 @@ test('without a concurrency limit the count also bounds how many run at once: bo
 });
 
 test('the reconciler publishes the queue and the permits the rate holds: the dashboard can tell waits for the rate', async () => {
-  // A long interval (3 minutes, 1.8 s of real time): the sweep must see the first two still inside it.
-  const { stack, workflow, workFunctionId } = workflowStack({ rateLimit: RateLimit.of(2, Duration.minutes(3)), reconcilerScheduleEnabled: false });
+  // A long interval (5 minutes, 3 s of real time): the sweep must see the first two still inside it.
+  const { stack, workflow, workFunctionId } = workflowStack({ rateLimit: RateLimit.of(2, Duration.minutes(5)), reconcilerScheduleEnabled: false });
   const work = new WorkTracker(() => 1);
   await simulate(stack, { lambdaHandlers: { [workFunctionId]: work.handler } }, async (sim) => {
     const sm = sim.stateMachine(stateMachineLogicalId(workflow.stateMachine));
