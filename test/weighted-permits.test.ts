@@ -484,3 +484,40 @@ test('first come, first served: a heavy waiter at the head of the queue is not o
     expect(await lockState(sim)).toEqual([{ lockName: LOCK, permitsInUse: 0, holders: [] }]);
   });
 });
+
+test('a weighted waiter of the queue hands its body the fencing token it drew when it held all its permits, above every earlier one', async () => {
+  const { stack, workflow, workFunctionId } = workflowStack({
+    permits: sfn.JsonPath.numberAt('$.weight'),
+    concurrencyLimit: 2,
+    waitStrategy: WaitStrategy.QUEUE,
+    pollInterval: Duration.seconds(1),
+    permitPath: '$.permit',
+    reconcilerScheduleEnabled: false,
+  });
+  const bodies: Array<{ weight: number; token: number; start: number; end?: number }> = [];
+  // Bodies of 30 s: a body that ended before another started did so long after that one's permits were granted.
+  const work = new WorkTracker(() => 30);
+  const handler: typeof work.handler = async (input, context) => {
+    const body: (typeof bodies)[number] = { weight: input.weight, token: input.permit.fencingToken, start: context.simulator.now() };
+    bodies.push(body);
+    try {
+      return await work.handler(input, context);
+    } finally {
+      body.end = context.simulator.now();
+    }
+  };
+  await simulate(stack, { timeScale: 0.05, lambdaHandlers: { [workFunctionId]: handler } }, async (sim) => {
+    const sm = sim.stateMachine(stateMachineLogicalId(workflow.stateMachine));
+    const executions = [1, 2, 1, 2].map((weight, i) => sim.startExecution(sm, { weight, i }));
+    await Promise.all(executions.map((e) => e.done));
+    expect(executions.map((e) => e.status)).toEqual(Array(4).fill('SUCCEEDED'));
+    expect(executions.some((e) => e.history.some((h) => h.name === STATE.completePermits))).toBe(true);
+    // Every body got its own token, and each is above those of every body that ended before it started
+    // (a collector draws its token when it completes, not when it was handed its first permit).
+    expect(bodies.map((b) => typeof b.token)).toEqual(Array(4).fill('number'));
+    expect(new Set(bodies.map((b) => b.token)).size).toBe(4);
+    for (const b of bodies) {
+      for (const earlier of bodies.filter((e) => e.end! <= b.start)) expect(b.token).toBeGreaterThan(earlier.token);
+    }
+  });
+});
