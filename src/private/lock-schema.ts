@@ -256,8 +256,10 @@ export const MAX_LOCK_NAME_LENGTH = 255;
  * most 221 bytes (`arn:aws-us-gov:states:`, a 14-character Region, the account, `:execution:`, two
  * names of at most 80 ASCII characters), and a map of at most 150 bytes (acquiredAt 35, redriveCount
  * 16, leaseSeconds 17, handoffId 49, claimed 9, fencingToken 21, 3 for the map). A weighted entry adds
- * `permits` (10 bytes) but never carries a hand-off's id or token (a hand-off writes an entry of one
- * permit), so it stays under 320. A client's: a 42-byte lease id and at most 230 bytes with an owner of
+ * `permits` (10 bytes) and `extra` (8), and a weighted waiter of the queue, handed its first permit,
+ * keeps the hand-off's id and adds `collecting` (11) while it collects: at most 158 bytes of map
+ * (an entry from the reconciler's queue service carries a fencing token instead of the id: 130), so
+ * 379 with the longest ARN. A client's: a 42-byte lease id and at most 230 bytes with an owner of
  * MAX_OWNER_LENGTH and `permits`.
  * https://docs.aws.amazon.com/amazondynamodb/latest/developerguide/CapacityUnitCalculations.html
  */
