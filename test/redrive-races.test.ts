@@ -40,6 +40,16 @@ function recordingEntries(sim: () => Simulator, work: WorkTracker, entries: Map<
   };
 }
 
+/**
+ * The stopped execution's cleanup has ended (finding nothing to free) and its late acquire has landed
+ * after it: waited for, rather than slept for, so that a busy machine's pause cannot reorder them.
+ */
+async function lateAcquireAfterCleanup(sim: Simulator, sm: unknown, x: { arn: string }): Promise<void> {
+  const cleanupsDone = () =>
+    [...sim.executions.values()].some((e) => e.stateMachine !== sm && e.status !== 'RUNNING' && JSON.stringify(e.input).includes(x.arn));
+  await until(async () => cleanupsDone() && (await lockState(sim))[0]?.holders.length === 1, 'the cleanup done, then the late acquire landed');
+}
+
 test('F1: a run redriven before the body claims the entry its stopped run left, stamped with its own run; a late cleanup of that run leaves it', async () => {
   const { stack, workflow, workFunctionId } = workflowStack({ concurrencyLimit: 1, reconcilerScheduleEnabled: false });
   const work = new WorkTracker((input) => input.seconds);
@@ -61,7 +71,7 @@ test('F1: a run redriven before the body claims the entry its stopped run left, 
     const x = sim.startExecution(sm, { seconds: 200 }, { name: 'x' });
     await until(() => x.stateTransitions.has(STATE.acquire), 'x acquiring');
     x.abort('Test.Stop', 'stopped while acquiring');
-    await sim.sleep(70);
+    await lateAcquireAfterCleanup(sim, sm, x);
     expect(await lockState(sim)).toEqual([{ lockName: LOCK, permitsInUse: 1, holders: [x.arn] }]);
     const aborted = sim.events.find((e) => e.detail.executionArn === x.arn && e.detail.status === 'ABORTED')!;
 
@@ -270,7 +280,7 @@ test('F6: polling, a run redriven before the body finds the entry its stopped ru
     const x = sim.startExecution(sm, { seconds: 5 }, { name: 'x' });
     await until(() => x.stateTransitions.has(STATE.acquire), 'x acquiring');
     x.abort('Test.Stop', 'stopped while acquiring');
-    await sim.sleep(70);
+    await lateAcquireAfterCleanup(sim, sm, x);
     expect(await lockState(sim)).toEqual([{ lockName: LOCK, permitsInUse: 1, holders: [x.arn] }]);
 
     slow = false;
