@@ -77,8 +77,8 @@ const SCENARIOS: Scenario[] = [
     props: { rateLimit: RateLimit.perSecond(5), pollInterval: Duration.seconds(1) },
     timeScale: 0.5,
   },
-  // Weighted permits (ours only, and polling only: the sample has no weights, so its column is its own
-  // run of the same executions taking one permit each).
+  // Weighted permits (ours only: the sample has no weights, so its column is its own run of the same
+  // executions taking one permit each). The queue serves them first come, first served (collectors).
   {
     name: 'weights',
     description: '200 executions at once, limit 10, taking 1 to 4 permits each (permits from the input), work 5 s, 10% failing, 10% stopped inside',
@@ -92,7 +92,6 @@ const SCENARIOS: Scenario[] = [
       permits: weightOf,
     },
     props: { permits: JsonPath.numberAt('$.weight'), pollInterval: Duration.seconds(2) },
-    pollingOnly: true,
   },
   {
     name: 'high-limit',

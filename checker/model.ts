@@ -1066,6 +1066,11 @@ export class Model {
       result.push(`${inside.length + clients.length} inside at once (${who}) holding ${permitsInside} permits, limit ${limit}`);
     }
     for (const [handoff, n] of Object.entries(w.ghost.wakes)) if (n > 1) result.push(`hand-off ${handoff} woke ${n} waiters`);
+    // A request DynamoDB refuses as malformed (an unused or undefined name, an invalid path), or a
+    // runtime error, ends an execution only when a definition is broken: no fault of the model leads there.
+    for (const e of w.execs) {
+      if (e.status === 'FAILED' && e.error !== undefined && BROKEN_DEFINITION_ERRORS.test(e.error)) result.push(`${e.name} failed with ${e.error}: a broken definition`);
+    }
     if (w.ghost.fenceViolation) result.push(`fencing: ${w.ghost.fenceViolation}`);
     return result;
   }
@@ -1136,7 +1141,10 @@ export class Model {
   private keyParts(w: World): string {
     let parts = this.partsCache.get(w);
     if (parts !== undefined) return parts;
-    const texts = w.execs.map((e) => JSON.stringify(e));
+    // A wait's count of history events (`semaphoreWait.events`) only grows: past WAIT_EVENTS_CAP it is
+    // keyed as the cap, so that a loop that waits and looks again (a collector short of permits) does
+    // not make a new world of every round. No configuration comes near the wait's budget of events.
+    const texts = w.execs.map((e) => JSON.stringify(e).replace(WAIT_EVENTS_COUNT, (_m, n: string) => `"semaphoreWait":{"events":${Math.min(Number(n), WAIT_EVENTS_CAP)}}`));
     const rename = this.symmetry(w, texts);
     const r = rename ?? ((t: string) => t);
     const sorted = (list: string[]) => list.sort().join(',');
@@ -1202,6 +1210,13 @@ const FAIR_BUDGET_TEXT = JSON.stringify(FAIR_BUDGET);
 
 /** Where a workflow execution's one-letter name occurs: its ARN, its tokens and ids, its cleanups and guards, its name. */
 const NAME_PATTERN = /(:execution:wf:|\btok:|\buuid:|\bcleanup-|\bguard-|"name":")([A-Z])(?=[:"-])/g;
+
+/** A wait's count of history events in an execution's JSON, and the value above which it is keyed as one. */
+const WAIT_EVENTS_COUNT = /"semaphoreWait":\{"events":(\d+)\}/g;
+const WAIT_EVENTS_CAP = 200;
+
+/** Errors no fault of the model explains: a malformed request, or a runtime error of the interpreter. */
+const BROKEN_DEFINITION_ERRORS = /AmazonDynamoDBException|ValidationException|^States\.(Runtime|DataLimitExceeded)$/;
 
 function iso(clock: number): string {
   return new Date(BASE_TIME + clock * TICK_MS).toISOString();

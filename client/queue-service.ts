@@ -2,6 +2,8 @@ import { AttributeValue } from '@aws-sdk/client-dynamodb';
 import { clock, dynamodb, errorName, Flow, stepFunctions, uuid } from './effects';
 import { deleteServedTicket, readTicket, serveTicket, waitingTickets } from './ticket-queue';
 import {
+  COLLECT_GATE,
+  COLLECTING,
   CONCURRENCY_LIMIT,
   FENCING_TOKEN,
   HOLDER_ACQUIRED_AT,
@@ -78,7 +80,9 @@ export function* serveQueue(options: QueueServiceOptions, lockName: string): Flo
     if (!item || head >= tail) break;
     const permits = Number(item[PERMITS_IN_USE]?.N ?? '0');
     const lockLimit = item[CONCURRENCY_LIMIT]?.N;
-    const free = lockLimit !== undefined && permits < Number(lockLimit);
+    // The permits a collector waits for are not free to anyone else (lock-schema.ts, COLLECTING).
+    const collecting = Number(item[COLLECTING]?.N ?? '0') > 0;
+    const free = lockLimit !== undefined && permits < Number(lockLimit) && (!collecting || permits < Number(item[COLLECT_GATE]?.N ?? '0'));
     const ticket = head + 1;
     const handoffId = yield* uuid();
     // Serving a ticket refuses its waiter's next wait: read it first, and serve it only to pass it
@@ -119,9 +123,12 @@ export function* serveQueue(options: QueueServiceOptions, lockName: string): Flo
     const now = yield* clock();
     const admitted = yield* update(
       'SET #permits = :permitsAfter, #fence = :fence, #next = :entry, #head = :nextTicket',
-      `#permits = :permits AND ${item[FENCING_TOKEN] ? '#fence = :fenceBefore' : 'attribute_not_exists(#fence)'} AND #head = :head AND attribute_not_exists(#next)`,
-      { '#permits': PERMITS_IN_USE, '#fence': FENCING_TOKEN, '#next': waiter, ...names },
+      // Not the permits a collector is waiting for (lock-schema.ts, COLLECTING): only below its gate.
+      `#permits = :permits AND ${item[FENCING_TOKEN] ? '#fence = :fenceBefore' : 'attribute_not_exists(#fence)'} AND #head = :head AND attribute_not_exists(#next) ` +
+        'AND (attribute_not_exists(#collecting) OR #collecting = :zero OR #permits < #collectGate)',
+      { '#permits': PERMITS_IN_USE, '#fence': FENCING_TOKEN, '#next': waiter, '#collecting': COLLECTING, '#collectGate': COLLECT_GATE, ...names },
       {
+        ':zero': { N: '0' },
         ':permits': { N: String(permits) },
         ':permitsAfter': { N: String(permits + 1) },
         ':fence': { N: String(fence) },

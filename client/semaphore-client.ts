@@ -28,6 +28,8 @@ import {
   NAMES,
   PERMITS_IN_USE,
   RATE_INTERVAL,
+  COLLECTING,
+  COLLECT_GATE,
   RELEASE_CONDITION,
   RELEASE_EXPIRED_LEASE_CONDITION,
   RELEASE_UPDATE,
@@ -675,8 +677,11 @@ function* conditionalUpdate(
         ...(expressions.includes(QUEUE_NAMES.head) ? { [QUEUE_NAMES.head]: QUEUE_HEAD } : {}),
         ...(expressions.includes(QUEUE_NAMES.tail) ? { [QUEUE_NAMES.tail]: QUEUE_TAIL } : {}),
         ...(next !== undefined && expressions.includes(QUEUE_NAMES.next) ? { [QUEUE_NAMES.next]: next } : {}),
+        ...(expressions.includes(NAMES.collecting) ? { [NAMES.collecting]: COLLECTING } : {}),
+        ...(expressions.includes(NAMES.collectGate) ? { [NAMES.collectGate]: COLLECT_GATE } : {}),
       },
-      ExpressionAttributeValues: values,
+      // Every expression that reads the collector's mark compares it with zero.
+      ExpressionAttributeValues: expressions.includes(VALUES.zero) ? { [VALUES.zero]: { N: '0' }, ...values } : values,
       ReturnValues: returnValues,
     });
     return out.Attributes ?? {};

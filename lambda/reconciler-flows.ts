@@ -35,6 +35,7 @@ import {
   TICKET_SERVED_BY,
   TICKET_WAITER,
   RATE_INTERVAL,
+  COLLECTING,
 } from '../src/private/lock-schema';
 import { OUTSIDE_BODY_STATES } from '../src/private/state-names';
 
@@ -697,8 +698,10 @@ function* conditionalUpdate(
         ...(update.includes(NAMES.permits) ? { [NAMES.permits]: PERMITS_IN_USE } : {}),
         ...(update.includes(NAMES.limit) ? { [NAMES.limit]: CONCURRENCY_LIMIT } : {}),
         ...(update.includes(NAMES.fence) ? { [NAMES.fence]: FENCING_TOKEN } : {}),
+        ...(`${update} ${condition}`.includes(NAMES.collecting) ? { [NAMES.collecting]: COLLECTING } : {}),
       },
-      ExpressionAttributeValues: values,
+      // Every expression that reads the collector's mark compares it with zero.
+      ExpressionAttributeValues: `${update} ${condition}`.includes(VALUES.zero) ? { [VALUES.zero]: 0, ...values } : values,
     });
     return true;
   } catch (e) {

@@ -88,7 +88,7 @@ export interface ConcurrencyControlledWorkflowProps {
    *
    * Workflows sharing a lock may use different strategies: every release hands off to waiters.
    *
-   * @default WaitStrategy.QUEUE, or `POLLING` with `permits`
+   * @default WaitStrategy.QUEUE, or `POLLING` with `permits` (set `QUEUE` for first come, first served: see `permits`)
    */
   readonly waitStrategy?: WaitStrategy;
 
@@ -277,11 +277,15 @@ export interface ConcurrencyControlledWorkflowProps {
    * from each execution's input; a value that is not such an integer fails the execution with
    * `SemaphoreInvalidPermits` before it takes anything.
    *
-   * A weighted execution waits by polling (the queue hands permits on one at a time, and a queued
-   * waiter takes one): `waitStrategy` then defaults to `POLLING`, and `QUEUE` is refused. Polling is
-   * not first come, first served: under a steady stream of lighter acquisitions, a heavy one can wait
-   * until its `acquireTimeout`. A weighted holder that releases while executions of other workflows
-   * wait in the lock's queue hands its permits to them one at a time. Not with `rateLimit`.
+   * A weighted execution waits by polling unless `waitStrategy` is `QUEUE`. Polling is not first come,
+   * first served: under a steady stream of lighter acquisitions, a heavy one can wait until its
+   * `acquireTimeout`. With `QUEUE` it is: a heavy waiter whose turn comes is handed one permit and
+   * collects the rest (the lock's one collector); until it has them nobody else takes a permit, and
+   * releases give theirs back to it. Lighter waiters behind it wait though permits are free (at most
+   * the heavy one's weight less one, for at most the bodies that were running when its turn came).
+   * A heavy waiter handed a permit while another collects gives it back and queues again. A weighted
+   * holder that releases while executions wait in the lock's queue hands its permits to them one at a
+   * time. Not with `rateLimit`.
    *
    * @default 1
    */
@@ -427,12 +431,6 @@ export class ConcurrencyControlledWorkflow extends Construct {
     if (weighted && rate) {
       throw new Error(
         '`permits` and `rateLimit` cannot be combined yet: the rate counts acquisitions, and a weighted acquisition takes several permits at once. Set one of them',
-      );
-    }
-    if (weighted && props.waitStrategy === WaitStrategy.QUEUE) {
-      throw new Error(
-        `\`permits\` (${permits!.inputPath ?? permits!.fixed}) needs \`waitStrategy: WaitStrategy.POLLING\`, got QUEUE: the queue hands a waiter one permit at a time. ` +
-          'Leave `waitStrategy` unset (it then defaults to POLLING) or set POLLING',
       );
     }
     const limit = rateLimitedConcurrency(props.concurrencyLimit, rate);

@@ -7,6 +7,7 @@ import * as logs from 'aws-cdk-lib/aws-logs';
 import * as sfn from 'aws-cdk-lib/aws-stepfunctions';
 import { ConcurrencyControlledWorkflow, ConcurrencyControlledWorkflowProps, IdempotentWorkflow, RateLimit, SemaphoreReconciler, SemaphoreTable, WaitStrategy } from '../src';
 import { logicalId } from './helpers';
+import { ACQUIRE_CONDITION, RELEASE_IF_NO_WAITERS_CONDITION, RELEASE_UPDATE, TAKE_TICKET_CONDITION } from '../src/private/lock-schema';
 
 function newStack() {
   return new Stack(new App(), 'Stack');
@@ -117,7 +118,7 @@ describe('definition', () => {
       Parameters: {
         Key: { lockName: { S: 'db-migrations' } },
         // Its own entry lets the condition through and fails the update (a number plus a map): see ACQUIRE_CONDITION.
-        ConditionExpression: 'attribute_not_exists(#permits) OR #permits < :limit OR attribute_exists(#holder)',
+        ConditionExpression: ACQUIRE_CONDITION,
         UpdateExpression: 'SET #permits = if_not_exists(#permits, :zero) + :one, #holder = :entry, #limit = :limit, #fence = if_not_exists(#fence, :zero) + if_not_exists(#holder, :one)',
         ExpressionAttributeNames: { '#permits': 'permitsInUse', '#holder.$': '$$.Execution.Id', '#limit': 'concurrencyLimit', '#fence': 'fencingToken' },
         ExpressionAttributeValues: {
@@ -164,8 +165,8 @@ describe('definition', () => {
     });
     expect(def.States['Release Permit'].Parameters).toMatchObject({
       // No ticket waiting: the lock item's two counters say so.
-      ConditionExpression: expect.stringContaining('AND (attribute_not_exists(#tail) OR #head >= #tail)'),
-      UpdateExpression: 'SET #permits = #permits - if_not_exists(#holder.permits, :one) REMOVE #holder',
+      ConditionExpression: expect.stringContaining('AND ((attribute_not_exists(#tail) OR #head >= #tail) OR '),
+      UpdateExpression: RELEASE_UPDATE,
       ExpressionAttributeNames: { '#holder.$': '$.handoff.holder', '#tail': 'queueTail', '#head': 'queueHead' },
     });
     // Waiters: the releaser claims the next ticket (head + 1) while it still holds the permit.
@@ -308,7 +309,7 @@ describe('definition', () => {
       Parameters: {
         Key: { lockName: { S: 'jobs' } },
         UpdateExpression: 'SET #tail = if_not_exists(#tail, :zero) + :one, #head = if_not_exists(#head, :zero)',
-        ConditionExpression: '#permits >= :limit AND attribute_not_exists(#holder)',
+        ConditionExpression: TAKE_TICKET_CONDITION,
         ReturnValues: 'UPDATED_NEW',
       },
       // Refused: a permit is free (or the execution holds one, which the acquire tells): poll.
@@ -466,8 +467,7 @@ describe('cleanup', () => {
         Key: { lockName: { S: 'fixed' } },
         // Only a permit taken by the run that stopped (or an earlier one), not by a later redrive; and
         // only while nobody waits (else it is handed to the oldest waiter).
-        ConditionExpression:
-          'attribute_exists(#holder) AND (attribute_not_exists(#holder.redriveCount) OR #holder.redriveCount <= :redriveCount) AND (attribute_not_exists(#tail) OR #head >= #tail)',
+        ConditionExpression: RELEASE_IF_NO_WAITERS_CONDITION,
         ExpressionAttributeNames: { '#holder.$': '$.handoff.holder' },
         ExpressionAttributeValues: { ':one': { N: '1' }, ':redriveCount': { 'N.$': 'States.JsonToString($.handoff.redriveCount)' } },
       },

@@ -5,6 +5,7 @@ import { RecordedUpdate } from '../checker/model';
 import { checkConfig } from '../checker/run';
 import { LocalDynamoDb } from '../simulator';
 import {
+  COLLECTING,
   ACQUIRE_CONDITION,
   ACQUIRE_UPDATE,
   CLAIM_CONDITION,
@@ -129,6 +130,7 @@ const acquire = (limit: number): UpdateItemInput => ({
     [NAMES.holder]: holder,
     [NAMES.limit]: CONCURRENCY_LIMIT,
     [NAMES.fence]: FENCING_TOKEN,
+    [NAMES.collecting]: COLLECTING,
   },
   ExpressionAttributeValues: { [VALUES.zero]: { N: '0' }, [VALUES.one]: { N: '1' }, [VALUES.limit]: { N: String(limit) }, [VALUES.entry]: entry(1) },
   ReturnValues: 'UPDATED_NEW',
@@ -159,6 +161,7 @@ const takeTicket = (): UpdateItemInput => ({
     [NAMES.holder]: holder,
     [QUEUE_NAMES.tail]: QUEUE_TAIL,
     [QUEUE_NAMES.head]: QUEUE_HEAD,
+    [NAMES.collecting]: COLLECTING,
   },
   ExpressionAttributeValues: { [VALUES.limit]: { N: '1' }, [VALUES.zero]: { N: '0' }, [VALUES.one]: { N: '1' } },
   ReturnValues: 'UPDATED_NEW',

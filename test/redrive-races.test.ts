@@ -40,6 +40,29 @@ function recordingEntries(sim: () => Simulator, work: WorkTracker, entries: Map<
   };
 }
 
+/**
+ * The stopped execution's cleanup has ended (finding nothing to free) and its late acquire has landed
+ * after it: waited for, rather than slept for, so that a busy machine's pause cannot reorder them.
+ */
+async function lateAcquireAfterCleanup(sim: Simulator, sm: unknown, x: { arn: string }): Promise<void> {
+  await until(async () => cleanupDone(sim, sm, x.arn) && (await lockState(sim))[0]?.holders.length === 1, 'the cleanup done, then the late acquire landed');
+}
+
+/** Whether a cleanup of execution `arn` (an execution of another state machine than `sm`) has ended. */
+function cleanupDone(sim: Simulator, sm: unknown, arn: string): boolean {
+  return [...sim.executions.values()].some((e) => e.stateMachine !== sm && e.status !== 'RUNNING' && JSON.stringify(e.input).includes(arn));
+}
+
+/**
+ * The acquire of a stopped execution that lands late: at least 60 s after it was sent, and only once
+ * the execution's cleanup has ended (its cleanup state machine's first run can start late on a busy
+ * machine, when checking its definition takes long), so that the write lands after the cleanup looked.
+ */
+async function landAfterCleanup(simulator: Simulator, execution: { arn: string; stateMachine: unknown }): Promise<void> {
+  await simulator.sleep(60);
+  for (let i = 0; i < 3600 && !cleanupDone(simulator, execution.stateMachine, execution.arn); i++) await simulator.sleep(1);
+}
+
 test('F1: a run redriven before the body claims the entry its stopped run left, stamped with its own run; a late cleanup of that run leaves it', async () => {
   const { stack, workflow, workFunctionId } = workflowStack({ concurrencyLimit: 1, reconcilerScheduleEnabled: false });
   const work = new WorkTracker((input) => input.seconds);
@@ -48,9 +71,9 @@ test('F1: a run redriven before the body claims the entry its stopped run left, 
   const sim: Simulator = await Simulator.start(stack, {
     lambdaHandlers: { [workFunctionId]: recordingEntries(() => sim, work, entries) },
     taskHandlers: {
-      // X's first acquire lands 60 s late: after X was stopped and its cleanup found nothing.
-      [STATE.acquire]: async (input, { simulator }) => {
-        if (slow) await simulator.sleep(60);
+      // X's first acquire lands late: after X was stopped and its cleanup found nothing.
+      [STATE.acquire]: async (input, { simulator, execution }) => {
+        if (slow) await landAfterCleanup(simulator, execution);
         return simulator.dynamo.run('arn:aws:states:::dynamodb:updateItem', input);
       },
     },
@@ -61,7 +84,7 @@ test('F1: a run redriven before the body claims the entry its stopped run left, 
     const x = sim.startExecution(sm, { seconds: 200 }, { name: 'x' });
     await until(() => x.stateTransitions.has(STATE.acquire), 'x acquiring');
     x.abort('Test.Stop', 'stopped while acquiring');
-    await sim.sleep(70);
+    await lateAcquireAfterCleanup(sim, sm, x);
     expect(await lockState(sim)).toEqual([{ lockName: LOCK, permitsInUse: 1, holders: [x.arn] }]);
     const aborted = sim.events.find((e) => e.detail.executionArn === x.arn && e.detail.status === 'ABORTED')!;
 
@@ -258,8 +281,8 @@ test('F6: polling, a run redriven before the body finds the entry its stopped ru
   const sim = await Simulator.start(stack, {
     lambdaHandlers: { [workFunctionId]: work.handler },
     taskHandlers: {
-      [STATE.acquire]: async (input, { simulator }) => {
-        if (slow) await simulator.sleep(60);
+      [STATE.acquire]: async (input, { simulator, execution }) => {
+        if (slow) await landAfterCleanup(simulator, execution);
         return simulator.dynamo.run('arn:aws:states:::dynamodb:updateItem', input);
       },
     },
@@ -270,7 +293,7 @@ test('F6: polling, a run redriven before the body finds the entry its stopped ru
     const x = sim.startExecution(sm, { seconds: 5 }, { name: 'x' });
     await until(() => x.stateTransitions.has(STATE.acquire), 'x acquiring');
     x.abort('Test.Stop', 'stopped while acquiring');
-    await sim.sleep(70);
+    await lateAcquireAfterCleanup(sim, sm, x);
     expect(await lockState(sim)).toEqual([{ lockName: LOCK, permitsInUse: 1, holders: [x.arn] }]);
 
     slow = false;

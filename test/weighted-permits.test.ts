@@ -24,7 +24,6 @@ describe('validation at synth', () => {
     [{ permits: 101, concurrencyLimit: 1000 }, /`permits` must be an integer from 1 to 100 .*got: 101/],
     [{ permits: 4, concurrencyLimit: 3 }, /`permits` \(4\) must be at most `concurrencyLimit` \(3\)/],
     [{ permits: 2 }, /`permits` \(2\) must be at most `concurrencyLimit` \(1\)/],
-    [{ permits: 2, concurrencyLimit: 4, waitStrategy: WaitStrategy.QUEUE }, /`permits` \(2\) needs `waitStrategy: WaitStrategy.POLLING`, got QUEUE/],
     [{ permits: 2, concurrencyLimit: 4, rateLimit: RateLimit.perSecond(4) }, /`permits` and `rateLimit` cannot be combined yet/],
   ])('a bad weight is refused, naming the value: %#', (props, message) => {
     expect(() => workflowStack(props)).toThrow(message);
@@ -108,8 +107,11 @@ test('a weight read from the input is checked first: not an integer from 1 to 10
   });
 });
 
-test('mixed weights 1 to 4 at limit 10, 10% failing and 10% stopped bodies, lost and delayed events, throttling: never over 10 by weight, nothing left held', async () => {
-  const subject = demoSubject(10, { permits: sfn.JsonPath.numberAt('$.weight'), pollInterval: Duration.seconds(2) });
+test.each([WaitStrategy.POLLING, WaitStrategy.QUEUE])('%s: mixed weights 1 to 4 at limit 10, 10%% failing and 10%% stopped bodies, lost and delayed events, throttling: never over 10 by weight, nothing left held', async (waitStrategy) => {
+  // The queue's check interval is scaled down as the run is, as in the fault suite: a releaser stopped
+  // between its peek and its serve leaves its waiter asleep until the waiter's next check.
+  const check = waitStrategy === WaitStrategy.QUEUE ? { queueCheckInterval: Duration.seconds(60) } : {};
+  const subject = demoSubject(10, { permits: sfn.JsonPath.numberAt('$.weight'), pollInterval: Duration.seconds(2), waitStrategy, ...check });
   const weight = (id: number) => (id % 4) + 1;
   const result = await runScenario(subject, {
     executions: 60,
@@ -412,5 +414,113 @@ test('redriven while its stopped run\'s release was handing its permits on: the 
     expect((await redriven).status).toBe('SUCCEEDED');
     await sim.idle();
     expect(await lockState(sim)).toEqual([{ lockName: LOCK, permitsInUse: 1, holders: ['lease-waiter'] }]);
+  });
+});
+
+describe('weighted waiters in the queue', () => {
+  test('weights 2, 1, 2, 1, 2, 1 at limit 3: never more than 3 permits inside, every one served, nothing left held', async () => {
+    const { stack, workflow, workFunctionId } = workflowStack({
+      permits: sfn.JsonPath.numberAt('$.weight'),
+      concurrencyLimit: 3,
+      waitStrategy: WaitStrategy.QUEUE,
+      pollInterval: Duration.seconds(1),
+      reconcilerScheduleEnabled: false,
+    });
+    const work = new WorkTracker(() => 5);
+    let permitsInside = 0;
+    let mostPermitsInside = 0;
+    const handler: typeof work.handler = async (input, context) => {
+      permitsInside += input.weight;
+      mostPermitsInside = Math.max(mostPermitsInside, permitsInside);
+      try {
+        return await work.handler(input, context);
+      } finally {
+        permitsInside -= input.weight;
+      }
+    };
+    await simulate(stack, { timeScale: 0.05, lambdaHandlers: { [workFunctionId]: handler } }, async (sim) => {
+      const sm = sim.stateMachine(stateMachineLogicalId(workflow.stateMachine));
+      const executions = [2, 1, 2, 1, 2, 1].map((weight, i) => sim.startExecution(sm, { weight, i }));
+      await Promise.all(executions.map((e) => e.done));
+      expect(executions.map((e) => e.status)).toEqual(Array(6).fill('SUCCEEDED'));
+      expect(mostPermitsInside).toBe(3);
+      // Heavy waiters were woken with one permit and collected the other.
+      const entered = (name: string) => executions.filter((e) => e.history.some((h) => h.name === name && h.type.endsWith('StateEntered'))).length;
+      expect(entered(STATE.registerCollector)).toBeGreaterThan(0);
+      expect(entered(STATE.completePermits)).toBe(entered(STATE.registerCollector));
+      await sim.idle();
+      expect(await lockState(sim)).toEqual([{ lockName: LOCK, permitsInUse: 0, holders: [] }]);
+    });
+  });
+});
+
+test('first come, first served: a heavy waiter at the head of the queue is not overtaken by light ones that arrive after it', async () => {
+  const { stack, workflow, workFunctionId } = workflowStack({
+    permits: sfn.JsonPath.numberAt('$.weight'),
+    concurrencyLimit: 3,
+    waitStrategy: WaitStrategy.QUEUE,
+    pollInterval: Duration.seconds(1),
+    reconcilerScheduleEnabled: false,
+  });
+  const work = new WorkTracker(() => 10);
+  await simulate(stack, { timeScale: 0.05, lambdaHandlers: { [workFunctionId]: work.handler } }, async (sim) => {
+    const sm = sim.stateMachine(stateMachineLogicalId(workflow.stateMachine));
+    // Three light ones fill the lock; the heavy one (all 3 permits) queues behind them.
+    const first = [0, 1, 2].map((i) => sim.startExecution(sm, { weight: 1, i }));
+    await until(() => work.inside === 3, 'the lock full');
+    const heavy = sim.startExecution(sm, { weight: 3, i: 'heavy' });
+    await until(() => heavy.history.some((h) => h.name === STATE.waitInQueue), 'the heavy one queued');
+    // Then a steady stream of light ones, one every 2 s: with polling, each would take a permit as it came free.
+    const later = [];
+    for (let i = 0; i < 8; i++) {
+      later.push(sim.startExecution(sm, { weight: 1, i: `later-${i}` }));
+      await sim.sleep(2);
+    }
+    await Promise.all([...first, heavy, ...later].map((e) => e.done));
+    expect([...first, heavy, ...later].every((e) => e.status === 'SUCCEEDED')).toBe(true);
+    const heavyStart = work.startedAt.get(heavy.arn)!;
+    // Every light one that arrived after it started after it.
+    expect(later.map((e) => work.startedAt.get(e.arn)! > heavyStart)).toEqual(Array(later.length).fill(true));
+    // It collected: woken with one permit, it took the other two once the first three were done.
+    expect(heavy.history.some((h) => h.name === STATE.completePermits)).toBe(true);
+    await sim.idle();
+    expect(await lockState(sim)).toEqual([{ lockName: LOCK, permitsInUse: 0, holders: [] }]);
+  });
+});
+
+test('a weighted waiter of the queue hands its body the fencing token it drew when it held all its permits, above every earlier one', async () => {
+  const { stack, workflow, workFunctionId } = workflowStack({
+    permits: sfn.JsonPath.numberAt('$.weight'),
+    concurrencyLimit: 2,
+    waitStrategy: WaitStrategy.QUEUE,
+    pollInterval: Duration.seconds(1),
+    permitPath: '$.permit',
+    reconcilerScheduleEnabled: false,
+  });
+  const bodies: Array<{ weight: number; token: number; start: number; end?: number }> = [];
+  // Bodies of 30 s: a body that ended before another started did so long after that one's permits were granted.
+  const work = new WorkTracker(() => 30);
+  const handler: typeof work.handler = async (input, context) => {
+    const body: (typeof bodies)[number] = { weight: input.weight, token: input.permit.fencingToken, start: context.simulator.now() };
+    bodies.push(body);
+    try {
+      return await work.handler(input, context);
+    } finally {
+      body.end = context.simulator.now();
+    }
+  };
+  await simulate(stack, { timeScale: 0.05, lambdaHandlers: { [workFunctionId]: handler } }, async (sim) => {
+    const sm = sim.stateMachine(stateMachineLogicalId(workflow.stateMachine));
+    const executions = [1, 2, 1, 2].map((weight, i) => sim.startExecution(sm, { weight, i }));
+    await Promise.all(executions.map((e) => e.done));
+    expect(executions.map((e) => e.status)).toEqual(Array(4).fill('SUCCEEDED'));
+    expect(executions.some((e) => e.history.some((h) => h.name === STATE.completePermits))).toBe(true);
+    // Every body got its own token, and each is above those of every body that ended before it started
+    // (a collector draws its token when it completes, not when it was handed its first permit).
+    expect(bodies.map((b) => typeof b.token)).toEqual(Array(4).fill('number'));
+    expect(new Set(bodies.map((b) => b.token)).size).toBe(4);
+    for (const b of bodies) {
+      for (const earlier of bodies.filter((e) => e.end! <= b.start)) expect(b.token).toBeGreaterThan(earlier.token);
+    }
   });
 });

@@ -41,6 +41,12 @@ export const QUEUE_CHECK_ROUND_EVENTS = 15;
  */
 export const QUEUE_RETRY_ROUND_EVENTS = 32;
 
+/**
+ * A round of a weighted waiter of the queue collecting its permits: Wait To Collect (2), the count and
+ * its check (4), Complete Permits (5), and after a server error Confirm Permits Complete (5).
+ */
+export const COLLECT_ROUND_EVENTS = 16;
+
 /** A polling round: Wait Before Next Poll (2) and Poll For Permit (5). */
 export const POLL_ROUND_EVENTS = 7;
 

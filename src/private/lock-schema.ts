@@ -92,7 +92,28 @@ export const NAMES = {
   limit: '#limit',
   fence: '#fence',
   rate: '#rate',
+  collecting: '#collecting',
+  collectGate: '#collectGate',
 } as const;
+
+/*
+ * A weighted waiter of the queue (a workflow with `permits` and the queue strategy) is handed one
+ * permit by an ordinary hand-off, then collects the rest: it registers as the lock's one collector,
+ * and from then on nobody else takes a permit, and releases give theirs back (free) until enough are
+ * free for it, after which they hand off to the waiters behind it as before. It takes them in one
+ * write once `permitsInUse <= collectGate`. See docs/design-rates-and-weights.md ("A simpler plan").
+ */
+
+/**
+ * Executions collecting permits on the lock (type N, 0 or 1). Every entry that carries
+ * HOLDER_COLLECTING counts one: RELEASE_UPDATE takes the entry's mark off with the entry, whoever
+ * releases it.
+ */
+export const COLLECTING = 'collecting';
+/** While a collector collects: the limit less the permits it still needs (type N). It completes once `permitsInUse <= collectGate`. */
+export const COLLECT_GATE = 'collectGate';
+/** Field of the collector's holder entry (type N, 1): the mark RELEASE_UPDATE takes off the lock's COLLECTING. */
+export const HOLDER_COLLECTING = 'collecting';
 
 /** Expression attribute values used by every expression below. */
 export const VALUES = {
@@ -106,7 +127,11 @@ export const VALUES = {
   rate: ':rate',
   weight: ':weight',
   gate: ':gate',
+  extra: ':extra',
 } as const;
+
+/** Nobody collects permits on the lock (see COLLECTING): a newcomer may take a free permit. */
+export const NOT_COLLECTING = `(attribute_not_exists(${NAMES.collecting}) OR ${NAMES.collecting} = ${VALUES.zero})`;
 
 /**
  * The lock's fencing counter (type N): one more on every acquisition, hand-offs from the queue
@@ -130,7 +155,7 @@ export const FENCING_TOKEN = 'fencingToken';
  * holds one (validation): three outcomes in one write, and an uncertain acquire can simply be retried.
  * @see https://docs.aws.amazon.com/amazondynamodb/latest/APIReference/API_UpdateItem.html (ValidationException)
  */
-export const ACQUIRE_CONDITION = `attribute_not_exists(${NAMES.permits}) OR ${NAMES.permits} < ${VALUES.limit} OR attribute_exists(${NAMES.holder})`;
+export const ACQUIRE_CONDITION = `attribute_not_exists(${NAMES.permits}) OR (${NAMES.permits} < ${VALUES.limit} AND ${NOT_COLLECTING}) OR attribute_exists(${NAMES.holder})`;
 export const ACQUIRE_UPDATE = `SET ${NAMES.permits} = if_not_exists(${NAMES.permits}, ${VALUES.zero}) + ${VALUES.one}, ${NAMES.holder} = ${VALUES.entry}, ${NAMES.limit} = ${VALUES.limit}, ${NAMES.fence} = if_not_exists(${NAMES.fence}, ${VALUES.zero}) + if_not_exists(${NAMES.holder}, ${VALUES.one})`;
 /** ACQUIRE_UPDATE of a rate-limited workflow: it also records the rate's interval (RATE_INTERVAL) for clients. */
 export const ACQUIRE_WITH_RATE_UPDATE = `${ACQUIRE_UPDATE}, ${NAMES.rate} = ${VALUES.rate}`;
@@ -140,7 +165,7 @@ export const ACQUIRE_WITH_RATE_UPDATE = `${ACQUIRE_UPDATE}, ${NAMES.rate} = ${VA
  * `permitsInUse <= :gate`, where `:gate` is the limit minus the weight (a condition cannot do
  * arithmetic, so the state machine computes it), and the entry records its weight (HOLDER_PERMITS).
  */
-export const WEIGHTED_ACQUIRE_CONDITION = `attribute_not_exists(${NAMES.permits}) OR ${NAMES.permits} <= ${VALUES.gate} OR attribute_exists(${NAMES.holder})`;
+export const WEIGHTED_ACQUIRE_CONDITION = `attribute_not_exists(${NAMES.permits}) OR (${NAMES.permits} <= ${VALUES.gate} AND ${NOT_COLLECTING}) OR attribute_exists(${NAMES.holder})`;
 export const WEIGHTED_ACQUIRE_UPDATE = `SET ${NAMES.permits} = if_not_exists(${NAMES.permits}, ${VALUES.zero}) + ${VALUES.weight}, ${NAMES.holder} = ${VALUES.entry}, ${NAMES.limit} = ${VALUES.limit}, ${NAMES.fence} = if_not_exists(${NAMES.fence}, ${VALUES.zero}) + if_not_exists(${NAMES.holder}, ${VALUES.one})`;
 
 /**
@@ -149,14 +174,14 @@ export const WEIGHTED_ACQUIRE_UPDATE = `SET ${NAMES.permits} = if_not_exists(${N
  * effective limit is the smaller of the two). The update records the client's limit only on a lock
  * that has none yet; workflows keep writing theirs on every acquire.
  */
-export const CLIENT_ACQUIRE_CONDITION = `(attribute_not_exists(${NAMES.permits}) OR (${NAMES.permits} < ${VALUES.limit} AND (attribute_not_exists(${NAMES.limit}) OR ${NAMES.permits} < ${NAMES.limit}))) AND attribute_not_exists(${NAMES.holder})`;
+export const CLIENT_ACQUIRE_CONDITION = `(attribute_not_exists(${NAMES.permits}) OR (${NAMES.permits} < ${VALUES.limit} AND (attribute_not_exists(${NAMES.limit}) OR ${NAMES.permits} < ${NAMES.limit}) AND ${NOT_COLLECTING})) AND attribute_not_exists(${NAMES.holder})`;
 /**
  * Acquire of `:weight` permits by a client: as CLIENT_ACQUIRE, with the gate of WEIGHTED_ACQUIRE, and
  * the lock's stored limit at least the client's (a condition cannot subtract the weight from it: the
  * client applies the smaller of the two limits, read before, and tries again with the stored one if
  * it was lowered meanwhile).
  */
-export const CLIENT_WEIGHTED_ACQUIRE_CONDITION = `(attribute_not_exists(${NAMES.permits}) OR (${NAMES.permits} <= ${VALUES.gate} AND (attribute_not_exists(${NAMES.limit}) OR ${NAMES.limit} >= ${VALUES.limit}))) AND attribute_not_exists(${NAMES.holder})`;
+export const CLIENT_WEIGHTED_ACQUIRE_CONDITION = `(attribute_not_exists(${NAMES.permits}) OR (${NAMES.permits} <= ${VALUES.gate} AND (attribute_not_exists(${NAMES.limit}) OR ${NAMES.limit} >= ${VALUES.limit}) AND ${NOT_COLLECTING})) AND attribute_not_exists(${NAMES.holder})`;
 export const CLIENT_WEIGHTED_ACQUIRE_UPDATE = `SET ${NAMES.permits} = if_not_exists(${NAMES.permits}, ${VALUES.zero}) + ${VALUES.weight}, ${NAMES.holder} = ${VALUES.entry}, ${NAMES.limit} = if_not_exists(${NAMES.limit}, ${VALUES.limit}), ${NAMES.fence} = if_not_exists(${NAMES.fence}, ${VALUES.zero}) + ${VALUES.one}`;
 export const CLIENT_ACQUIRE_UPDATE = `SET ${NAMES.permits} = if_not_exists(${NAMES.permits}, ${VALUES.zero}) + ${VALUES.one}, ${NAMES.holder} = ${VALUES.entry}, ${NAMES.limit} = if_not_exists(${NAMES.limit}, ${VALUES.limit}), ${NAMES.fence} = if_not_exists(${NAMES.fence}, ${VALUES.zero}) + ${VALUES.one}`;
 
@@ -167,7 +192,9 @@ export const CLIENT_ACQUIRE_UPDATE = `SET ${NAMES.permits} = if_not_exists(${NAM
  * one), so that every path frees exactly what was taken without knowing the holder's weight.
  */
 export const RELEASE_CONDITION = `attribute_exists(${NAMES.holder})`;
-export const RELEASE_UPDATE = `SET ${NAMES.permits} = ${NAMES.permits} - if_not_exists(${NAMES.holder}.${HOLDER_PERMITS}, ${VALUES.one}) REMOVE ${NAMES.holder}`;
+export const RELEASE_UPDATE =
+  `SET ${NAMES.permits} = ${NAMES.permits} - if_not_exists(${NAMES.holder}.${HOLDER_PERMITS}, ${VALUES.one}), ` +
+  `${NAMES.collecting} = if_not_exists(${NAMES.collecting}, ${VALUES.zero}) - if_not_exists(${NAMES.holder}.${HOLDER_COLLECTING}, ${VALUES.zero}) REMOVE ${NAMES.holder}`;
 
 /**
  * Release of an expired lease: as RELEASE_CONDITION, and only if the lease was not renewed since it
@@ -229,8 +256,10 @@ export const MAX_LOCK_NAME_LENGTH = 255;
  * most 221 bytes (`arn:aws-us-gov:states:`, a 14-character Region, the account, `:execution:`, two
  * names of at most 80 ASCII characters), and a map of at most 150 bytes (acquiredAt 35, redriveCount
  * 16, leaseSeconds 17, handoffId 49, claimed 9, fencingToken 21, 3 for the map). A weighted entry adds
- * `permits` (10 bytes) but never carries a hand-off's id or token (a hand-off writes an entry of one
- * permit), so it stays under 320. A client's: a 42-byte lease id and at most 230 bytes with an owner of
+ * `permits` (10 bytes) and `extra` (8), and a weighted waiter of the queue, handed its first permit,
+ * keeps the hand-off's id and adds `collecting` (11) while it collects: at most 158 bytes of map
+ * (an entry from the reconciler's queue service carries a fencing token instead of the id: 130), so
+ * 379 with the longest ARN. A client's: a 42-byte lease id and at most 230 bytes with an owner of
  * MAX_OWNER_LENGTH and `permits`.
  * https://docs.aws.amazon.com/amazondynamodb/latest/developerguide/CapacityUnitCalculations.html
  */
@@ -330,14 +359,23 @@ export const QUEUE_VALUES = {
 } as const;
 
 const NO_WAITERS = `(attribute_not_exists(${QUEUE_NAMES.tail}) OR ${QUEUE_NAMES.head} >= ${QUEUE_NAMES.tail})`;
+/** A collector collects and still needs permits: a release gives its permit back (nobody else may take it). */
+const COLLECTOR_SHORT = `(${NAMES.collecting} > ${VALUES.zero} AND ${NAMES.permits} > ${NAMES.collectGate})`;
+/**
+ * A collector collects: a newcomer queues behind it, even beside free permits (they are the
+ * collector's; were more freed than it needs, a waiter finds one when its wait next times out).
+ */
+const COLLECTOR_WAITS = `${NAMES.collecting} > ${VALUES.zero}`;
 
 /**
  * Take a ticket, only while the lock is full (so a release that races it either sees the waiter and
- * hands it the permit, or frees a permit that makes this condition fail and the waiter try again) and
- * the execution holds nothing. Its ticket is the new tail (UPDATED_NEW). A retried ticket whose first
+ * hands it the permit, or frees a permit that makes this condition fail and the waiter try again), or
+ * a collector collects (COLLECTOR_WAITS), and the execution holds nothing. Its ticket is the new tail (UPDATED_NEW). A retried ticket whose first
  * write landed leaves an orphan ticket, which is skipped.
  */
-export const TAKE_TICKET_CONDITION = `${NAMES.permits} >= ${VALUES.limit} AND attribute_not_exists(${NAMES.holder})`;
+export const TAKE_TICKET_CONDITION = `(${NAMES.permits} >= ${VALUES.limit} OR ${COLLECTOR_WAITS}) AND attribute_not_exists(${NAMES.holder})`;
+/** Take a ticket for `:weight` permits: while more than `:gate` (the limit less them) are in use, or a collector collects. */
+export const WEIGHTED_TAKE_TICKET_CONDITION = `(${NAMES.permits} > ${VALUES.gate} OR ${COLLECTOR_WAITS}) AND attribute_not_exists(${NAMES.holder})`;
 export const TAKE_TICKET_UPDATE = `SET ${QUEUE_NAMES.tail} = if_not_exists(${QUEUE_NAMES.tail}, ${VALUES.zero}) + ${VALUES.one}, ${QUEUE_NAMES.head} = if_not_exists(${QUEUE_NAMES.head}, ${VALUES.zero})`;
 
 /**
@@ -355,8 +393,11 @@ export const WAIT_ON_TICKET_UPDATE = `SET ${QUEUE_NAMES.waiter} = ${QUEUE_VALUES
  * Release when nobody waits: RELEASE_STOPPED_RUN_CONDITION and no ticket waiting. Every release that
  * frees a permit checks the queue in the same write, so that a waiter that took a ticket meanwhile is
  * never left asleep beside a free permit (its ticket needed the lock full, and the lock stays full).
+ * Also while a collector is short of permits (they go to it: nobody else may take them), and always for
+ * the collector's own entry, which must leave through RELEASE_UPDATE (never by a hand-off) to take the
+ * lock's mark with it.
  */
-export const RELEASE_IF_NO_WAITERS_CONDITION = `${RELEASE_STOPPED_RUN_CONDITION} AND ${NO_WAITERS}`;
+export const RELEASE_IF_NO_WAITERS_CONDITION = `${RELEASE_STOPPED_RUN_CONDITION} AND (${NO_WAITERS} OR ${COLLECTOR_SHORT} OR attribute_exists(${NAMES.holder}.${HOLDER_COLLECTING}))`;
 
 /**
  * Is the permit still held (by the run)? A no-op write that fails when it is not: after a release and
@@ -368,12 +409,14 @@ export const STILL_HELD_UPDATE = `SET ${NAMES.permits} = ${NAMES.permits}`;
 
 /**
  * Claim the next ticket (UPDATED_NEW: the new head is the ticket claimed) while still holding the
- * permit to hand: every releaser claims a ticket of its own, so that releasers that give back
+ * permit to hand, not the collector's own entry, and not while a collector is short of permits: every releaser claims a ticket of its own, so that releasers that give back
  * permits at once serve different waiters instead of racing for the same one. A releaser that
  * stops before it serves its ticket leaves that waiter asleep: the sweep marks such a ticket, and
  * its waiter takes a new one when its wait next times out.
  */
-export const PEEK_CONDITION = `${RELEASE_STOPPED_RUN_CONDITION} AND ${QUEUE_NAMES.head} < ${QUEUE_NAMES.tail}`;
+export const PEEK_CONDITION =
+  `${RELEASE_STOPPED_RUN_CONDITION} AND ${QUEUE_NAMES.head} < ${QUEUE_NAMES.tail} AND attribute_not_exists(${NAMES.holder}.${HOLDER_COLLECTING}) ` +
+  `AND (${NOT_COLLECTING} OR ${NAMES.permits} <= ${NAMES.collectGate})`;
 export const PEEK_UPDATE = `SET ${QUEUE_NAMES.head} = ${QUEUE_NAMES.head} + ${VALUES.one}`;
 
 /**
@@ -449,3 +492,49 @@ export const TAKE_BACK_UPDATE = `SET ${NAMES.holder} = ${VALUES.entry} REMOVE ${
 
 /** CLAIM_CONDITION's update: the run's stamp, a new acquire time, `claimed`, a fencing token. */
 export const CLAIM_UPDATE = `SET ${NAMES.fence} = if_not_exists(${NAMES.fence}, ${VALUES.zero}) + ${VALUES.one}, ${NAMES.holder}.${HOLDER_CLAIMED} = ${QUEUE_VALUES.claimed}, ${NAMES.holder}.${HOLDER_ACQUIRED_AT} = ${VALUES.acquiredAt}, ${NAMES.holder}.${HOLDER_REDRIVE_COUNT} = ${VALUES.redriveCount}`;
+
+/**
+ * Register as the lock's collector: a weighted waiter of the queue that was handed one permit (its
+ * entry holds one: no HOLDER_PERMITS) marks its entry and the lock, and sets the gate at which it can
+ * complete (`:gate`: the limit less the permits it still needs). Only while nobody else collects (or
+ * it did already: a retry after a write that landed). The entry is claimed for the run as CLAIM_UPDATE
+ * does, so that nothing that judged an earlier run frees it, and no releaser takes it back.
+ */
+export const REGISTER_COLLECTOR_CONDITION =
+  `(${NOT_COLLECTING} OR attribute_exists(${NAMES.holder}.${HOLDER_COLLECTING})) AND attribute_exists(${NAMES.holder}) ` +
+  `AND attribute_not_exists(${NAMES.holder}.${HOLDER_PERMITS}) AND ${STAMPED_AT_MOST}`;
+export const REGISTER_COLLECTOR_UPDATE =
+  `SET ${NAMES.collecting} = ${VALUES.one}, ${NAMES.collectGate} = ${VALUES.gate}, ${NAMES.holder}.${HOLDER_COLLECTING} = ${VALUES.one}, ` +
+  `${NAMES.holder}.${HOLDER_CLAIMED} = ${QUEUE_VALUES.claimed}, ${NAMES.holder}.${HOLDER_ACQUIRED_AT} = ${VALUES.acquiredAt}, ${NAMES.holder}.${HOLDER_REDRIVE_COUNT} = ${VALUES.redriveCount}`;
+
+/**
+ * Complete: once enough permits are free (`permitsInUse <= collectGate`), the collector takes the
+ * rest (`:extra`, its weight less the one it holds) in one write, its entry then holds all `:weight`,
+ * the marks go, and it draws its fencing token (UPDATED_NEW), only now that it holds them all.
+ *
+ * A collector whose entry is gone (a run redriven after the cleanup of its stopped run released it)
+ * must start again rather than wait for ever: the condition lets a missing entry through, and the
+ * update then fails on it (`#holder.permits` has no map to go in: a ValidationException, "The document
+ * path provided in the update expression is invalid for update"), as ACQUIRE_CONDITION does with an
+ * entry that exists. Refused (ConditionalCheckFailed), it is still short: it waits and looks again.
+ */
+export const COMPLETE_COLLECTOR_CONDITION =
+  `attribute_not_exists(${NAMES.holder}) OR (attribute_exists(${NAMES.holder}.${HOLDER_COLLECTING}) AND ${NAMES.permits} <= ${NAMES.collectGate} AND ${STAMPED_AT_MOST})`;
+export const COMPLETE_COLLECTOR_UPDATE =
+  `SET ${NAMES.permits} = ${NAMES.permits} + ${VALUES.extra}, ${NAMES.holder}.${HOLDER_PERMITS} = ${VALUES.weight}, ` +
+  `${NAMES.holder}.${HOLDER_EXTRA_PERMITS} = ${VALUES.extra}, ${NAMES.fence} = ${NAMES.fence} + ${VALUES.one}, ` +
+  `${NAMES.holder}.${HOLDER_REDRIVE_COUNT} = ${VALUES.redriveCount} REMOVE ${NAMES.collecting}, ${NAMES.collectGate}, ${NAMES.holder}.${HOLDER_COLLECTING}`;
+
+/**
+ * Claim an entry of one permit (a weighted waiter of the queue finds the permit handed to it without
+ * being woken): as CLAIM_CONDITION, for an entry that holds one. The waiter then registers as the
+ * collector.
+ */
+export const CLAIM_HANDED_CONDITION = `${CLAIM_CONDITION} AND attribute_not_exists(${NAMES.holder}.${HOLDER_PERMITS})`;
+
+/**
+ * Give back the one permit a weighted waiter of the queue was handed, when another execution collects
+ * already (REGISTER_COLLECTOR refused): the waiter then takes a new ticket. Two collectors at once could
+ * deadlock (each holding part of what the other needs), so the one that came second loses its place.
+ */
+export const GIVE_UP_HANDED_CONDITION = `${RELEASE_STOPPED_RUN_CONDITION} AND attribute_not_exists(${NAMES.holder}.${HOLDER_PERMITS})`;

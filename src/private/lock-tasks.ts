@@ -5,6 +5,7 @@ import {
   ACQUIRE_CONDITION,
   ACQUIRE_UPDATE,
   ACQUIRE_WITH_RATE_UPDATE,
+  COLLECTING,
   CONCURRENCY_LIMIT,
   FENCING_TOKEN,
   HOLDER_ACQUIRED_AT,
@@ -53,6 +54,11 @@ export interface PermitWeight {
   readonly gate: tasks.DynamoAttributeValue;
   /** The permits less one (N), which a hand-off of the whole entry gives back. */
   readonly extra: tasks.DynamoAttributeValue;
+  /**
+   * The gate of a waiter of the queue that holds one permit and collects the rest (N): the limit less
+   * the permits less one. It completes once at most that many are in use. @default - gate + 1
+   */
+  readonly collectGate: tasks.DynamoAttributeValue;
 }
 
 /**
@@ -74,6 +80,7 @@ export function acquireTask(scope: Construct, id: string, props: AcquireTaskProp
       [NAMES.holder]: props.holder,
       [NAMES.limit]: CONCURRENCY_LIMIT,
       [NAMES.fence]: FENCING_TOKEN,
+      [NAMES.collecting]: COLLECTING,
       ...(rate === undefined ? {} : { [NAMES.rate]: RATE_INTERVAL }),
     },
     expressionAttributeValues: {

@@ -6,6 +6,9 @@ import { CONDITIONAL_CHECK_FAILED, SERVER_ERRORS, THROTTLING_ERRORS, transientRe
 import {
   CLAIM_CONDITION,
   CLAIM_UPDATE,
+  COLLECT_GATE,
+  COLLECTING,
+  WEIGHTED_TAKE_TICKET_CONDITION,
   WEIGHTED_CLAIM_CONDITION,
   TAKE_BACK_ONE_CONDITION,
   TAKE_BACK_ONE_UPDATE,
@@ -205,8 +208,11 @@ export function handOffChain(scope: Construct, props: HandOffProps): sfn.State {
           [NAMES.holder]: holder,
           [QUEUE_NAMES.tail]: QUEUE_TAIL,
           [QUEUE_NAMES.head]: QUEUE_HEAD,
+          [NAMES.collecting]: COLLECTING,
+          [NAMES.collectGate]: COLLECT_GATE,
         },
         expressionAttributeValues: {
+          [VALUES.zero]: tasks.DynamoAttributeValue.fromNumber(0),
           [VALUES.one]: tasks.DynamoAttributeValue.fromNumber(1),
           [VALUES.redriveCount]: redriveCount,
         },
@@ -237,8 +243,19 @@ export function handOffChain(scope: Construct, props: HandOffProps): sfn.State {
     key,
     conditionExpression: PEEK_CONDITION,
     updateExpression: PEEK_UPDATE,
-    expressionAttributeNames: { [NAMES.holder]: holder, [QUEUE_NAMES.head]: QUEUE_HEAD, [QUEUE_NAMES.tail]: QUEUE_TAIL },
-    expressionAttributeValues: { [VALUES.redriveCount]: redriveCount, [VALUES.one]: tasks.DynamoAttributeValue.fromNumber(1) },
+    expressionAttributeNames: {
+      [NAMES.holder]: holder,
+      [QUEUE_NAMES.head]: QUEUE_HEAD,
+      [QUEUE_NAMES.tail]: QUEUE_TAIL,
+      [NAMES.permits]: PERMITS_IN_USE,
+      [NAMES.collecting]: COLLECTING,
+      [NAMES.collectGate]: COLLECT_GATE,
+    },
+    expressionAttributeValues: {
+      [VALUES.redriveCount]: redriveCount,
+      [VALUES.zero]: tasks.DynamoAttributeValue.fromNumber(0),
+      [VALUES.one]: tasks.DynamoAttributeValue.fromNumber(1),
+    },
     returnValues: tasks.DynamoReturnValues.UPDATED_NEW,
     resultSelector: {
       ticket: sfn.JsonPath.stringToJson(sfn.JsonPath.stringAt(`$.Attributes.${QUEUE_HEAD}.N`)),
@@ -546,6 +563,8 @@ export interface WaiterProps {
   readonly checkInterval: Duration;
   /** Where the wake-up's `{ fencingToken }` goes. @default - discarded */
   readonly permitPath?: string;
+  /** A weighted waiter's gate (the limit less its weight): it queues while more are in use. @default - a waiter of one permit */
+  readonly gate?: tasks.DynamoAttributeValue;
 }
 
 /** Where a waiter keeps its ticket (a number) in the state data. */
@@ -559,16 +578,18 @@ export function takeTicketTask(scope: Construct, id: string, props: WaiterProps)
   return new tasks.DynamoUpdateItem(scope, id, {
     table: props.table.table,
     key: { [LOCK_KEY]: props.lockName },
-    conditionExpression: TAKE_TICKET_CONDITION,
+    // A weighted waiter queues while more than the limit less its weight are in use.
+    conditionExpression: props.gate ? WEIGHTED_TAKE_TICKET_CONDITION : TAKE_TICKET_CONDITION,
     updateExpression: TAKE_TICKET_UPDATE,
     expressionAttributeNames: {
       [NAMES.permits]: PERMITS_IN_USE,
       [NAMES.holder]: sfn.JsonPath.stringAt('$$.Execution.Id'),
       [QUEUE_NAMES.tail]: QUEUE_TAIL,
       [QUEUE_NAMES.head]: QUEUE_HEAD,
+      [NAMES.collecting]: COLLECTING,
     },
     expressionAttributeValues: {
-      [VALUES.limit]: props.limit,
+      ...(props.gate ? { [VALUES.gate]: props.gate } : { [VALUES.limit]: props.limit }),
       [VALUES.zero]: tasks.DynamoAttributeValue.fromNumber(0),
       [VALUES.one]: tasks.DynamoAttributeValue.fromNumber(1),
     },

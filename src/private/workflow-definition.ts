@@ -3,15 +3,35 @@ import * as sfn from 'aws-cdk-lib/aws-stepfunctions';
 import * as tasks from 'aws-cdk-lib/aws-stepfunctions-tasks';
 import { Construct } from 'constructs';
 import { CONDITIONAL_CHECK_FAILED, SERVER_ERRORS, THROTTLING_ERRORS, transientRetry, VALIDATION_ERROR } from './dynamodb-errors';
-import { HISTORY_EVENT_LIMIT, QUEUE_CHECK_ROUND_EVENTS, QUEUE_RETRY_ROUND_EVENTS, WAIT_ENTRY_EVENTS } from './history-budget';
+import { COLLECT_ROUND_EVENTS, HISTORY_EVENT_LIMIT, QUEUE_CHECK_ROUND_EVENTS, QUEUE_RETRY_ROUND_EVENTS, WAIT_ENTRY_EVENTS } from './history-budget';
 import {
   ERROR_PATH as IDEMPOTENT_ERROR_PATH,
   IdempotencyStates,
   INPUT_PATH as IDEMPOTENT_INPUT_PATH,
   OUTPUT_PATH as IDEMPOTENT_OUTPUT_PATH,
 } from './idempotency-states';
-import { MAX_CONCURRENCY_LIMIT, MAX_PERMITS, TICKET_KEY_SEPARATOR } from './lock-schema';
-import { acquireTask, LockTaskProps, PermitWeight } from './lock-tasks';
+import {
+  CLAIM_HANDED_CONDITION,
+  CLAIM_UPDATE,
+  COLLECT_GATE,
+  COLLECTING,
+  COMPLETE_COLLECTOR_CONDITION,
+  COMPLETE_COLLECTOR_UPDATE,
+  FENCING_TOKEN,
+  GIVE_UP_HANDED_CONDITION,
+  LOCK_KEY,
+  MAX_CONCURRENCY_LIMIT,
+  MAX_PERMITS,
+  NAMES,
+  PERMITS_IN_USE,
+  QUEUE_VALUES,
+  REGISTER_COLLECTOR_CONDITION,
+  REGISTER_COLLECTOR_UPDATE,
+  RELEASE_UPDATE,
+  TICKET_KEY_SEPARATOR,
+  VALUES,
+} from './lock-schema';
+import { acquireTask, fencingTokenSelector, LockTaskProps, PermitWeight } from './lock-tasks';
 import {
   fencingTokenTask,
   HANDOFF_PATH,
@@ -131,7 +151,7 @@ export function renderDefinition(scope: Construct, table: ISemaphoreTable, spec:
 
   let waitForPermit: sfn.State;
   if (spec.waitStrategy === WaitStrategy.QUEUE) {
-    const queue = renderQueueWait(scope, table, spec, lockTask, lockNameText, limit, toBody, permitPath);
+    const queue = renderQueueWait(scope, table, spec, lockTask, lockNameText, limit, toBody, permitPath, weight);
     queue.addCatch(releaseAfterFailure, { errors: [sfn.Errors.ALL], resultPath: errorPath });
     queue.next(spec.acquireTimeout === undefined ? runBody : toBody);
     waitForPermit = queue;
@@ -178,7 +198,9 @@ function permitWeight(spec: DefinitionSpec): PermitWeight | undefined {
     const w = permits.fixed!;
     const limitPath = spec.limit.inputPath;
     const gate = limitPath === undefined ? number(spec.limit.fixed! - w) : computed(sfn.JsonPath.mathAdd(limitFromInput(limitPath), -w));
-    return { permits: number(w), gate, extra: number(w - 1) };
+    const collectGate =
+      limitPath === undefined ? number(spec.limit.fixed! - w + 1) : computed(sfn.JsonPath.mathAdd(limitFromInput(limitPath), 1 - w));
+    return { permits: number(w), gate, extra: number(w - 1), collectGate };
   }
   const w = sfn.JsonPath.numberAt(pathFromExecutionInput(permits.inputPath));
   const negated = Token.asNumber(sfn.JsonPath.stringToJson(sfn.JsonPath.format('-{}', sfn.JsonPath.stringAt(pathFromExecutionInput(permits.inputPath)))));
@@ -187,6 +209,7 @@ function permitWeight(spec: DefinitionSpec): PermitWeight | undefined {
     permits: tasks.DynamoAttributeValue.numberFromString(sfn.JsonPath.format('{}', sfn.JsonPath.stringAt(pathFromExecutionInput(permits.inputPath)))),
     gate: computed(sfn.JsonPath.mathAdd(limitNumber, negated)),
     extra: computed(sfn.JsonPath.mathAdd(w, -1)),
+    collectGate: computed(sfn.JsonPath.mathAdd(Token.asNumber(sfn.JsonPath.mathAdd(limitNumber, negated)), 1)),
   };
 }
 
@@ -378,6 +401,7 @@ function renderQueueWait(
   limit: tasks.DynamoAttributeValue,
   toBody: sfn.State,
   permitPath: string | undefined,
+  weight?: PermitWeight,
 ): sfn.Parallel {
   const withTimer = spec.acquireTimeout !== undefined;
   // With a timer, success ends the branch with the marker error and the fencing token is read after
@@ -399,12 +423,14 @@ function renderQueueWait(
     limit,
     leaseSeconds: spec.leaseSeconds ?? 0,
     checkInterval: spec.queueCheckInterval,
-    permitPath: ownPermitPath,
+    // A weighted waiter is woken with one permit and collects the rest: its token comes from the completion.
+    permitPath: weight ? sfn.JsonPath.DISCARD : ownPermitPath,
+    gate: weight?.gate,
   };
   const retry = transientRetry([...THROTTLING_ERRORS, ...SERVER_ERRORS]);
   const takeTicket = takeTicketTask(scope, STATE.takeTicket, waiter).addRetry(retry);
-  const waitInQueue = acquired(waitOnTicketTask(scope, STATE.waitInQueue, waiter, false));
-  const waitAgain = acquired(waitOnTicketTask(scope, STATE.waitInQueueAgain, waiter, true));
+  const waitInQueue = waitOnTicketTask(scope, STATE.waitInQueue, waiter, false);
+  const waitAgain = waitOnTicketTask(scope, STATE.waitInQueueAgain, waiter, true);
 
   // The history budget: every round back to a wait counts the events it spent, and past the budget
   // the execution gives up with the acquire-timeout error (the Parallel's catch then gives back what
@@ -424,18 +450,40 @@ function renderQueueWait(
   const retryRound = countRound(STATE.countQueueRetry, STATE.queueRetryWithinBudget, QUEUE_RETRY_ROUND_EVENTS, takeTicket);
   const nextWait = new sfn.Wait(scope, STATE.nextWait, { time: sfn.WaitTime.duration(spec.pollInterval) }).next(retryRound);
   const checkProps = { table: table, lockName: lockTask.lockName, permitPath: ownPermitPath };
-  const acquireProps = { ...lockTask, limit, leaseSeconds: spec.leaseSeconds, permitPath: ownPermitPath, rateIntervalSeconds: spec.holdSeconds };
+  const acquireProps = {
+    ...lockTask,
+    limit,
+    leaseSeconds: spec.leaseSeconds,
+    permitPath: ownPermitPath,
+    rateIntervalSeconds: spec.holdSeconds,
+    weight,
+  };
+  const collect = weight ? renderCollector(scope, table, spec, lockTask, weight, ownPermitPath, acquired, retryRound, countRound) : undefined;
+  // Woken: a waiter of one permit has it; a weighted waiter holds one of its permits and collects the rest.
+  for (const wait of [waitInQueue, waitAgain]) {
+    if (collect) wait.next(collect.register);
+    else acquired(wait);
+  }
   // Found the execution's own entry (handed to it meanwhile, or taken by a write of an earlier run):
-  // claim it; if it went meanwhile, take a new ticket after a pause.
-  const checkAgain = acquired(fencingTokenTask(scope, STATE.checkHandedOffAgain, checkProps))
-    .addCatch(nextWait, { errors: [CONDITIONAL_CHECK_FAILED], resultPath: sfn.JsonPath.DISCARD });
+  // claim it; if it went meanwhile, take a new ticket after a pause. A weighted waiter's entry holds
+  // one permit (handed off: it collects the rest) or all of them (its own acquire that landed late).
+  const checkAgain = collect
+    ? collect.claimHanded(STATE.checkHandedOffAgain, STATE.checkAllPermitsAgain, nextWait)
+    : acquired(fencingTokenTask(scope, STATE.checkHandedOffAgain, checkProps)).addCatch(nextWait, {
+      errors: [CONDITIONAL_CHECK_FAILED],
+      resultPath: sfn.JsonPath.DISCARD,
+    });
   // Server errors are retried: a write that landed makes the retry find the execution's own entry.
   const poll = acquired(acquireTask(scope, STATE.poll, acquireProps))
     .addRetry(retry)
     .addCatch(retryRound, { errors: [CONDITIONAL_CHECK_FAILED], resultPath: sfn.JsonPath.DISCARD })
     .addCatch(checkAgain, { errors: [VALIDATION_ERROR], resultPath: sfn.JsonPath.DISCARD });
-  const check = acquired(fencingTokenTask(scope, STATE.checkHandedOff, checkProps))
-    .addCatch(poll, { errors: [CONDITIONAL_CHECK_FAILED], resultPath: sfn.JsonPath.DISCARD });
+  const check = collect
+    ? collect.claimHanded(STATE.checkHandedOff, STATE.checkAllPermits, poll)
+    : acquired(fencingTokenTask(scope, STATE.checkHandedOff, checkProps)).addCatch(poll, {
+      errors: [CONDITIONAL_CHECK_FAILED],
+      resultPath: sfn.JsonPath.DISCARD,
+    });
   // A wait timed out (no wake-up within the check interval): take a free permit, or the one handed to
   // this execution if its wake-up was lost (the acquire finds its own entry); else sleep again.
   const pollAgain = acquired(acquireTask(scope, STATE.pollAgain, acquireProps))
@@ -478,6 +526,138 @@ function renderQueueWait(
     }),
   );
   return waitForPermit.branch(takeTicket, timer).addCatch(toBody, { errors: [PERMIT_ACQUIRED], resultPath: sfn.JsonPath.DISCARD });
+}
+
+/**
+ * The collector of a weighted waiter of the queue (see lock-schema.ts, COLLECTING): woken with one of its
+ * permits, it registers as the lock's one collector, then completes (takes the rest, and its fencing
+ * token) once enough are free, looking again every `pollInterval` within the wait's history budget.
+ * Refused (another execution collects), it gives its permit back and takes a new ticket.
+ *
+ *   Register As Collector ─▶ Complete Permits ─refused─▶ Wait To Collect ─▶ (count) ─▶ Complete Permits
+ *     │ another collects              │ server error: did it land? Confirm Permits Complete
+ *     ▼
+ *   Give Up Handed Permit ─▶ (count) ─▶ Take Ticket
+ */
+function renderCollector(
+  scope: Construct,
+  table: ISemaphoreTable,
+  spec: DefinitionSpec,
+  lockTask: LockTaskProps,
+  weight: PermitWeight,
+  permitPath: string | undefined,
+  acquired: <T extends sfn.State & sfn.INextable>(state: T) => T,
+  retryRound: sfn.IChainable,
+  countRound: (countId: string, checkId: string, events: number, next: sfn.State) => sfn.IChainable,
+) {
+  const key = { [LOCK_KEY]: lockTask.lockName };
+  const holder = lockTask.holder;
+  const run = tasks.DynamoAttributeValue.numberFromString(sfn.JsonPath.jsonToString(sfn.JsonPath.objectAt('$$.Execution.RedriveCount')));
+  const one = tasks.DynamoAttributeValue.fromNumber(1);
+  const zero = tasks.DynamoAttributeValue.fromNumber(0);
+  const retry = transientRetry([...THROTTLING_ERRORS, ...SERVER_ERRORS]);
+
+  const confirm = acquired(
+    fencingTokenTask(scope, STATE.confirmPermitsComplete, { table, lockName: lockTask.lockName, permitPath, weight: weight.permits }),
+  );
+  const complete = acquired(
+    new tasks.DynamoUpdateItem(scope, STATE.completePermits, {
+      table: table.table,
+      key,
+      conditionExpression: COMPLETE_COLLECTOR_CONDITION,
+      updateExpression: COMPLETE_COLLECTOR_UPDATE,
+      expressionAttributeNames: {
+        [NAMES.permits]: PERMITS_IN_USE,
+        [NAMES.holder]: holder,
+        [NAMES.fence]: FENCING_TOKEN,
+        [NAMES.collecting]: COLLECTING,
+        [NAMES.collectGate]: COLLECT_GATE,
+      },
+      expressionAttributeValues: {
+        [VALUES.extra]: weight.extra,
+        [VALUES.weight]: weight.permits,
+        [VALUES.one]: one,
+        [VALUES.redriveCount]: run,
+      },
+      ...(permitPath
+        ? { returnValues: tasks.DynamoReturnValues.UPDATED_NEW, resultSelector: fencingTokenSelector(), resultPath: permitPath }
+        : { resultPath: sfn.JsonPath.DISCARD }),
+    }),
+  )
+    // A retry after a write that landed would be refused for good (the marks are gone): confirm instead.
+    .addRetry(transientRetry(THROTTLING_ERRORS))
+    .addCatch(confirm, { errors: SERVER_ERRORS, resultPath: sfn.JsonPath.DISCARD });
+  const waitToCollect = new sfn.Wait(scope, STATE.waitToCollect, { time: sfn.WaitTime.duration(spec.pollInterval) }).next(
+    countRound(STATE.countCollectRound, STATE.collectWithinBudget, COLLECT_ROUND_EVENTS, complete),
+  );
+  complete.addCatch(waitToCollect, { errors: [CONDITIONAL_CHECK_FAILED], resultPath: sfn.JsonPath.DISCARD });
+  // Its entry is gone (see COMPLETE_COLLECTOR_CONDITION): queue again.
+  complete.addCatch(retryRound, { errors: [VALIDATION_ERROR], resultPath: sfn.JsonPath.DISCARD });
+  confirm.addCatch(waitToCollect, { errors: [CONDITIONAL_CHECK_FAILED], resultPath: sfn.JsonPath.DISCARD });
+
+  // Another execution collects: give the permit back (it goes to that collector, or to the queue) and queue again.
+  const giveUp = new tasks.DynamoUpdateItem(scope, STATE.giveUpHandedPermit, {
+    table: table.table,
+    key,
+    conditionExpression: GIVE_UP_HANDED_CONDITION,
+    updateExpression: RELEASE_UPDATE,
+    expressionAttributeNames: { [NAMES.permits]: PERMITS_IN_USE, [NAMES.holder]: holder, [NAMES.collecting]: COLLECTING },
+    expressionAttributeValues: { [VALUES.one]: one, [VALUES.zero]: zero, [VALUES.redriveCount]: run },
+    resultPath: sfn.JsonPath.DISCARD,
+  })
+    .addRetry(retry)
+    .addCatch(retryRound, { errors: [CONDITIONAL_CHECK_FAILED], resultPath: sfn.JsonPath.DISCARD })
+    .next(retryRound);
+
+  const register = new tasks.DynamoUpdateItem(scope, STATE.registerCollector, {
+    table: table.table,
+    key,
+    conditionExpression: REGISTER_COLLECTOR_CONDITION,
+    updateExpression: REGISTER_COLLECTOR_UPDATE,
+    expressionAttributeNames: { [NAMES.holder]: holder, [NAMES.collecting]: COLLECTING, [NAMES.collectGate]: COLLECT_GATE },
+    expressionAttributeValues: {
+      [VALUES.zero]: zero,
+      [VALUES.one]: one,
+      [VALUES.gate]: weight.collectGate,
+      [QUEUE_VALUES.claimed]: tasks.DynamoAttributeValue.fromBoolean(true),
+      [VALUES.acquiredAt]: tasks.DynamoAttributeValue.fromString(sfn.JsonPath.stringAt('$$.State.EnteredTime')),
+      [VALUES.redriveCount]: run,
+    },
+    resultPath: sfn.JsonPath.DISCARD,
+  })
+    .addRetry(retry)
+    .addCatch(giveUp, { errors: [CONDITIONAL_CHECK_FAILED], resultPath: sfn.JsonPath.DISCARD })
+    .next(complete);
+
+  /**
+   * Found its own entry without being woken: an entry of one permit (handed to it: claim it and
+   * collect), else one of all its permits (its own acquire landed late: claim it and go), else none
+   * (`otherwise`).
+   */
+  const claimHanded = (handedId: string, allId: string, otherwise: sfn.IChainable): sfn.TaskStateBase => {
+    const all = acquired(fencingTokenTask(scope, allId, { table, lockName: lockTask.lockName, permitPath, weight: weight.permits }));
+    all.addCatch(otherwise, { errors: [CONDITIONAL_CHECK_FAILED], resultPath: sfn.JsonPath.DISCARD });
+    const handed = new tasks.DynamoUpdateItem(scope, handedId, {
+      table: table.table,
+      key,
+      conditionExpression: CLAIM_HANDED_CONDITION,
+      updateExpression: CLAIM_UPDATE,
+      expressionAttributeNames: { [NAMES.holder]: holder, [NAMES.fence]: FENCING_TOKEN },
+      expressionAttributeValues: {
+        [VALUES.zero]: zero,
+        [VALUES.one]: one,
+        [QUEUE_VALUES.claimed]: tasks.DynamoAttributeValue.fromBoolean(true),
+        [VALUES.acquiredAt]: tasks.DynamoAttributeValue.fromString(sfn.JsonPath.stringAt('$$.State.EnteredTime')),
+        [VALUES.redriveCount]: run,
+      },
+      resultPath: sfn.JsonPath.DISCARD,
+    })
+      .addRetry(retry)
+      .addCatch(all, { errors: [CONDITIONAL_CHECK_FAILED], resultPath: sfn.JsonPath.DISCARD });
+    handed.next(register);
+    return handed;
+  };
+  return { register, claimHanded };
 }
 
 /**

@@ -4,7 +4,7 @@ import { DynamoDBDocumentClient, ScanCommand, UpdateCommand } from '@aws-sdk/lib
 import { mockClient } from 'aws-sdk-client-mock';
 import { GRACE_MS, GUARD_PATIENCE_MS } from '../../lambda/reconciler-flows';
 import { handler, ReconcilerResult, RedriveGuardResult } from '../../lambda/reconciler.lambda';
-import { ACQUIRE_CONDITION, CLAIM_CONDITION, CLAIM_UPDATE, RELEASE_SEEN_HOLDER_CONDITION } from '../../src/private/lock-schema';
+import { ACQUIRE_CONDITION, CLAIM_CONDITION, CLAIM_UPDATE, RELEASE_SEEN_HOLDER_CONDITION, RELEASE_UPDATE } from '../../src/private/lock-schema';
 import { RATE_HOLD_STATES } from '../../src/private/state-names';
 
 /*
@@ -71,11 +71,11 @@ test('releases holders whose execution is no longer running or does not exist, l
   expect(ddb.commandCalls(UpdateCommand)[0].args[0].input).toMatchObject({
     TableName: 'locks',
     Key: { lockName: 'db' },
-    UpdateExpression: 'SET #permits = #permits - if_not_exists(#holder.permits, :one) REMOVE #holder',
+    UpdateExpression: RELEASE_UPDATE,
     // Only the very entry it judged dead, of the run it judged: a redriven execution's new entry has
     // another acquire time and a later run.
     ConditionExpression: RELEASE_SEEN_HOLDER_CONDITION,
-    ExpressionAttributeValues: { ':one': 1, ':acquiredAt': expect.any(String), ':redriveCount': 0 },
+    ExpressionAttributeValues: { ':zero': 0, ':one': 1, ':acquiredAt': expect.any(String), ':redriveCount': 0 },
   });
   expect(result.reclaimed.map((r) => r.reason).sort()).toEqual(['execution ABORTED', 'execution DOES_NOT_EXIST']);
   expect(result).toMatchObject({ locks: 1, holders: 3, errors: [], truncated: false });
