@@ -109,8 +109,10 @@ test('a weight read from the input is checked first: not an integer from 1 to 10
 
 test.each([WaitStrategy.POLLING, WaitStrategy.QUEUE])('%s: mixed weights 1 to 4 at limit 10, 10%% failing and 10%% stopped bodies, lost and delayed events, throttling: never over 10 by weight, nothing left held', async (waitStrategy) => {
   // The queue's check interval is scaled down as the run is, as in the fault suite: a releaser stopped
-  // between its peek and its serve leaves its waiter asleep until the waiter's next check.
-  const check = waitStrategy === WaitStrategy.QUEUE ? { queueCheckInterval: Duration.seconds(60) } : {};
+  // between its peek and its serve leaves its waiter asleep until the waiter's next check. The run's
+  // ideal drain is 75 s, and the horizon's extension goes on while an execution ends in each half of
+  // it (37.5 s): a waiter left for the last must check within that.
+  const check = waitStrategy === WaitStrategy.QUEUE ? { queueCheckInterval: Duration.seconds(30) } : {};
   const subject = demoSubject(10, { permits: sfn.JsonPath.numberAt('$.weight'), pollInterval: Duration.seconds(2), waitStrategy, ...check });
   const weight = (id: number) => (id % 4) + 1;
   const result = await runScenario(subject, {
