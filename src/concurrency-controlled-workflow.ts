@@ -88,7 +88,7 @@ export interface ConcurrencyControlledWorkflowProps {
    *
    * Workflows sharing a lock may use different strategies: every release hands off to waiters.
    *
-   * @default WaitStrategy.QUEUE, or `POLLING` with `permits` (set `QUEUE` for first come, first served: see `permits`)
+   * @default WaitStrategy.QUEUE
    */
   readonly waitStrategy?: WaitStrategy;
 
@@ -277,15 +277,16 @@ export interface ConcurrencyControlledWorkflowProps {
    * from each execution's input; a value that is not such an integer fails the execution with
    * `SemaphoreInvalidPermits` before it takes anything.
    *
-   * A weighted execution waits by polling unless `waitStrategy` is `QUEUE`. Polling is not first come,
-   * first served: under a steady stream of lighter acquisitions, a heavy one can wait until its
-   * `acquireTimeout`. With `QUEUE` it is: a heavy waiter whose turn comes is handed one permit and
+   * A weighted execution waits in the queue (`waitStrategy` defaults to `QUEUE`), first come, first
+   * served: a heavy waiter whose turn comes is handed one permit and
    * collects the rest (the lock's one collector); until it has them nobody else takes a permit, and
    * releases give theirs back to it. Lighter waiters behind it wait though permits are free (at most
    * the heavy one's weight less one, for at most the bodies that were running when its turn came).
    * A heavy waiter handed a permit while another collects gives it back and queues again. A weighted
    * holder that releases while executions wait in the lock's queue hands its permits to them one at a
-   * time. Not with `rateLimit`.
+   * time. With `waitStrategy: WaitStrategy.POLLING` a weighted execution polls instead, which is not
+   * first come, first served: under a steady stream of lighter acquisitions, a heavy one can wait until
+   * its `acquireTimeout`. Not with `rateLimit`.
    *
    * @default 1
    */
@@ -448,7 +449,7 @@ export class ConcurrencyControlledWorkflow extends Construct {
     if (props.leaseDuration && props.reconcilerScheduleEnabled === false) {
       Annotations.of(this).addWarning('leaseDuration is set but the reconciler schedule is disabled: leases are enforced only by on-demand sweeps');
     }
-    const waitStrategy = props.waitStrategy ?? (weighted ? WaitStrategy.POLLING : WaitStrategy.QUEUE);
+    const waitStrategy = props.waitStrategy ?? WaitStrategy.QUEUE;
     const queueCheckInterval = props.queueCheckInterval ?? Duration.minutes(5);
     validateWholeSeconds('queueCheckInterval', queueCheckInterval, 1);
     if (props.queueCheckInterval && waitStrategy !== WaitStrategy.QUEUE) {

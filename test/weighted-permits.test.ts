@@ -42,15 +42,17 @@ describe('validation at synth', () => {
     );
   });
 
-  test('a weight defaults the wait to polling; a weight of 1 is no weight at all', () => {
+  test('a weight waits in the queue by default; a weight of 1 is no weight at all', () => {
     const definitionOf = (props: Parameters<typeof workflowStack>[0]) => {
       const { stack, workflow } = workflowStack(props);
       return JSON.stringify(stack.resolve((workflow.stateMachine.node.defaultChild as sfn.CfnStateMachine).definitionString));
     };
     const weighted = definitionOf({ permits: 3, concurrencyLimit: 5 });
-    expect(weighted).toContain(STATE.drawPollDelay);
-    expect(weighted).not.toContain(STATE.takeTicket);
+    expect(weighted).toContain(STATE.takeTicket);
+    expect(weighted).toContain(STATE.registerCollector);
+    expect(weighted).not.toContain(STATE.drawPollDelay);
     expect(weighted).toContain(STATE.handOffOne);
+    expect(weighted).toEqual(definitionOf({ permits: 3, concurrencyLimit: 5, waitStrategy: WaitStrategy.QUEUE }));
     expect(definitionOf({ permits: 1, concurrencyLimit: 5 })).toEqual(definitionOf({ concurrencyLimit: 5 }));
   });
 });
@@ -58,6 +60,7 @@ describe('validation at synth', () => {
 test('a weight of 3 at limit 7: two bodies at once, each holding 3, every permit given back', async () => {
   const { stack, workflow, workFunctionId } = workflowStack({
     permits: 3,
+    waitStrategy: WaitStrategy.POLLING,
     concurrencyLimit: 7,
     pollInterval: Duration.seconds(1),
     reconcilerScheduleEnabled: false,
@@ -82,6 +85,7 @@ test('a weight of 3 at limit 7: two bodies at once, each holding 3, every permit
 test('a weight read from the input is checked first: not an integer from 1 to 100 and at most the limit fails with SemaphoreInvalidPermits', async () => {
   const { stack, workflow, workFunctionId } = workflowStack({
     permits: sfn.JsonPath.numberAt('$.weight'),
+    waitStrategy: WaitStrategy.POLLING,
     concurrencyLimit: sfn.JsonPath.numberAt('$.limit'),
     reconcilerScheduleEnabled: false,
   });
@@ -165,6 +169,7 @@ function sharedLockStack() {
     ...common,
     body: new tasks.LambdaInvoke(stack, 'Heavy Work', { lambdaFunction: fn, payloadResponseOnly: true }),
     permits: 3,
+    waitStrategy: WaitStrategy.POLLING,
     pollInterval: Duration.seconds(1),
   });
   const light = new ConcurrencyControlledWorkflow(stack, 'Light', {
@@ -265,7 +270,12 @@ test('the CLI takes several permits with --permits, status shows them, and its r
 });
 
 test('a weighted execution stopped with its status event lost: the reconciler\'s sweep gives back all its permits', async () => {
-  const { stack, workflow, workFunctionId } = workflowStack({ permits: 3, concurrencyLimit: 4, reconcilerScheduleEnabled: false });
+  const { stack, workflow, workFunctionId } = workflowStack({
+    permits: 3,
+    concurrencyLimit: 4,
+    waitStrategy: WaitStrategy.POLLING,
+    reconcilerScheduleEnabled: false,
+  });
   const work = new WorkTracker(() => 600);
   await simulate(stack, { eventFaults: { lossRate: 1 }, lambdaHandlers: { [workFunctionId]: work.handler } }, async (sim) => {
     const sm = sim.stateMachine(stateMachineLogicalId(workflow.stateMachine));
@@ -291,6 +301,7 @@ test('a weighted execution stopped with its status event lost: the reconciler\'s
 test('idempotent and weighted: a repeat returns the stored result without taking permits; the others take theirs', async () => {
   const { stack, workflow, workFunctionId } = workflowStack({
     permits: 2,
+    waitStrategy: WaitStrategy.POLLING,
     concurrencyLimit: 3,
     pollInterval: Duration.seconds(1),
     idempotency: { key: IdempotencyKey.fromFields('$.id') },
@@ -383,7 +394,12 @@ test('a weighted holder whose queued waiter is gone takes that permit back and h
 });
 
 test('redriven while its stopped run\'s release was handing its permits on: the redrive guard takes the whole weight again', async () => {
-  const { stack, workflow, workFunctionId } = workflowStack({ permits: 3, concurrencyLimit: 4, reconcilerScheduleEnabled: false });
+  const { stack, workflow, workFunctionId } = workflowStack({
+    permits: 3,
+    concurrencyLimit: 4,
+    waitStrategy: WaitStrategy.POLLING,
+    reconcilerScheduleEnabled: false,
+  });
   // The redriven run's body lasts long enough to be looked at.
   const work = new WorkTracker((_input, run) => (run === 1 ? 30 : 100));
   await simulate(stack, { timeScale: 0.05, lambdaHandlers: { [workFunctionId]: work.handler } }, async (sim) => {
