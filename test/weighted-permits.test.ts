@@ -506,6 +506,41 @@ test('first come, first served: a heavy waiter at the head of the queue is not o
   });
 });
 
+test('a collector whose acquireTimeout passes fails with SemaphoreAcquireTimeout and takes its permit and its mark off the lock', async () => {
+  const { stack, workflow, workFunctionId } = workflowStack({
+    permits: sfn.JsonPath.numberAt('$.weight'),
+    concurrencyLimit: 3,
+    acquireTimeout: Duration.seconds(30),
+    pollInterval: Duration.seconds(1),
+    reconcilerScheduleEnabled: false,
+  });
+  const work = new WorkTracker((input) => input.seconds);
+  await simulate(stack, { timeScale: 0.05, lambdaHandlers: { [workFunctionId]: work.handler } }, async (sim) => {
+    const sm = sim.stateMachine(stateMachineLogicalId(workflow.stateMachine));
+    // The hog holds 2 of 3 for longer than the heavy one will wait; a light one holds the third.
+    const hog = sim.startExecution(sm, { weight: 2, seconds: 120 }, { name: 'hog' });
+    await until(() => work.inside === 1, 'the hog inside');
+    const light = sim.startExecution(sm, { weight: 1, seconds: 5 }, { name: 'light' });
+    await until(() => work.inside === 2, 'the light one inside');
+    // The heavy one queues, is handed the light one's permit, and collects: it needs the hog's.
+    const heavy = sim.startExecution(sm, { weight: 2, seconds: 5 }, { name: 'heavy' });
+    const failed = await heavy.done;
+    expect([failed.status, failed.error]).toEqual(['FAILED', ConcurrencyControlledWorkflow.ACQUIRE_TIMEOUT_ERROR]);
+    expect(heavy.history.some((h) => h.name === STATE.registerCollector)).toBe(true);
+    expect(work.startedAt.has(heavy.arn)).toBe(false);
+    // Its permit went back with its mark: a newcomer takes the free permit at once, beside the hog.
+    const [lock] = (await sim.scan('WorkflowLockTable')).filter((i) => i.lockName.S === LOCK);
+    expect([lock.permitsInUse.N, lock.collecting?.N ?? '0']).toEqual(['2', '0']);
+    const late = await sim.startExecution(sm, { weight: 1, seconds: 1 }, { name: 'late' }).done;
+    expect(late.status).toBe('SUCCEEDED');
+    expect(late.history.some((h) => h.name === STATE.takeTicket)).toBe(false);
+    expect(hog.status).toBe('RUNNING');
+    await Promise.all([hog.done, light.done]);
+    await sim.idle();
+    expect(await lockState(sim)).toEqual([{ lockName: LOCK, permitsInUse: 0, holders: [] }]);
+  });
+});
+
 test('a weighted waiter of the queue hands its body the fencing token it drew when it held all its permits, above every earlier one', async () => {
   const { stack, workflow, workFunctionId } = workflowStack({
     permits: sfn.JsonPath.numberAt('$.weight'),
