@@ -510,7 +510,7 @@ test('a collector whose acquireTimeout passes fails with SemaphoreAcquireTimeout
   const { stack, workflow, workFunctionId } = workflowStack({
     permits: sfn.JsonPath.numberAt('$.weight'),
     concurrencyLimit: 3,
-    acquireTimeout: Duration.seconds(30),
+    acquireTimeout: Duration.seconds(60),
     pollInterval: Duration.seconds(1),
     reconcilerScheduleEnabled: false,
   });
@@ -518,7 +518,7 @@ test('a collector whose acquireTimeout passes fails with SemaphoreAcquireTimeout
   await simulate(stack, { timeScale: 0.05, lambdaHandlers: { [workFunctionId]: work.handler } }, async (sim) => {
     const sm = sim.stateMachine(stateMachineLogicalId(workflow.stateMachine));
     // The hog holds 2 of 3 for longer than the heavy one will wait; a light one holds the third.
-    const hog = sim.startExecution(sm, { weight: 2, seconds: 120 }, { name: 'hog' });
+    const hog = sim.startExecution(sm, { weight: 2, seconds: 240 }, { name: 'hog' });
     await until(() => work.inside === 1, 'the hog inside');
     const light = sim.startExecution(sm, { weight: 1, seconds: 5 }, { name: 'light' });
     await until(() => work.inside === 2, 'the light one inside');
