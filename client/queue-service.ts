@@ -17,6 +17,9 @@ import {
   TICKET_SERVED_BY,
   TICKET_WAIT_TOKEN,
   TICKET_WAITER,
+  NAMES,
+  NOT_COLLECTING,
+  VALUES,
 } from '../src/private/lock-schema';
 
 /*
@@ -125,10 +128,10 @@ export function* serveQueue(options: QueueServiceOptions, lockName: string): Flo
       'SET #permits = :permitsAfter, #fence = :fence, #next = :entry, #head = :nextTicket',
       // Not the permits a collector is waiting for (lock-schema.ts, COLLECTING): only below its gate.
       `#permits = :permits AND ${item[FENCING_TOKEN] ? '#fence = :fenceBefore' : 'attribute_not_exists(#fence)'} AND #head = :head AND attribute_not_exists(#next) ` +
-        'AND (attribute_not_exists(#collecting) OR #collecting = :zero OR #permits < #collectGate)',
-      { '#permits': PERMITS_IN_USE, '#fence': FENCING_TOKEN, '#next': waiter, '#collecting': COLLECTING, '#collectGate': COLLECT_GATE, ...names },
+        `AND (${NOT_COLLECTING} OR ${NAMES.permits} < ${NAMES.collectGate})`,
+      { '#permits': PERMITS_IN_USE, '#fence': FENCING_TOKEN, '#next': waiter, [NAMES.collecting]: COLLECTING, [NAMES.collectGate]: COLLECT_GATE, ...names },
       {
-        ':zero': { N: '0' },
+        [VALUES.zero]: { N: '0' },
         ':permits': { N: String(permits) },
         ':permitsAfter': { N: String(permits + 1) },
         ':fence': { N: String(fence) },

@@ -648,6 +648,18 @@ export const WAIT_UNCERTAIN = SDK_SERVER_ERRORS;
 export const WAIT_TIMED_OUT = [sfn.Errors.TIMEOUT];
 
 /**
+ * The values that stamp the execution's entry as claimed by this run, now (`:claimed`, `:acquiredAt`,
+ * `:redriveCount`): every claim (CLAIM_UPDATE) and the collector's registration.
+ */
+export function claimStampValues(): Record<string, tasks.DynamoAttributeValue> {
+  return {
+    [QUEUE_VALUES.claimed]: tasks.DynamoAttributeValue.fromBoolean(true),
+    [VALUES.acquiredAt]: tasks.DynamoAttributeValue.fromString(sfn.JsonPath.stringAt('$$.State.EnteredTime')),
+    [VALUES.redriveCount]: tasks.DynamoAttributeValue.numberFromString(sfn.JsonPath.jsonToString(sfn.JsonPath.objectAt('$$.Execution.RedriveCount'))),
+  };
+}
+
+/**
  * A conditional write that claims this execution's own holder entry for its current run (CLAIM_CONDITION):
  * "Check Handed-Off Permit" after a wait timed out or was refused (was a permit handed over and the
  * wake-up lost?), "Claim Own Permit" after an acquire that found one (taken by an earlier run, or by a
@@ -657,13 +669,20 @@ export const WAIT_TIMED_OUT = [sfn.Errors.TIMEOUT];
 export function fencingTokenTask(
   scope: Construct,
   id: string,
-  props: { table: ISemaphoreTable; lockName: tasks.DynamoAttributeValue; permitPath?: string; weight?: tasks.DynamoAttributeValue },
+  props: {
+    table: ISemaphoreTable;
+    lockName: tasks.DynamoAttributeValue;
+    permitPath?: string;
+    weight?: tasks.DynamoAttributeValue;
+    /** Another claim's condition (a weighted waiter's of a handed entry of one permit). @default CLAIM_CONDITION, or WEIGHTED_CLAIM_CONDITION with a weight */
+    condition?: string;
+  },
 ): sfn.TaskStateBase {
   return new tasks.DynamoUpdateItem(scope, id, {
     table: props.table.table,
     key: { [LOCK_KEY]: props.lockName },
     // A weighted holder claims only an entry that holds all its permits (WEIGHTED_CLAIM_CONDITION).
-    conditionExpression: props.weight ? WEIGHTED_CLAIM_CONDITION : CLAIM_CONDITION,
+    conditionExpression: props.condition ?? (props.weight ? WEIGHTED_CLAIM_CONDITION : CLAIM_CONDITION),
     updateExpression: CLAIM_UPDATE,
     expressionAttributeNames: {
       [NAMES.holder]: sfn.JsonPath.stringAt('$$.Execution.Id'),
@@ -672,9 +691,7 @@ export function fencingTokenTask(
     expressionAttributeValues: {
       [VALUES.zero]: tasks.DynamoAttributeValue.fromNumber(0),
       [VALUES.one]: tasks.DynamoAttributeValue.fromNumber(1),
-      [QUEUE_VALUES.claimed]: tasks.DynamoAttributeValue.fromBoolean(true),
-      [VALUES.acquiredAt]: tasks.DynamoAttributeValue.fromString(sfn.JsonPath.stringAt('$$.State.EnteredTime')),
-      [VALUES.redriveCount]: tasks.DynamoAttributeValue.numberFromString(sfn.JsonPath.jsonToString(sfn.JsonPath.objectAt('$$.Execution.RedriveCount'))),
+      ...claimStampValues(),
       ...(props.weight ? { [VALUES.weight]: props.weight } : {}),
     },
     returnValues: props.permitPath ? tasks.DynamoReturnValues.UPDATED_NEW : undefined,

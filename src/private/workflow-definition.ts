@@ -12,7 +12,6 @@ import {
 } from './idempotency-states';
 import {
   CLAIM_HANDED_CONDITION,
-  CLAIM_UPDATE,
   COLLECT_GATE,
   COLLECTING,
   COMPLETE_COLLECTOR_CONDITION,
@@ -24,7 +23,6 @@ import {
   MAX_PERMITS,
   NAMES,
   PERMITS_IN_USE,
-  QUEUE_VALUES,
   REGISTER_COLLECTOR_CONDITION,
   REGISTER_COLLECTOR_UPDATE,
   RELEASE_UPDATE,
@@ -33,6 +31,7 @@ import {
 } from './lock-schema';
 import { acquireTask, fencingTokenSelector, LockTaskProps, PermitWeight } from './lock-tasks';
 import {
+  claimStampValues,
   fencingTokenTask,
   HANDOFF_PATH,
   handOffChain,
@@ -615,14 +614,7 @@ function renderCollector(
     conditionExpression: REGISTER_COLLECTOR_CONDITION,
     updateExpression: REGISTER_COLLECTOR_UPDATE,
     expressionAttributeNames: { [NAMES.holder]: holder, [NAMES.collecting]: COLLECTING, [NAMES.collectGate]: COLLECT_GATE },
-    expressionAttributeValues: {
-      [VALUES.zero]: zero,
-      [VALUES.one]: one,
-      [VALUES.gate]: weight.collectGate,
-      [QUEUE_VALUES.claimed]: tasks.DynamoAttributeValue.fromBoolean(true),
-      [VALUES.acquiredAt]: tasks.DynamoAttributeValue.fromString(sfn.JsonPath.stringAt('$$.State.EnteredTime')),
-      [VALUES.redriveCount]: run,
-    },
+    expressionAttributeValues: { [VALUES.zero]: zero, [VALUES.one]: one, [VALUES.gate]: weight.collectGate, ...claimStampValues() },
     resultPath: sfn.JsonPath.DISCARD,
   })
     .addRetry(retry)
@@ -637,22 +629,7 @@ function renderCollector(
   const claimHanded = (handedId: string, allId: string, otherwise: sfn.IChainable): sfn.TaskStateBase => {
     const all = acquired(fencingTokenTask(scope, allId, { table, lockName: lockTask.lockName, permitPath, weight: weight.permits }));
     all.addCatch(otherwise, { errors: [CONDITIONAL_CHECK_FAILED], resultPath: sfn.JsonPath.DISCARD });
-    const handed = new tasks.DynamoUpdateItem(scope, handedId, {
-      table: table.table,
-      key,
-      conditionExpression: CLAIM_HANDED_CONDITION,
-      updateExpression: CLAIM_UPDATE,
-      expressionAttributeNames: { [NAMES.holder]: holder, [NAMES.fence]: FENCING_TOKEN },
-      expressionAttributeValues: {
-        [VALUES.zero]: zero,
-        [VALUES.one]: one,
-        [QUEUE_VALUES.claimed]: tasks.DynamoAttributeValue.fromBoolean(true),
-        [VALUES.acquiredAt]: tasks.DynamoAttributeValue.fromString(sfn.JsonPath.stringAt('$$.State.EnteredTime')),
-        [VALUES.redriveCount]: run,
-      },
-      resultPath: sfn.JsonPath.DISCARD,
-    })
-      .addRetry(retry)
+    const handed = fencingTokenTask(scope, handedId, { table, lockName: lockTask.lockName, condition: CLAIM_HANDED_CONDITION })
       .addCatch(all, { errors: [CONDITIONAL_CHECK_FAILED], resultPath: sfn.JsonPath.DISCARD });
     handed.next(register);
     return handed;
