@@ -7,6 +7,9 @@ import {
   ACQUIRE_WITH_BODY_SLOT_CONDITION,
   ACQUIRE_WITH_BODY_SLOT_UPDATE,
   BODIES_RUNNING,
+  BODY_SLOT_HELD_CONDITION,
+  CLAIM_WITH_BODY_SLOT_CONDITION,
+  CLAIM_WITH_BODY_SLOT_UPDATE,
   BODY_LIMIT,
   HOLDER_IN_BODY,
   ACQUIRE_UPDATE,
@@ -629,6 +632,18 @@ function* guardRun(
         [VALUES.acquiredAt]: now,
         [VALUES.redriveCount]: redriveCount,
       };
+      if (withSlot && weight === 1) {
+        // Inside its body, the run needs a body slot with its permit: its entry holds one (it was
+        // stopped in the body), or it takes one now (an entry a stale ticket handed it, or one taken
+        // back after a lost wake-up, has none). Neither while the slots are all taken: try again.
+        if (yield* conditionalUpdate(config, lockName, executionArn, CLAIM_UPDATE, BODY_SLOT_HELD_CONDITION, claim)) {
+          return { executionArn, resumedAt, action: 'still holds its permit' };
+        }
+        if (yield* conditionalUpdate(config, lockName, executionArn, CLAIM_WITH_BODY_SLOT_UPDATE, CLAIM_WITH_BODY_SLOT_CONDITION, claim)) {
+          return { executionArn, resumedAt, action: 'still holds its permit' };
+        }
+        continue;
+      }
       // A weighted entry only while it holds all its permits (WEIGHTED_CLAIM_CONDITION).
       const [condition, weightValue] = weight === 1 ? [CLAIM_CONDITION, {}] : [WEIGHTED_CLAIM_CONDITION, { [VALUES.weight]: weight }];
       if (yield* conditionalUpdate(config, lockName, executionArn, CLAIM_UPDATE, condition, { ...claim, ...weightValue })) {

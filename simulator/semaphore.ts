@@ -211,6 +211,6 @@ export const BODY_ENTER: string[] = [STATE.runBody];
 export const BODY_LEAVE: string[] = [STATE.release, STATE.releaseAfterFailure];
 /** Where the body runs when it takes a body slot (a rate above the concurrency limit): the bodies the limit counts. */
 export const BODY_SLOT_ENTER: string[] = [STATE.runBodyInSlot];
-export const BODY_SLOT_LEAVE: string[] = [STATE.releaseBodySlot, STATE.holdAfterFailure];
+export const BODY_SLOT_LEAVE: string[] = [STATE.releaseBodySlot, STATE.releaseBodySlotAfterFailure];
 /** The states of our workflow that write a permit. */
 export const ACQUIRE_STATES: string[] = [STATE.acquire, STATE.poll];

@@ -212,6 +212,33 @@ describe('beside a lower concurrency limit: the rate\'s permits, and a body slot
     });
   });
 
+  test('a failed body gives its slot back at once, and its permit after the interval', async () => {
+    const { stack, workflow, workFunctionId } = workflowStack({
+      rateLimit: RateLimit.of(2, Duration.seconds(60)),
+      concurrencyLimit: 1,
+      pollInterval: Duration.seconds(1),
+      reconcilerScheduleEnabled: false,
+    });
+    const work = new WorkTracker(() => 1);
+    await simulate(stack, { timeScale: 0.1, lambdaHandlers: { [workFunctionId]: work.handler } }, async (sim) => {
+      const sm = sim.stateMachine(stateMachineLogicalId(workflow.stateMachine));
+      const failing = sim.startExecution(sm, { fail: true });
+      await until(() => work.inside === 1, 'the failing body to run');
+      const next = sim.startExecution(sm, {});
+      const [failed, succeeded] = await Promise.all([failing.done, next.done]);
+
+      expect([failed.status, succeeded.status]).toEqual(['FAILED', 'SUCCEEDED']);
+      expect(failed.stateTransitions.get(STATE.releaseBodySlotAfterFailure)).toBe(1);
+      // The second body starts about a poll after the first failed, not after its 60 s hold.
+      expect(work.startedAt.get(succeeded.arn)! - work.startedAt.get(failed.arn)!).toBeLessThan(20_000);
+      // The failed execution held its permit for the interval.
+      expect(failed.stopDate! - work.startedAt.get(failed.arn)!).toBeGreaterThanOrEqual(60_000);
+      await sim.idle();
+      expect(await lockState(sim)).toEqual([{ lockName: LOCK, permitsInUse: 0, holders: [] }]);
+      expect(await bodySlots(sim)).toEqual({ bodiesRunning: 0, marked: 0, bodyLimit: 1 });
+    });
+  });
+
   test.each([WaitStrategy.QUEUE, WaitStrategy.POLLING])(
     '%s: failing and stopped bodies free their slot and, after the interval, their permit; never more than the limit inside',
     async (waitStrategy) => {

@@ -588,6 +588,17 @@ export const TAKE_BODY_SLOT_UPDATE =
 export const BODY_SLOT_HELD_CONDITION = `attribute_exists(${NAMES.holder}.${HOLDER_IN_BODY}) AND ${STAMPED_AT_MOST}`;
 
 /**
+ * The redrive guard's claim of an entry without a body slot, for a run resumed inside its body (an
+ * entry handed to it by a stale ticket, or taken back after a lost wake-up): as CLAIM_UPDATE, and it
+ * takes a slot in the same write, while one is free under the lock's recorded BODY_LIMIT (if any).
+ */
+export const CLAIM_WITH_BODY_SLOT_CONDITION =
+  `attribute_exists(${NAMES.holder}) AND attribute_not_exists(${NAMES.holder}.${HOLDER_IN_BODY}) AND ${STAMPED_AT_MOST} AND ` +
+  `(attribute_not_exists(${NAMES.bodyLimit}) OR attribute_not_exists(${NAMES.bodies}) OR ${NAMES.bodies} < ${NAMES.bodyLimit})`;
+export const CLAIM_WITH_BODY_SLOT_UPDATE =
+  `${CLAIM_UPDATE}, ${NAMES.bodies} = if_not_exists(${NAMES.bodies}, ${VALUES.zero}) + ${VALUES.one}, ${NAMES.holder}.${HOLDER_IN_BODY} = ${VALUES.one}`;
+
+/**
  * Give back the body slot once the body ended, keeping the permit (the rate holds it for the rest of
  * the interval). Refused when the entry holds no slot (given back already, or the entry released).
  */

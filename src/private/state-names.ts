@@ -51,6 +51,8 @@ export const STATE = {
   runBodyInSlot: 'Run Body In Slot',
   releaseBodySlot: 'Release Body Slot',
   bodySlotReleased: 'Body Slot Released',
+  releaseBodySlotAfterFailure: 'Release Body Slot After Failure',
+  bodySlotReleasedAfterFailure: 'Body Slot Released After Failure',
 
   // The queue (wait strategy QUEUE).
   takeTicket: 'Take Ticket',
@@ -160,11 +162,17 @@ export const RATE_HOLD_STATES: string[] = [
   STATE.holdAfterFailure,
   STATE.releaseBodySlot,
   STATE.bodySlotReleased,
+  STATE.releaseBodySlotAfterFailure,
+  STATE.bodySlotReleasedAfterFailure,
 ];
 
-/** States inside the body that need a body slot besides the permit (with one): the user's, and the Parallel around them. */
+/**
+ * States inside the body that need a body slot besides the permit (with one): the user's, the Parallels
+ * around them, and the rate's Wait beside them (its branch starts with the body's, in either order in
+ * the history). Not the states after the body: its slot's release, the waits after it or after a failure.
+ */
 export function needsBodySlot(state: string): boolean {
-  return !OUTSIDE_BODY_STATES.includes(state) && !RATE_HOLD_STATES.includes(state);
+  return !OUTSIDE_BODY_STATES.includes(state) && (state === STATE.holdForRate || !RATE_HOLD_STATES.includes(state));
 }
 
 /**

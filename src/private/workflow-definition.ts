@@ -109,6 +109,16 @@ export function renderDefinition(scope: Construct, table: ISemaphoreTable, spec:
     releaseAfterFailure = new sfn.Wait(scope, STATE.holdAfterFailure, { time: seconds(spec.holdSeconds) });
     (releaseAfterFailure as sfn.Wait).next(prepareReleaseAfterFailure);
   }
+  if (spec.bodyLimit !== undefined) {
+    // A failed body gives its slot back at once (its permit stays held for the interval); refused, it
+    // held none (the failure came before the body, or after its release). Whatever the answer, the
+    // release of the entry takes off what is left.
+    const ids = { release: STATE.releaseBodySlotAfterFailure, released: STATE.bodySlotReleasedAfterFailure };
+    const { release, released } = releaseBodySlot(scope, table, lockName, ids, [sfn.Errors.ALL]);
+    release.next(releaseAfterFailure);
+    released.next(releaseAfterFailure);
+    releaseAfterFailure = release;
+  }
 
   // Success path. The Parallel wraps the body's output in an array: `$[0]` unwraps it.
   let runBody: sfn.Parallel;
@@ -864,13 +874,18 @@ function bodySlotGate(
 }
 
 /**
- * The body of a workflow with a body slot: inside a Parallel of its own (so that a `Succeed` in it
- * cannot skip what follows), then the slot goes back (RELEASE_BODY_SLOT) while the permit stays held
- * for the rest of the rate's interval by the other branch. Refused, the slot was given back already.
+ * Give back the body slot (RELEASE_BODY_SLOT), keeping the permit. Refused (`refusals`), the slot was
+ * given back already, or never taken: the Pass `releasedId` goes on instead. The caller chains both.
  */
-function bodyInSlot(scope: Construct, table: ISemaphoreTable, lockName: tasks.DynamoAttributeValue, body: sfn.IChainable): sfn.IChainable {
-  const released = new sfn.Pass(scope, STATE.bodySlotReleased);
-  const release = new tasks.DynamoUpdateItem(scope, STATE.releaseBodySlot, {
+function releaseBodySlot(
+  scope: Construct,
+  table: ISemaphoreTable,
+  lockName: tasks.DynamoAttributeValue,
+  ids: { release: string; released: string },
+  refusals: string[],
+): { release: sfn.TaskStateBase; released: sfn.Pass } {
+  const released = new sfn.Pass(scope, ids.released);
+  const release = new tasks.DynamoUpdateItem(scope, ids.release, {
     table: table.table,
     key: { [LOCK_KEY]: lockName },
     conditionExpression: RELEASE_BODY_SLOT_CONDITION,
@@ -880,9 +895,22 @@ function bodyInSlot(scope: Construct, table: ISemaphoreTable, lockName: tasks.Dy
     resultPath: sfn.JsonPath.DISCARD,
   })
     .addRetry(transientRetry([...THROTTLING_ERRORS, ...SERVER_ERRORS]))
-    .addCatch(released, { errors: [CONDITIONAL_CHECK_FAILED], resultPath: sfn.JsonPath.DISCARD });
+    .addCatch(released, { errors: refusals, resultPath: sfn.JsonPath.DISCARD });
+  return { release, released };
+}
+
+/**
+ * The body of a workflow with a body slot: inside a Parallel of its own (so that a `Succeed` in it
+ * cannot skip what follows), then the slot goes back while the permit stays held for the rest of the
+ * rate's interval by the other branch.
+ */
+function bodyInSlot(scope: Construct, table: ISemaphoreTable, lockName: tasks.DynamoAttributeValue, body: sfn.IChainable): sfn.IChainable {
+  const { release, released } = releaseBodySlot(scope, table, lockName, { release: STATE.releaseBodySlot, released: STATE.bodySlotReleased }, [
+    CONDITIONAL_CHECK_FAILED,
+  ]);
+  release.next(released);
   // The Parallel wraps the body's output in an array: `$[0]` unwraps it.
-  return new sfn.Parallel(scope, STATE.runBodyInSlot, { outputPath: '$[0]' }).branch(body).next(release).next(released);
+  return new sfn.Parallel(scope, STATE.runBodyInSlot, { outputPath: '$[0]' }).branch(body).next(release);
 }
 
 function seconds(n: number): sfn.WaitTime {

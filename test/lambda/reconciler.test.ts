@@ -7,12 +7,15 @@ import { handler, ReconcilerResult, RedriveGuardResult } from '../../lambda/reco
 import {
   ACQUIRE_CONDITION,
   ACQUIRE_WITH_BODY_SLOT_CONDITION,
+  BODY_SLOT_HELD_CONDITION,
   CLAIM_CONDITION,
+  CLAIM_WITH_BODY_SLOT_CONDITION,
+  CLAIM_WITH_BODY_SLOT_UPDATE,
   CLAIM_UPDATE,
   RELEASE_SEEN_HOLDER_CONDITION,
   RELEASE_UPDATE,
 } from '../../src/private/lock-schema';
-import { RATE_HOLD_STATES } from '../../src/private/state-names';
+import { RATE_HOLD_STATES, STATE } from '../../src/private/state-names';
 
 /*
  * The reconciler's handler with the AWS SDK mocked: the decisions it takes for each kind of holder.
@@ -430,8 +433,11 @@ describe('redrive guard', () => {
     const result = await guard(redriven('r9'));
 
     expect(result).toEqual({ executionArn: exec('r9'), resumedAt: state, action: 'permit taken again' });
-    // Its body has ended: the permit only, no body slot.
-    expect(ddb.commandCalls(UpdateCommand)[0].args[0].input.ConditionExpression).toBe(ACQUIRE_CONDITION);
+    // Its body has ended: the permit only, no body slot; but the rate's Wait beside the body starts with
+    // it, in either order in the history: that run may be in its body.
+    expect(ddb.commandCalls(UpdateCommand)[0].args[0].input.ConditionExpression).toBe(
+      state === STATE.holdForRate ? ACQUIRE_WITH_BODY_SLOT_CONDITION : ACQUIRE_CONDITION,
+    );
   });
 
   test('stops it when every permit is taken', async () => {
@@ -465,6 +471,23 @@ describe('redrive guard', () => {
       ExpressionAttributeValues: { ':acquiredAt': expect.stringMatching(/^\d{4}-\d\d-\d\dT/), ':redriveCount': 1, ':claimed': true },
     });
     expect(sfn.commandCalls(StopExecutionCommand)).toHaveLength(0);
+  });
+
+  test('claims an entry without a body slot (a stale ticket handed it one) only with a free slot, taken in the same write', async () => {
+    history('r4', 'Do Work');
+    ddb.on(UpdateCommand, { ConditionExpression: ACQUIRE_WITH_BODY_SLOT_CONDITION }).rejects(ownEntry());
+    ddb.on(UpdateCommand, { ConditionExpression: BODY_SLOT_HELD_CONDITION }).rejects(conditionFailed());
+    ddb.on(UpdateCommand, { ConditionExpression: CLAIM_WITH_BODY_SLOT_CONDITION }).resolves({});
+
+    expect((await guard(redriven('r4'))).action).toBe('still holds its permit');
+    const calls = ddb.commandCalls(UpdateCommand).map((c) => c.args[0].input);
+    const conditions = calls.map((c) => c.ConditionExpression);
+    expect(conditions).toEqual([ACQUIRE_WITH_BODY_SLOT_CONDITION, BODY_SLOT_HELD_CONDITION, CLAIM_WITH_BODY_SLOT_CONDITION]);
+    expect(calls[2]).toMatchObject({
+      UpdateExpression: CLAIM_WITH_BODY_SLOT_UPDATE,
+      ExpressionAttributeNames: { '#holder': exec('r4'), '#bodies': 'bodiesRunning', '#bodyLimit': 'bodyLimit' },
+      ExpressionAttributeValues: { ':redriveCount': 1, ':claimed': true },
+    });
   });
 
   test('leaves an execution redriven outside the body to the workflow (before it, its acquire claims a late entry itself)', async () => {
