@@ -77,6 +77,15 @@ const SCENARIOS: Scenario[] = [
     props: { rateLimit: RateLimit.perSecond(5), pollInterval: Duration.seconds(1) },
     timeScale: 0.5,
   },
+  // A rate above the concurrency limit (ours only, as above): the bodies take body slots beside the
+  // rate's permits, so that both limits are reached. Ideal: 200 at 10 a second, 20 s.
+  {
+    name: 'rate-beside-limit',
+    description: '200 executions at once, at most 10 per second and 5 at once (RateLimit.perSecond(10), concurrencyLimit 5), work 0.2 s; polling every 1 s',
+    options: { executions: 200, limit: 5, workSeconds: 0.2, workJitter: 0, rate: { count: 10, intervalSeconds: 1 } },
+    props: { rateLimit: RateLimit.perSecond(10), pollInterval: Duration.seconds(1) },
+    timeScale: 0.5,
+  },
   // Weighted permits (ours only: the sample has no weights, so its column is its own run of the same
   // executions taking one permit each). The queue serves them first come, first served (collectors).
   {

@@ -1,6 +1,6 @@
 import { Duration } from 'aws-cdk-lib';
 import { Budget, NO_FAULTS } from './model';
-import { ConcurrencyControlledWorkflowProps, WaitStrategy } from '../src';
+import { ConcurrencyControlledWorkflowProps, RateLimit, WaitStrategy } from '../src';
 
 /*
  * The bounded configurations the checker searches exhaustively. Each finishes in seconds to a few
@@ -163,6 +163,32 @@ export const CONFIGS: CheckerConfig[] = [
     workflow: { ...QUEUE, concurrencyLimit: 1 },
     executions: 2,
     budget: { ...NO_FAULTS, failedWakeUps: 2, stops: 1, timeouts: 1 },
+  },
+  {
+    name: 'rate-body-slot',
+    shard: 1,
+    description: 'queue, a rate of 2 per 10 s beside a concurrency limit of 1 (a body slot beside each permit): a stop anywhere, then a redrive',
+    workflow: { ...QUEUE, concurrencyLimit: 1, rateLimit: RateLimit.of(2, Duration.seconds(10)) },
+    executions: 2,
+    // With a late write and a server error too, this search passes 4 GB: they have a configuration of their own.
+    budget: { ...NO_FAULTS, stops: 1, redrives: 1 },
+  },
+  {
+    name: 'rate-body-slot-faults',
+    shard: 2,
+    description: 'queue, a rate of 2 per 10 s beside a concurrency limit of 1: a stop with a late write, a server error (landed or not)',
+    workflow: { ...QUEUE, concurrencyLimit: 1, rateLimit: RateLimit.of(2, Duration.seconds(10)) },
+    executions: 2,
+    budget: { ...NO_FAULTS, stops: 1, inFlight: 1, serverErrors: 1 },
+  },
+  {
+    name: 'rate-body-slot-client',
+    shard: 2,
+    description: 'queue, a rate of 2 per 10 s beside a concurrency limit of 1: an execution and a client lease sharing the body slot, a stop, a sweep',
+    workflow: { ...QUEUE, concurrencyLimit: 1, rateLimit: RateLimit.of(2, Duration.seconds(10)) },
+    executions: 1,
+    clients: 1,
+    budget: { ...NO_FAULTS, stops: 1, sweeps: 1, ticks: 1 },
   },
   {
     name: 'weighted',

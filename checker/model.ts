@@ -6,7 +6,17 @@ import { Effect, Flow } from '../client/effects';
 import { acquireAttempt, ClientProtocolOptions, releaseHolder } from '../client/semaphore-client';
 import { guardRedrive, sweep } from '../lambda/reconciler-flows';
 import { stepFunctionsDynamoErrorName } from '../simulator/dynamodb';
-import { HOLDER_ACQUIRED_AT, HOLDER_EXTRA_PERMITS, HOLDER_HANDOFF_ID, HOLDER_PERMITS, HOLDER_REDRIVE_COUNT, LOCK_KEY, PERMITS_IN_USE } from '../src/private/lock-schema';
+import {
+  BODIES_RUNNING,
+  HOLDER_ACQUIRED_AT,
+  HOLDER_EXTRA_PERMITS,
+  HOLDER_HANDOFF_ID,
+  HOLDER_IN_BODY,
+  HOLDER_PERMITS,
+  HOLDER_REDRIVE_COUNT,
+  LOCK_KEY,
+  PERMITS_IN_USE,
+} from '../src/private/lock-schema';
 import { STATE } from '../src/private/state-names';
 
 /*
@@ -998,6 +1008,12 @@ export class Model {
     return { label, world: w, time };
   }
 
+  /** Whether an execution is in the user's body itself (with body slots: inside "Run Body In Slot"). */
+  private inUserBody(e: Exec): boolean {
+    if (e.status !== 'RUNNING' || !e.root) return false;
+    return this.info(e).machine.leaves(e.root).some((l) => l.thread.state === BODY_TASK);
+  }
+
   private inBody(e: Exec): boolean {
     if (e.status !== 'RUNNING' || !e.root) return false;
     return this.info(e).machine.leaves(e.root).some((l) => this.s.workflow.machine.isInside(STATE.runBody, l.thread.state));
@@ -1014,7 +1030,8 @@ export class Model {
         e.guarded = true;
         const leaf = this.info(e).machine.leaves(e.root!).find((l) => l.thread.state === BODY_TASK);
         const token = (leaf?.thread.input as any)?.permit?.fencingToken;
-        if (this.s.limit === 1 && typeof token === 'number') {
+        // Fencing tokens order the bodies: with body slots, the slot's take draws them.
+        if ((this.s.bodyLimit ?? this.s.limit) === 1 && typeof token === 'number') {
           if (w.ghost.lastFence !== undefined && token <= w.ghost.lastFence) w.ghost.fenceViolation = `${e.name} entered the body with fencing token ${token}, not above ${w.ghost.lastFence}`;
           w.ghost.lastFence = token;
         }
@@ -1060,10 +1077,30 @@ export class Model {
     for (const c of clients) {
       if (!item?.[c.args.leaseId]) result.push(`${c.id} holds its permit, but its lease entry is gone`);
     }
+    // With body slots, the rate holds permits after the bodies end: the limit binds the bodies' slots.
+    const bodyLimit = this.s.bodyLimit;
     const permitsInside = inside.length * this.s.permits + clients.length * (this.options.clientPermits ?? 1);
-    if (permitsInside > limit) {
+    if (bodyLimit === undefined && permitsInside > limit) {
       const who = [...inside.map((e) => e.name), ...clients.map((c) => c.id)].join(', ');
       result.push(`${inside.length + clients.length} inside at once (${who}) holding ${permitsInside} permits, limit ${limit}`);
+    }
+    if (bodyLimit !== undefined) {
+      const working = w.execs.filter((e) => e.machine === 'workflow' && e.inBody && e.guarded && this.inUserBody(e));
+      for (const e of working) {
+        const entry = item?.[e.arn];
+        if (!(entry && 'M' in entry && entry.M[HOLDER_IN_BODY])) result.push(`BodySlot: ${e.name} runs its body (run ${e.run}) without a body slot`);
+      }
+      if (working.length + clients.length > bodyLimit) {
+        const who = [...working.map((e) => e.name), ...clients.map((c) => c.id)].join(', ');
+        result.push(`${working.length + clients.length} bodies at once (${who}), concurrency limit ${bodyLimit}`);
+      }
+      if (permitsInside > limit) result.push(`${inside.length + clients.length} hold permits inside, above the rate's count ${limit}`);
+    }
+    if (item) {
+      const marked = Object.values(item).filter((v) => 'M' in v && v.M[HOLDER_ACQUIRED_AT] !== undefined && v.M[HOLDER_IN_BODY] !== undefined).length;
+      const bodies = item[BODIES_RUNNING] && 'N' in item[BODIES_RUNNING] ? Number((item[BODIES_RUNNING] as { N: string }).N) : 0;
+      if (bodies !== marked) result.push(`bodiesRunning is ${bodies} but ${marked} entries hold a body slot`);
+      if (bodyLimit !== undefined && bodies > bodyLimit) result.push(`bodiesRunning is ${bodies}, above the concurrency limit of ${bodyLimit}`);
     }
     for (const [handoff, n] of Object.entries(w.ghost.wakes)) if (n > 1) result.push(`hand-off ${handoff} woke ${n} waiters`);
     // A request DynamoDB refuses as malformed (an unused or undefined name, an invalid path), or a
@@ -1144,7 +1181,11 @@ export class Model {
     // A wait's count of history events (`semaphoreWait.events`) only grows: past WAIT_EVENTS_CAP it is
     // keyed as the cap, so that a loop that waits and looks again (a collector short of permits) does
     // not make a new world of every round. No configuration comes near the wait's budget of events.
-    const texts = w.execs.map((e) => JSON.stringify(e).replace(WAIT_EVENTS_COUNT, (_m, n: string) => `"semaphoreWait":{"events":${Math.min(Number(n), WAIT_EVENTS_CAP)}}`));
+    // The same for the retries of the wait for a body slot (a Parallel retried every round, up to about
+    // 220 rounds): past SLOT_ROUNDS_CAP they are keyed as the cap.
+    const texts = w.execs.map((e) =>
+      JSON.stringify(e, capSlotRounds).replace(WAIT_EVENTS_COUNT, (_m, n: string) => `"semaphoreWait":{"events":${Math.min(Number(n), WAIT_EVENTS_CAP)}}`),
+    );
     const rename = this.symmetry(w, texts);
     const r = rename ?? ((t: string) => t);
     const sorted = (list: string[]) => list.sort().join(',');
@@ -1214,6 +1255,18 @@ const NAME_PATTERN = /(:execution:wf:|\btok:|\buuid:|\bcleanup-|\bguard-|"name":
 /** A wait's count of history events in an execution's JSON, and the value above which it is keyed as one. */
 const WAIT_EVENTS_COUNT = /"semaphoreWait":\{"events":(\d+)\}/g;
 const WAIT_EVENTS_CAP = 200;
+
+/** Rounds of the wait for a body slot above which a thread is keyed as this many (see keyParts). */
+const SLOT_ROUNDS_CAP = 3;
+
+/** A JSON.stringify replacer: the retries of a "Wait For Body Slot" thread, capped at SLOT_ROUNDS_CAP. */
+function capSlotRounds(_key: string, value: unknown): unknown {
+  const thread = value as Thread | undefined;
+  if (thread?.state !== STATE.waitForBodySlot || thread.attempts === undefined) return value;
+  const attempts: Record<string, number> = {};
+  for (const [k, n] of Object.entries(thread.attempts)) attempts[k] = Math.min(n, SLOT_ROUNDS_CAP);
+  return { ...thread, attempts };
+}
 
 /** Errors no fault of the model explains: a malformed request, or a runtime error of the interpreter. */
 const BROKEN_DEFINITION_ERRORS = /AmazonDynamoDBException|ValidationException|^States\.(Runtime|DataLimitExceeded)$/;

@@ -26,6 +26,11 @@ export interface System {
   readonly keySchema: string[];
   readonly lockName: string;
   readonly limit: number;
+  /**
+   * With a rate whose count is above the concurrency limit: the concurrency limit, which the bodies'
+   * slots enforce (`limit` is then the rate's count, the lock's permits). @default - no body slot
+   */
+  readonly bodyLimit?: number;
   /** How many permits each execution of the workflow takes (`permits`). */
   readonly permits: number;
   readonly reconciler: ReconcilerConfig;
@@ -92,7 +97,9 @@ export function buildSystem(props: Partial<ConcurrencyControlledWorkflowProps>):
       .sort((a, b) => (a.KeyType === 'HASH' ? -1 : b.KeyType === 'HASH' ? 1 : 0))
       .map((k) => k.AttributeName),
     lockName: workflow.lockName,
-    limit: props.concurrencyLimit ?? 1,
+    // The lock's permits as the construct decided them (the reconciler's), and its body slots as the definition takes them.
+    limit: Number(env.CONCURRENCY_LIMIT),
+    bodyLimit: number(/":bodyLimit":\{"N":"(\d+)"\}/.exec(JSON.stringify(wf.machine.definition))?.[1]),
     permits: props.permits ?? 1,
     reconciler: {
       tableName: env.TABLE_NAME,
@@ -113,3 +120,4 @@ export function buildSystem(props: Partial<ConcurrencyControlledWorkflowProps>):
     redriveGuard: workflow.reconciler.redriveRule !== undefined,
   };
 }
+

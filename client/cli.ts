@@ -411,7 +411,8 @@ async function printStatus(client: SemaphoreClient, lock: string, json: boolean,
     status.rateIntervalSeconds === undefined
       ? ''
       : `, each held at least ${status.rateIntervalSeconds}s (the lock's rate), ${status.permitsHeldForRate} still inside that interval`;
-  io.stdout(`${lock}: ${status.permitsInUse} of ${status.limit ?? '?'} permits in use${rate}${queued}`);
+  const slots = status.bodyLimit === undefined ? '' : `; ${status.bodiesRunning} of ${status.bodyLimit} body slots taken`;
+  io.stdout(`${lock}: ${status.permitsInUse} of ${status.limit ?? '?'} permits in use${rate}${queued}${slots}`);
   if (status.holders.length === 0) return EXIT.ok;
   const withRate = status.rateIntervalSeconds !== undefined;
   const rows = status.holders.map((h) => [h.kind, h.id, String(h.permits), h.owner ?? '', age(h.ageSeconds), lease(h), ...(withRate ? [rateHold(h)] : [])]);

@@ -5,6 +5,11 @@ import { clock, dynamodb, errorName, Flow, runFlow, stepFunctions, uuid } from '
 import { serveQueue } from './queue-service';
 import { deleteServedTicket, readTicket, serveTicket, waitingTickets } from './ticket-queue';
 import {
+  BODIES_RUNNING,
+  BODY_LIMIT,
+  CLIENT_BODY_SLOT_CONDITION,
+  CLIENT_BODY_SLOT_UPDATE,
+  HOLDER_IN_BODY,
   CLIENT_ACQUIRE_CONDITION,
   CLIENT_ACQUIRE_UPDATE,
   CLIENT_WEIGHTED_ACQUIRE_CONDITION,
@@ -199,6 +204,13 @@ export interface LockStatus {
    * permits the rate, rather than the concurrency limit, may be keeping from the waiters.
    */
   readonly permitsHeldForRate?: number;
+  /**
+   * On a lock whose rate's count is above its workflows' concurrency limit: how many bodies may run at
+   * once (each takes a body slot beside its permit, and a client lease one for as long as it holds), and
+   * how many slots are taken. A holder waiting for a slot holds a permit, but its body has not started.
+   */
+  readonly bodyLimit?: number;
+  readonly bodiesRunning?: number;
   readonly holders: HolderStatus[];
   /**
    * How many tickets wait in the lock's queue: while there are any, every permit given back goes to
@@ -378,6 +390,7 @@ export class SemaphoreClient {
           rateIntervalSeconds: rateSeconds,
           permitsHeldForRate: holders.filter((h) => h.rateHoldEndsAt! > now).reduce((sum, h) => sum + h.permits, 0),
         }),
+      ...(item?.[BODY_LIMIT] === undefined ? {} : { bodyLimit: numberOf(item[BODY_LIMIT]), bodiesRunning: numberOf(item[BODIES_RUNNING]) ?? 0 }),
       holders,
       waiting: Math.max(0, queue.tail - queue.head),
       waiters,
@@ -449,6 +462,8 @@ export function* acquireAttempt(
     [HOLDER_LEASE_EXPIRES_AT]: { N: String(expiresAt) },
     ...(request.owner ? { [HOLDER_OWNER]: { S: request.owner } } : {}),
     ...(permits > 1 ? { [HOLDER_PERMITS]: { N: String(permits) }, [HOLDER_EXTRA_PERMITS]: { N: String(permits - 1) } } : {}),
+    // A lease takes a body slot too, which counts only on a lock that records a BODY_LIMIT.
+    [HOLDER_IN_BODY]: { N: '1' },
   };
   let taken: Record<string, AttributeValue> | undefined;
   let failure: unknown;
@@ -457,8 +472,8 @@ export function* acquireAttempt(
       options.tableName,
       lockName,
       leaseId,
-      permits > 1 ? CLIENT_WEIGHTED_ACQUIRE_UPDATE : CLIENT_ACQUIRE_UPDATE,
-      permits > 1 ? CLIENT_WEIGHTED_ACQUIRE_CONDITION : CLIENT_ACQUIRE_CONDITION,
+      `${permits > 1 ? CLIENT_WEIGHTED_ACQUIRE_UPDATE : CLIENT_ACQUIRE_UPDATE}, ${CLIENT_BODY_SLOT_UPDATE}`,
+      `(${permits > 1 ? CLIENT_WEIGHTED_ACQUIRE_CONDITION : CLIENT_ACQUIRE_CONDITION}) AND ${CLIENT_BODY_SLOT_CONDITION}`,
       {
         [VALUES.zero]: { N: '0' },
         [VALUES.one]: { N: '1' },
@@ -679,6 +694,8 @@ function* conditionalUpdate(
         ...(next !== undefined && expressions.includes(QUEUE_NAMES.next) ? { [QUEUE_NAMES.next]: next } : {}),
         ...(expressions.includes(NAMES.collecting) ? { [NAMES.collecting]: COLLECTING } : {}),
         ...(expressions.includes(NAMES.collectGate) ? { [NAMES.collectGate]: COLLECT_GATE } : {}),
+        ...(expressions.includes(NAMES.bodies) ? { [NAMES.bodies]: BODIES_RUNNING } : {}),
+        ...(expressions.includes(NAMES.bodyLimit) ? { [NAMES.bodyLimit]: BODY_LIMIT } : {}),
       },
       // Every expression that reads the collector's mark compares it with zero.
       ExpressionAttributeValues: expressions.includes(VALUES.zero) ? { [VALUES.zero]: { N: '0' }, ...values } : values,

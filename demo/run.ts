@@ -1,5 +1,5 @@
 import { CfnElement } from 'aws-cdk-lib';
-import { ACQUIRE_STATES, BODY_ENTER, BODY_LEAVE, brokenInvariants, LOCK_LAYOUT, runScenario, ScenarioResult, Subject } from '../simulator';
+import { ACQUIRE_STATES, BODY_ENTER, BODY_LEAVE, BODY_SLOT_ENTER, BODY_SLOT_LEAVE, brokenInvariants, LOCK_LAYOUT, runScenario, ScenarioResult, Subject } from '../simulator';
 import { ConcurrencyControlledWorkflowProps } from '../src';
 import { demoApp } from './app';
 
@@ -75,14 +75,16 @@ export function parseOptions(argv: string[]): DemoOptions {
 export function demoSubject(limit: number, props: Partial<ConcurrencyControlledWorkflowProps> = {}): Subject {
   const { stack, workflow } = demoApp(limit, props);
   const id = (c: CfnElement) => stack.getLogicalId(c);
+  // A rate above the limit: the limit counts the bodies in their slots, and the rate's permits are held longer.
+  const slots = props.rateLimit !== undefined && limit < props.rateLimit.count;
   return {
     name: 'cdk-sfn-semaphore',
     stack,
     stateMachine: id(workflow.stateMachine.node.defaultChild as CfnElement),
     table: id(workflow.table.table.node.defaultChild as CfnElement),
     layout: LOCK_LAYOUT,
-    enterStates: BODY_ENTER,
-    leaveStates: BODY_LEAVE,
+    enterStates: slots ? BODY_SLOT_ENTER : BODY_ENTER,
+    leaveStates: slots ? BODY_SLOT_LEAVE : BODY_LEAVE,
     acquireStates: ACQUIRE_STATES,
     bodyStates: ['Run Work'],
     bodyFunctions: ['WorkFunction'],

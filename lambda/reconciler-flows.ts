@@ -4,6 +4,14 @@ import { serveQueue } from '../client/queue-service';
 import { deleteServedTicket, serveTicket } from '../client/ticket-queue';
 import {
   ACQUIRE_CONDITION,
+  ACQUIRE_WITH_BODY_SLOT_CONDITION,
+  ACQUIRE_WITH_BODY_SLOT_UPDATE,
+  BODIES_RUNNING,
+  BODY_SLOT_HELD_CONDITION,
+  CLAIM_WITH_BODY_SLOT_CONDITION,
+  CLAIM_WITH_BODY_SLOT_UPDATE,
+  BODY_LIMIT,
+  HOLDER_IN_BODY,
   ACQUIRE_UPDATE,
   CLAIM_CONDITION,
   CLAIM_UPDATE,
@@ -37,7 +45,7 @@ import {
   RATE_INTERVAL,
   COLLECTING,
 } from '../src/private/lock-schema';
-import { OUTSIDE_BODY_STATES } from '../src/private/state-names';
+import { needsBodySlot, OUTSIDE_BODY_STATES } from '../src/private/state-names';
 
 /*
  * What the reconciler does, as flows (client/effects.ts): the Lambda handler runs them against AWS,
@@ -582,6 +590,11 @@ function* guardRun(
   const weighted = config.permits !== undefined || config.permitsPath !== undefined;
   const weight = weighted ? Number(fromConfigOrInput(config.permits, config.permitsPath, input)) : 1;
   const leaseSeconds = config.leaseSeconds;
+  // Resumed in the user's body: the permit it takes again comes with a body slot, in the same write,
+  // which counts against the lock's BODY_LIMIT when it records one (a rate above the concurrency limit).
+  // (An entry it still holds has its slot: the body is entered only with one, and only the release after
+  // the body takes it off alone.)
+  const withSlot = needsBodySlot(resumedAt!) || needsBodySlot(states.current!);
   // Take a permit for this run; if it holds one (its cleanup never ran, or a sweep or the event came
   // first), claim it for this run, so that nothing that judged the run before frees it. A release
   // between the tries makes the acquire worth another go.
@@ -596,14 +609,19 @@ function* guardRun(
       };
       const values = { [VALUES.zero]: 0, [VALUES.one]: 1, [VALUES.limit]: limit };
       taken =
-        weight === 1
-          ? yield* conditionalUpdate(config, lockName, executionArn, ACQUIRE_UPDATE, ACQUIRE_CONDITION, { ...values, [VALUES.entry]: entry })
-          : yield* conditionalUpdate(config, lockName, executionArn, WEIGHTED_ACQUIRE_UPDATE, WEIGHTED_ACQUIRE_CONDITION, {
+        withSlot && weight === 1
+          ? yield* conditionalUpdate(config, lockName, executionArn, ACQUIRE_WITH_BODY_SLOT_UPDATE, ACQUIRE_WITH_BODY_SLOT_CONDITION, {
             ...values,
-            [VALUES.weight]: weight,
-            [VALUES.gate]: limit - weight,
-            [VALUES.entry]: { ...entry, [HOLDER_PERMITS]: weight, [HOLDER_EXTRA_PERMITS]: weight - 1 },
-          });
+            [VALUES.entry]: { ...entry, [HOLDER_IN_BODY]: 1 },
+          })
+          : weight === 1
+            ? yield* conditionalUpdate(config, lockName, executionArn, ACQUIRE_UPDATE, ACQUIRE_CONDITION, { ...values, [VALUES.entry]: entry })
+            : yield* conditionalUpdate(config, lockName, executionArn, WEIGHTED_ACQUIRE_UPDATE, WEIGHTED_ACQUIRE_CONDITION, {
+              ...values,
+              [VALUES.weight]: weight,
+              [VALUES.gate]: limit - weight,
+              [VALUES.entry]: { ...entry, [HOLDER_PERMITS]: weight, [HOLDER_EXTRA_PERMITS]: weight - 1 },
+            });
     } catch (e) {
       // Its own entry (see ACQUIRE_CONDITION): claim it for this run.
       if (errorName(e) !== 'ValidationException') throw e;
@@ -614,6 +632,18 @@ function* guardRun(
         [VALUES.acquiredAt]: now,
         [VALUES.redriveCount]: redriveCount,
       };
+      if (withSlot && weight === 1) {
+        // Inside its body, the run needs a body slot with its permit: its entry holds one (it was
+        // stopped in the body), or it takes one now (an entry a stale ticket handed it, or one taken
+        // back after a lost wake-up, has none). Neither while the slots are all taken: try again.
+        if (yield* conditionalUpdate(config, lockName, executionArn, CLAIM_UPDATE, BODY_SLOT_HELD_CONDITION, claim)) {
+          return { executionArn, resumedAt, action: 'still holds its permit' };
+        }
+        if (yield* conditionalUpdate(config, lockName, executionArn, CLAIM_WITH_BODY_SLOT_UPDATE, CLAIM_WITH_BODY_SLOT_CONDITION, claim)) {
+          return { executionArn, resumedAt, action: 'still holds its permit' };
+        }
+        continue;
+      }
       // A weighted entry only while it holds all its permits (WEIGHTED_CLAIM_CONDITION).
       const [condition, weightValue] = weight === 1 ? [CLAIM_CONDITION, {}] : [WEIGHTED_CLAIM_CONDITION, { [VALUES.weight]: weight }];
       if (yield* conditionalUpdate(config, lockName, executionArn, CLAIM_UPDATE, condition, { ...claim, ...weightValue })) {
@@ -640,7 +670,7 @@ function* guardRun(
   yield* stepFunctions('StopExecution', {
     executionArn,
     error: 'SemaphoreRedriveRejected',
-    cause: `Redriven at '${resumedAt}', inside the protected body, while every permit of lock '${lockName}' was taken`,
+    cause: `Redriven at '${resumedAt}', inside the protected body, while every permit (or body slot) of lock '${lockName}' was taken`,
   });
   return { executionArn, resumedAt, action: 'stopped' };
 }
@@ -699,6 +729,8 @@ function* conditionalUpdate(
         ...(update.includes(NAMES.limit) ? { [NAMES.limit]: CONCURRENCY_LIMIT } : {}),
         ...(update.includes(NAMES.fence) ? { [NAMES.fence]: FENCING_TOKEN } : {}),
         ...(`${update} ${condition}`.includes(NAMES.collecting) ? { [NAMES.collecting]: COLLECTING } : {}),
+        ...(`${update} ${condition}`.includes(NAMES.bodies) ? { [NAMES.bodies]: BODIES_RUNNING } : {}),
+        ...(`${update} ${condition}`.includes(NAMES.bodyLimit) ? { [NAMES.bodyLimit]: BODY_LIMIT } : {}),
       },
       // Every expression that reads the collector's mark compares it with zero.
       ExpressionAttributeValues: `${update} ${condition}`.includes(VALUES.zero) ? { [VALUES.zero]: 0, ...values } : values,

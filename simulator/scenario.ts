@@ -114,7 +114,8 @@ export interface ScenarioOptions {
   readonly atHorizon?: (sim: Simulator, running: Execution[]) => Promise<void>;
   /**
    * The subject's rate limit: at most `count` entries into the body in any `intervalSeconds`. The run
-   * counts them over a sliding window (`mostAdmissionsInInterval`), and the ideal drain is the rate's.
+   * counts them over a sliding window (`mostAdmissionsInInterval`), and the ideal drain is the rate's
+   * (or, with a `count` other than `limit`, the slower of the rate's and `limit` bodies at a time).
    * @default - no rate limit
    */
   readonly rate?: { readonly count: number; readonly intervalSeconds: number };
@@ -226,10 +227,16 @@ export async function runScenario(subject: Subject, options: ScenarioOptions): P
   const random = seededRandom(seed * 7919 + 17);
   const workSeconds = options.workSeconds ?? 15;
   const jitter = options.workJitter ?? 0.2;
-  // Under a rate, `limit` permits each pass on at most once per interval; with weights, the permits all take.
+  // `limit` bodies at a time; under a rate, also `count` starts per interval (each rate permit passes on
+  // at most once per interval, and is held for the longer of the body and the interval when the count is
+  // the limit); with weights, the permits all take.
   const weights = Array.from({ length: options.executions }, (_, id) => options.permits?.(id) ?? 1);
   const permitsTaken = weights.reduce((a, b) => a + b, 0);
-  const idealSeconds = Math.ceil(permitsTaken / options.limit) * Math.max(workSeconds, options.rate?.intervalSeconds ?? 0);
+  const rate = options.rate;
+  const idealSeconds =
+    rate === undefined || rate.count === options.limit
+      ? Math.ceil(permitsTaken / options.limit) * Math.max(workSeconds, rate?.intervalSeconds ?? 0)
+      : Math.max(Math.ceil(permitsTaken / options.limit) * workSeconds, Math.ceil(permitsTaken / rate.count) * rate.intervalSeconds);
   const realStart = Date.now();
 
   const sim = await Simulator.start(subject.stack, {
@@ -252,7 +259,8 @@ export async function runScenario(subject: Subject, options: ScenarioOptions): P
     const sm = sim.stateMachine(subject.stateMachine);
     const weightByArn = new Map<string, number>();
     const tracker = new InsideTracker(sim, subject.enterStates, subject.leaveStates, (e) => weightByArn.get(e.arn) ?? 1);
-    const monitor = new LockMonitor(sim, subject.table, () => options.limit, subject.layout).start(25);
+    // A rate above the limit holds up to its count of permits (the bodies' slots keep `limit`).
+    const monitor = new LockMonitor(sim, subject.table, () => Math.max(options.limit, options.rate?.count ?? 0), subject.layout).start(25);
     let permitsInUse = 0;
 
     // Decide every execution's fate up front, so that both subjects get the same ones.

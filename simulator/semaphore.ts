@@ -1,7 +1,20 @@
 import type { AttributeValue } from '@aws-sdk/client-dynamodb';
 import { itemSizeBytes } from './dynamodb';
 import { Execution, Simulator } from './simulator';
-import { HOLDER_ACQUIRED_AT, HOLDER_PERMITS, LOCK_KEY, PERMITS_IN_USE, QUEUE_HEAD, TICKET_SERVED_BY, TICKET_WAITER, isTicketKey, ticketKey } from '../src/private/lock-schema';
+import {
+  BODIES_RUNNING,
+  BODY_LIMIT,
+  HOLDER_ACQUIRED_AT,
+  HOLDER_IN_BODY,
+  HOLDER_PERMITS,
+  LOCK_KEY,
+  PERMITS_IN_USE,
+  QUEUE_HEAD,
+  TICKET_SERVED_BY,
+  TICKET_WAITER,
+  isTicketKey,
+  ticketKey,
+} from '../src/private/lock-schema';
 import { STATE } from '../src/private/state-names';
 
 /*
@@ -20,6 +33,8 @@ export interface LockLayout {
   isHolder(name: string, value: AttributeValue): boolean;
   /** How many permits a holder entry holds. @default - one */
   permitsOf?(value: AttributeValue): number;
+  /** What is wrong with a lock item's body slots (a second counter), if anything. @default - nothing checked */
+  bodySlotViolation?(item: Record<string, AttributeValue>): string | undefined;
 }
 
 /** Our lock items (src/private/lock-schema.ts). */
@@ -28,6 +43,14 @@ export const LOCK_LAYOUT: LockLayout = {
   count: PERMITS_IN_USE,
   isHolder: (_name, value) => value.M?.[HOLDER_ACQUIRED_AT] !== undefined,
   permitsOf: (value) => Number(value.M?.[HOLDER_PERMITS]?.N ?? 1),
+  // Every entry with a body slot counts one in BODIES_RUNNING, which never passes the lock's BODY_LIMIT.
+  bodySlotViolation: (item) => {
+    const running = Number(item[BODIES_RUNNING]?.N ?? 0);
+    const marked = Object.values(item).filter((v) => v.M?.[HOLDER_ACQUIRED_AT] !== undefined && v.M[HOLDER_IN_BODY] !== undefined).length;
+    if (running !== marked) return `${running} body slots taken but ${marked} entries hold one`;
+    const limit = item[BODY_LIMIT]?.N;
+    return limit !== undefined && running > Number(limit) ? `${running} body slots taken, body limit ${limit}` : undefined;
+  },
 };
 
 /** The AWS sample's lock items: `LockName`, `currentlockcount`, one attribute per execution ARN. */
@@ -116,6 +139,8 @@ export class LockMonitor {
         } else if (lock.permitsInUse !== permits) {
           this.violations.push(`${lock.lockName}: ${lock.permitsInUse} permits in use for ${held}`);
         }
+        const slots = this.layout.bodySlotViolation?.(item);
+        if (slots !== undefined) this.violations.push(`${lock.lockName}: ${slots}`);
         if (lock.permitsInUse < 0 || lock.permitsInUse > this.limitOf(lock.lockName)) {
           this.violations.push(`${lock.lockName}: ${lock.permitsInUse} permits in use, limit ${this.limitOf(lock.lockName)}`);
         }
@@ -184,5 +209,8 @@ export class InsideTracker {
 /** Where our workflow's protected section starts and ends. */
 export const BODY_ENTER: string[] = [STATE.runBody];
 export const BODY_LEAVE: string[] = [STATE.release, STATE.releaseAfterFailure];
+/** Where the body runs when it takes a body slot (a rate above the concurrency limit): the bodies the limit counts. */
+export const BODY_SLOT_ENTER: string[] = [STATE.runBodyInSlot];
+export const BODY_SLOT_LEAVE: string[] = [STATE.releaseBodySlot, STATE.releaseBodySlotAfterFailure];
 /** The states of our workflow that write a permit. */
 export const ACQUIRE_STATES: string[] = [STATE.acquire, STATE.poll];

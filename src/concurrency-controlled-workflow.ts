@@ -11,6 +11,8 @@ import { IdempotencyOptions } from './idempotency-options';
 import { IIdempotencyTable } from './idempotency-table';
 import { validateFunctionRuntime } from './private/bundled-functions';
 import {
+  BODY_SLOT_ROUND_EVENTS,
+  BODY_SLOT_WAIT_EVENTS,
   DUPLICATE_CHECK_EVENTS,
   POLL_ROUND_EVENTS,
   QUEUE_CHECK_ROUND_EVENTS,
@@ -64,6 +66,9 @@ export interface ConcurrencyControlledWorkflowProps {
    * At most 1,000: the holders share the lock's DynamoDB item, at most 380 bytes each, and an item
    * holds 400 KB. A limit read from the input above that fails the execution with
    * `SemaphoreInvalidLimit` before it takes anything.
+   *
+   * Beside a `rateLimit` whose count is higher, each body also takes one of `concurrencyLimit` body
+   * slots, which it gives back as soon as it ends (its permit stays held for the rate's interval).
    *
    * @default 1, or with a `rateLimit`, the rate's count (which then also bounds how many bodies run at once, since each
    * holds its permit for the longer of the body and the interval)
@@ -256,10 +261,11 @@ export interface ConcurrencyControlledWorkflowProps {
    * Each acquisition holds its permit for at least the interval: the body runs beside a Wait of that
    * length, and the cleanup and the reconciler free a stopped execution's permit only once the interval
    * has passed since it stopped. So at most `count` bodies start in any interval, wherever it begins
-   * (a sliding window: the worst burst is `count`, never twice that). The lock's permits are then the
-   * smaller of `concurrencyLimit` and `count`, each held for the longer of the body and the interval;
-   * with a `concurrencyLimit` below `count` and bodies shorter than the interval, fewer than `count`
-   * start per interval. Every workflow on the lock must declare the same rate; the acquire records
+   * (a sliding window: the worst burst is `count`, never twice that). The lock's permits are then
+   * `count`, each held for the longer of the body and the interval. A `concurrencyLimit` below `count`
+   * becomes body slots: each body takes one beside its permit and gives it back when it ends, so that
+   * both limits are reached (a holder that finds every slot taken polls for one every `pollInterval`).
+   * Every workflow on the lock must declare the same rate; the acquire records
    * its interval on the lock item, and the CLI's and the client's permits are held as long. A lease
    * must be at least the interval.
    *
@@ -434,7 +440,9 @@ export class ConcurrencyControlledWorkflow extends Construct {
         '`permits` and `rateLimit` cannot be combined yet: the rate counts acquisitions, and a weighted acquisition takes several permits at once. Set one of them',
       );
     }
-    const limit = rateLimitedConcurrency(props.concurrencyLimit, rate);
+    // A concurrency limit below the rate's count: the lock's permits are the rate's, and each body takes a
+    // slot beside its permit, up to the concurrency limit (docs/design-rates-and-weights.md, "The body slot").
+    const { limit, bodyLimit } = lockLimits(props.concurrencyLimit, rate);
     const pollSeconds = validateWholeSeconds('pollInterval', props.pollInterval ?? Duration.seconds(3), 1);
     const leaseSeconds = props.leaseDuration && validateWholeSeconds('leaseDuration', props.leaseDuration, 1);
     if (rate && leaseSeconds !== undefined && leaseSeconds < rate.intervalSeconds) {
@@ -478,7 +486,9 @@ export class ConcurrencyControlledWorkflow extends Construct {
     const idempotency =
       props.idempotency && renderIdempotency(this, props.idempotency, stateMachineName!, props.timeout, WAIT_HISTORY_EVENTS / 2);
     this.idempotencyTable = idempotency?.table;
-    const waitEvents = WAIT_HISTORY_EVENTS - (idempotency ? idempotency.maxWaits * DUPLICATE_CHECK_EVENTS : 0);
+    // The wait for a body slot has a share of its own (it comes after the wait for the permit).
+    const slotEvents = bodyLimit === undefined ? 0 : BODY_SLOT_WAIT_EVENTS;
+    const waitEvents = WAIT_HISTORY_EVENTS - slotEvents - (idempotency ? idempotency.maxWaits * DUPLICATE_CHECK_EVENTS : 0);
     const roundSeconds = waitStrategy === WaitStrategy.QUEUE ? validateWholeSeconds('queueCheckInterval', queueCheckInterval, 1) : pollSeconds;
     const rounds = roundsWithin(waitEvents, waitStrategy === WaitStrategy.QUEUE ? QUEUE_CHECK_ROUND_EVENTS : POLL_ROUND_EVENTS);
     this.longestWait = roundSeconds === undefined ? undefined : Duration.seconds(rounds * roundSeconds);
@@ -515,6 +525,8 @@ export class ConcurrencyControlledWorkflow extends Construct {
       permitPath: props.permitPath,
       holdSeconds: rate?.intervalSeconds,
       permits: weighted ? permits : undefined,
+      bodyLimit,
+      bodySlotRounds: bodyLimit === undefined ? undefined : Math.floor(slotEvents / BODY_SLOT_ROUND_EVENTS),
     });
 
     const logOptions = stateMachineLogs(this, props.logs);
@@ -759,17 +771,17 @@ function defaultLockName(scope: Construct): string {
 }
 
 /**
- * The lock's permits under a rate limit: the smaller of the concurrency limit and the rate's count
- * (each permit is held for at least the rate's interval), or the count alone without a concurrency limit.
+ * The lock's permits, and its body slots: under a rate limit the permits are the rate's count (each
+ * held for at least the rate's interval), and a concurrency limit below it becomes body slots.
  */
-function rateLimitedConcurrency(concurrencyLimit: number | undefined, rate: RateLimit | undefined): number {
-  if (!rate) return concurrencyLimit ?? 1;
-  if (concurrencyLimit === undefined) return rate.count;
+function lockLimits(concurrencyLimit: number | undefined, rate: RateLimit | undefined): { limit: number; bodyLimit?: number } {
+  if (!rate) return { limit: concurrencyLimit ?? 1 };
+  if (concurrencyLimit === undefined) return { limit: rate.count };
   if (Token.isUnresolved(concurrencyLimit) || Token.isUnresolved(rate.count)) {
     throw new Error(
-      '`concurrencyLimit` and `rateLimit` must both be known at synth when both are set (the lock\'s permits are the smaller of the two), ' +
+      '`concurrencyLimit` and `rateLimit` must both be known at synth when both are set (a concurrency limit below the rate\'s count becomes body slots), ' +
         `got: ${Token.isUnresolved(concurrencyLimit) ? 'a concurrencyLimit read at run time' : 'a rateLimit count that is a token'}`,
     );
   }
-  return Math.min(concurrencyLimit, rate.count);
+  return { limit: rate.count, bodyLimit: concurrencyLimit < rate.count ? concurrencyLimit : undefined };
 }

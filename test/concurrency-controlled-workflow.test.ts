@@ -214,7 +214,7 @@ describe('definition', () => {
         Key: { lockName: { S: 'db-migrations' } },
         // The hand-off draws the waiter's fencing token itself: tokens follow the order permits are granted in.
         // (It gives back a weighted entry's extra permits: the waiter takes one.)
-        UpdateExpression: 'SET #next = :entry, #fence = #fence + :one, #permits = #permits - if_not_exists(#holder.extra, :zero) REMOVE #holder',
+        UpdateExpression: 'SET #next = :entry, #fence = #fence + :one, #permits = #permits - if_not_exists(#holder.extra, :zero), #bodies = if_not_exists(#bodies, :zero) - if_not_exists(#holder.inBody, :zero) REMOVE #holder',
         ConditionExpression: expect.stringContaining('AND attribute_not_exists(#next)'),
         ExpressionAttributeNames: { '#next.$': '$.handoff.ticket.Item.waiter.S' },
         ReturnValues: 'UPDATED_OLD',

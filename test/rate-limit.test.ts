@@ -4,9 +4,10 @@ import * as sfn from 'aws-cdk-lib/aws-stepfunctions';
 import { main } from '../client/cli';
 import { SemaphoreClient } from '../client/semaphore-client';
 import { demoSubject } from '../demo/run';
-import { brokenInvariants, mostInAnyWindow, runScenario } from '../simulator';
+import { brokenInvariants, mostInAnyWindow, runScenario, Simulator } from '../simulator';
 import { CleanFromIncomplete, IdempotencyKey, RateLimit, SemaphoreReconciler, SemaphoreTable, WaitStrategy } from '../src';
 import { lockState, simulate, stateMachineLogicalId, until, WorkTracker, workflowStack } from './helpers';
+import { BODIES_RUNNING, BODY_LIMIT, HOLDER_IN_BODY, LOCK_KEY } from '../src/private/lock-schema';
 import { STATE } from '../src/private/state-names';
 
 /*
@@ -43,7 +44,7 @@ describe('validation at synth', () => {
     );
   });
 
-  test('the lock\'s permits are the smaller of the limit and the count; the cleanup and the reconciler hold for the interval', () => {
+  test('the lock\'s permits are the smaller of the limit and the count, or with a lower limit the count and a body slot each; the cleanup and the reconciler hold for the interval', () => {
     const limitOf = (props: Parameters<typeof workflowStack>[0]) => {
       const { workflow } = workflowStack(props);
       const cfn = workflow.stateMachine.node.defaultChild as sfn.CfnStateMachine;
@@ -51,9 +52,18 @@ describe('validation at synth', () => {
       return Number(/\\":limit\\":\{\\"N\\":\\"(\d+)\\"/.exec(definition)![1]);
     };
     expect(limitOf({ rateLimit: RateLimit.perSecond(7) })).toBe(7);
-    expect(limitOf({ rateLimit: RateLimit.perSecond(7), concurrencyLimit: 3 })).toBe(3);
+    expect(limitOf({ rateLimit: RateLimit.perSecond(7), concurrencyLimit: 3 })).toBe(7);
     expect(limitOf({ rateLimit: RateLimit.perSecond(2), concurrencyLimit: 3 })).toBe(2);
     expect(limitOf({})).toBe(1);
+    const bodyLimitOf = (props: Parameters<typeof workflowStack>[0]) => {
+      const { workflow } = workflowStack(props);
+      const cfn = workflow.stateMachine.node.defaultChild as sfn.CfnStateMachine;
+      const definition = JSON.stringify(Stack.of(workflow).resolve(cfn.definitionString));
+      return /\\":bodyLimit\\":\{\\"N\\":\\"(\d+)\\"/.exec(definition)?.[1];
+    };
+    expect(bodyLimitOf({ rateLimit: RateLimit.perSecond(7), concurrencyLimit: 3 })).toBe('3');
+    expect(bodyLimitOf({ rateLimit: RateLimit.perSecond(7), concurrencyLimit: 7 })).toBeUndefined();
+    expect(bodyLimitOf({ rateLimit: RateLimit.perSecond(7) })).toBeUndefined();
 
     const { stack } = workflowStack({ rateLimit: RateLimit.of(4, Duration.seconds(30)) });
     const template = Template.fromStack(stack);
@@ -108,25 +118,154 @@ describe.each([WaitStrategy.QUEUE, WaitStrategy.POLLING])('%s', (waitStrategy) =
   });
 });
 
-test('beside a concurrency limit: never more than the limit inside, nor the rate per interval', async () => {
-  const { stack, workflow, workFunctionId } = workflowStack({
-    rateLimit: RateLimit.of(4, Duration.seconds(5)),
-    concurrencyLimit: 2,
-    reconcilerScheduleEnabled: false,
-  });
-  const work = new WorkTracker((input) => input.seconds);
-  await simulate(stack, { lambdaHandlers: { [workFunctionId]: work.handler } }, async (sim) => {
-    const sm = sim.stateMachine(stateMachineLogicalId(workflow.stateMachine));
-    // Long bodies: the concurrency limit binds; short ones: the interval does.
-    const executions = Array.from({ length: 12 }, (_, i) => sim.startExecution(sm, { seconds: i < 6 ? 8 : 1 }));
-    await Promise.all(executions.map((e) => e.done));
+/** The lock item's count of bodies holding a slot (BODIES_RUNNING), and how many entries carry the mark. */
+async function bodySlots(sim: Simulator): Promise<{ bodiesRunning: number; marked: number; bodyLimit?: number }> {
+  const item = (await sim.scan('WorkflowLockTable')).find((i) => i[LOCK_KEY]?.S === LOCK)!;
+  const marked = Object.values(item).filter((v) => v.M?.[HOLDER_IN_BODY] !== undefined).length;
+  return { bodiesRunning: Number(item[BODIES_RUNNING]?.N ?? 0), marked, bodyLimit: item[BODY_LIMIT] ? Number(item[BODY_LIMIT].N) : undefined };
+}
 
-    expect(executions.every((e) => e.status === 'SUCCEEDED')).toBe(true);
-    expect(work.maxInside).toBe(2);
-    expect(mostInAnyWindow(work.starts, 5_000)).toBeLessThanOrEqual(2);
-    await sim.idle();
-    expect(await lockState(sim)).toEqual([{ lockName: LOCK, permitsInUse: 0, holders: [] }]);
+describe('beside a lower concurrency limit: the rate\'s permits, and a body slot each', () => {
+  test('at most 10 per interval, never more than 5 at once, bodies shorter than the interval: the rate is reached', async () => {
+    const { stack, workflow, workFunctionId } = workflowStack({
+      rateLimit: RateLimit.of(10, Duration.seconds(10)),
+      concurrencyLimit: 5,
+      pollInterval: Duration.seconds(1),
+      reconcilerScheduleEnabled: false,
+    });
+    const work = new WorkTracker(() => 2);
+    // At a time scale of 0.1 a millisecond of CPU is 10 ms of simulated time: hand-offs stay well under
+    // the 10 s interval even on a busy machine.
+    await simulate(stack, { timeScale: 0.1, lambdaHandlers: { [workFunctionId]: work.handler } }, async (sim) => {
+      const sm = sim.stateMachine(stateMachineLogicalId(workflow.stateMachine));
+      const executions = Array.from({ length: 60 }, (_, i) => sim.startExecution(sm, { i }));
+      await Promise.all(executions.map((e) => e.done));
+
+      expect(executions.map((e) => e.status)).toEqual(Array(60).fill('SUCCEEDED'));
+      expect(work.maxInside).toBe(5);
+      expect(mostInAnyWindow(work.starts, 10_000)).toBe(10);
+      // 60 at 10 per 10 s start over at least 50 s. Sharing one counter (5 permits, each held 10 s) they
+      // would start 5 per 10 s, over at least 110 s.
+      const span = (Math.max(...work.starts) - Math.min(...work.starts)) / 1000;
+      expect(span).toBeGreaterThanOrEqual(50);
+      expect(span).toBeLessThan(80);
+      expect(executions[0].output).toEqual({ worked: true, echo: { i: 0 } });
+      await sim.idle();
+      expect(await lockState(sim)).toEqual([{ lockName: LOCK, permitsInUse: 0, holders: [] }]);
+      expect(await bodySlots(sim)).toEqual({ bodiesRunning: 0, marked: 0, bodyLimit: 5 });
+    });
   });
+
+  test('long bodies: the concurrency limit binds, waiters for a slot get one as bodies end, and the rate still holds', async () => {
+    const { stack, workflow, workFunctionId } = workflowStack({
+      rateLimit: RateLimit.of(4, Duration.seconds(5)),
+      concurrencyLimit: 2,
+      pollInterval: Duration.seconds(1),
+      reconcilerScheduleEnabled: false,
+    });
+    const work = new WorkTracker((input) => input.seconds);
+    await simulate(stack, { lambdaHandlers: { [workFunctionId]: work.handler } }, async (sim) => {
+      const sm = sim.stateMachine(stateMachineLogicalId(workflow.stateMachine));
+      // Long bodies: the concurrency limit binds; short ones: the interval does.
+      const executions = Array.from({ length: 12 }, (_, i) => sim.startExecution(sm, { seconds: i < 6 ? 8 : 1 }));
+      await Promise.all(executions.map((e) => e.done));
+
+      expect(executions.every((e) => e.status === 'SUCCEEDED')).toBe(true);
+      expect(work.maxInside).toBe(2);
+      expect(mostInAnyWindow(work.starts, 5_000)).toBeLessThanOrEqual(4);
+      // Holders of a permit waited for a slot while two long bodies ran.
+      expect(executions.some((e) => (e.stateTransitions.get(STATE.waitForBodySlot) ?? 0) > 0)).toBe(true);
+      await sim.idle();
+      expect(await lockState(sim)).toEqual([{ lockName: LOCK, permitsInUse: 0, holders: [] }]);
+      expect(await bodySlots(sim)).toEqual({ bodiesRunning: 0, marked: 0, bodyLimit: 2 });
+    });
+  });
+
+  test('a wait for a body slot has a budget: past it, the execution gives back its permit and fails with SemaphoreAcquireTimeout', async () => {
+    const { stack, workflow, workFunctionId } = workflowStack({
+      rateLimit: RateLimit.of(2, Duration.seconds(10)),
+      concurrencyLimit: 1,
+      pollInterval: Duration.seconds(1),
+      reconcilerScheduleEnabled: false,
+    });
+    const work = new WorkTracker(() => 1);
+    await simulate(stack, { schedules: false, lambdaHandlers: { [workFunctionId]: work.handler } }, async (sim) => {
+      const sm = sim.stateMachine(stateMachineLogicalId(workflow.stateMachine));
+      // A client lease holds the one slot (and one of the two permits) for as long as the test runs.
+      const client = new SemaphoreClient({ tableName: sim.tableName('WorkflowLockTable'), dynamodb: sim.db.client });
+      const lease = await client.acquire(LOCK, { leaseSeconds: 3600 });
+      expect(lease).toBeDefined();
+      const waiter = await sim.startExecution(sm, {}).done;
+
+      expect(waiter.status).toBe('FAILED');
+      expect(waiter.error).toBe('SemaphoreAcquireTimeout');
+      expect(waiter.cause).toMatch(/^Every body slot of the lock \(concurrencyLimit 1\) stayed taken for 222 tries, one every 1 second$/);
+      expect(waiter.stateTransitions.get(STATE.waitForBodySlot)).toBe(223);
+      expect(work.starts).toHaveLength(0);
+      // It gave its permit back (after the rate's hold), within its history budget.
+      expect(waiter.historyEvents).toBeLessThan(25_000);
+      expect(waiter.stateTransitions.get(STATE.holdAfterFailure)).toBe(1);
+      expect(await lockState(sim)).toEqual([{ lockName: LOCK, permitsInUse: 1, holders: [lease!.leaseId] }]);
+      expect(await client.forceRelease(LOCK, lease!.leaseId)).toBe(true);
+      expect(await lockState(sim)).toEqual([{ lockName: LOCK, permitsInUse: 0, holders: [] }]);
+      expect(await bodySlots(sim)).toEqual({ bodiesRunning: 0, marked: 0, bodyLimit: 1 });
+    });
+  });
+
+  test('a failed body gives its slot back at once, and its permit after the interval', async () => {
+    const { stack, workflow, workFunctionId } = workflowStack({
+      rateLimit: RateLimit.of(2, Duration.seconds(60)),
+      concurrencyLimit: 1,
+      pollInterval: Duration.seconds(1),
+      reconcilerScheduleEnabled: false,
+    });
+    const work = new WorkTracker(() => 1);
+    await simulate(stack, { timeScale: 0.1, lambdaHandlers: { [workFunctionId]: work.handler } }, async (sim) => {
+      const sm = sim.stateMachine(stateMachineLogicalId(workflow.stateMachine));
+      const failing = sim.startExecution(sm, { fail: true });
+      await until(() => work.inside === 1, 'the failing body to run');
+      const next = sim.startExecution(sm, {});
+      const [failed, succeeded] = await Promise.all([failing.done, next.done]);
+
+      expect([failed.status, succeeded.status]).toEqual(['FAILED', 'SUCCEEDED']);
+      expect(failed.stateTransitions.get(STATE.releaseBodySlotAfterFailure)).toBe(1);
+      // The second body starts about a poll after the first failed, not after its 60 s hold.
+      expect(work.startedAt.get(succeeded.arn)! - work.startedAt.get(failed.arn)!).toBeLessThan(20_000);
+      // The failed execution held its permit for the interval.
+      expect(failed.stopDate! - work.startedAt.get(failed.arn)!).toBeGreaterThanOrEqual(60_000);
+      await sim.idle();
+      expect(await lockState(sim)).toEqual([{ lockName: LOCK, permitsInUse: 0, holders: [] }]);
+      expect(await bodySlots(sim)).toEqual({ bodiesRunning: 0, marked: 0, bodyLimit: 1 });
+    });
+  });
+
+  test.each([WaitStrategy.QUEUE, WaitStrategy.POLLING])(
+    '%s: failing and stopped bodies free their slot and, after the interval, their permit; never more than the limit inside',
+    async (waitStrategy) => {
+      const { stack, workflow, workFunctionId } = workflowStack({
+        rateLimit: RateLimit.of(4, Duration.seconds(10)),
+        concurrencyLimit: 2,
+        waitStrategy,
+        pollInterval: Duration.seconds(1),
+        reconcilerScheduleEnabled: false,
+      });
+      const work = new WorkTracker(() => 3);
+      await simulate(stack, { lambdaHandlers: { [workFunctionId]: work.handler } }, async (sim) => {
+        const sm = sim.stateMachine(stateMachineLogicalId(workflow.stateMachine));
+        const inputs = Array.from({ length: 12 }, (_, i) => ({ i, fail: i % 4 === 0, abortInside: i % 4 === 1 }));
+        const executions = inputs.map((input) => sim.startExecution(sm, input));
+        await Promise.all(executions.map((e) => e.done));
+        await sim.idle();
+
+        expect(executions.map((e) => e.status)).toEqual(inputs.map((i) => (i.fail ? 'FAILED' : i.abortInside ? 'ABORTED' : 'SUCCEEDED')));
+        expect(work.starts).toHaveLength(12);
+        expect(work.maxInside).toBeLessThanOrEqual(2);
+        expect(mostInAnyWindow(work.starts, 10_000)).toBeLessThanOrEqual(4);
+        expect(await lockState(sim)).toEqual([{ lockName: LOCK, permitsInUse: 0, holders: [] }]);
+        expect(await bodySlots(sim)).toEqual({ bodiesRunning: 0, marked: 0, bodyLimit: 2 });
+      });
+    },
+  );
 });
 
 test('without a concurrency limit the count also bounds how many run at once: bodies longer than the interval start fewer than the rate', async () => {
@@ -301,6 +440,40 @@ describe('scenarios, under DynamoDB\'s capacity rules', () => {
       expect(result.succeeded + result.failed + result.aborted).toBe(40);
     },
   );
+  test.each([WaitStrategy.QUEUE, WaitStrategy.POLLING])(
+    '%s: body slots beside the rate, with failing and stopped bodies, duplicated and delayed events, throttling: every invariant',
+    async (waitStrategy) => {
+      const rate = { count: 4, intervalSeconds: 10 };
+      const props = waitStrategy === WaitStrategy.QUEUE ? { queueCheckInterval: Duration.seconds(60) } : { waitStrategy };
+      const result = await runScenario(
+        demoSubject(2, { rateLimit: RateLimit.of(4, Duration.seconds(10)), pollInterval: Duration.seconds(2), ...props }),
+        {
+          executions: 40,
+          limit: 2,
+          workSeconds: 5,
+          timeScale: 0.02,
+          rate,
+          seed: 5,
+          failureRate: 0.1,
+          abortInsideRate: 0.1,
+          duplicateEventRate: 0.3,
+          maxEventDelaySeconds: 20,
+          dynamoFaults: { throttleRate: 0.05 },
+          capacity: { partitionLimits: true },
+          staleReads: { windowSeconds: 10, rate: 0.3 },
+          extendHorizon: true,
+        },
+      );
+
+      // Never more than 2 bodies at once, nor 4 starts in 10 s; the monitor saw the body slots' count
+      // match their marks throughout, and nothing is left held.
+      expect(brokenInvariants(result, 2)).toEqual([]);
+      expect(result.maxInside).toBe(2);
+      expect(result.failed).toBeGreaterThan(0);
+      expect(result.aborted).toBeGreaterThan(0);
+      expect(result.succeeded + result.failed + result.aborted).toBe(40);
+    },
+  );
 });
 
 test('the CLI and the client on a rate-limited lock: a lease at least the interval, a release that holds the permit until it has passed', async () => {
@@ -352,6 +525,54 @@ test('the CLI and the client on a rate-limited lock: a lease at least the interv
     expect(out[0]).toBe(`${LOCK}: 1 of 2 permits in use, each held at least 3s (the lock's rate), 0 still inside that interval`);
     expect(out[2]).toMatch(/ interval passed$/);
     expect(await client.release(LOCK, second!.leaseId)).toBe(true);
+  });
+});
+
+test('the CLI and the client on a lock with body slots: a lease takes a slot too, and holds it until it releases', async () => {
+  const { stack, workflow, workFunctionId } = workflowStack({
+    rateLimit: RateLimit.of(3, Duration.seconds(2)),
+    concurrencyLimit: 1,
+    pollInterval: Duration.seconds(1),
+    reconcilerScheduleEnabled: false,
+  });
+  const work = new WorkTracker((input) => input.seconds ?? 0.1);
+  // In real time: the client's clock and the simulation's agree.
+  await simulate(stack, { timeScale: 1, schedules: false, lambdaHandlers: { [workFunctionId]: work.handler } }, async (sim) => {
+    const sm = sim.stateMachine(stateMachineLogicalId(workflow.stateMachine));
+    expect((await sim.startExecution(sm, {}).done).status).toBe('SUCCEEDED');
+    const tableName = sim.tableName('WorkflowLockTable');
+    const client = new SemaphoreClient({ tableName, dynamodb: sim.db.client });
+
+    // The workflow's body recorded the lock's body limit; a lease takes the one slot.
+    const lease = await client.acquire(LOCK, { leaseSeconds: 60 });
+    expect(lease).toBeDefined();
+    expect(await client.status(LOCK)).toMatchObject({ bodyLimit: 1, bodiesRunning: 1 });
+    const env = { AWS_ENDPOINT_URL_DYNAMODB: sim.db.endpoint, AWS_REGION: 'us-east-1', AWS_ACCESS_KEY_ID: 'local', AWS_SECRET_ACCESS_KEY: 'local' };
+    const out: string[] = [];
+    const io = { stdout: (l: string) => out.push(l), stderr: () => undefined, env: { ...env, CDK_SFN_SEMAPHORE_TABLE: tableName } };
+    expect(await main(['status', LOCK], io)).toBe(0);
+    expect(out[0]).toMatch(/; 1 of 1 body slots taken$/);
+
+    // An execution takes one of the rate's free permits, but its body waits for the lease's slot.
+    const waiting = sim.startExecution(sm, {});
+    await until(async () => (await client.status(LOCK)).permitsInUse === 2, 'the second execution to hold a permit');
+    await sim.sleep(3);
+    expect(work.starts).toHaveLength(1);
+    expect(await client.release(LOCK, lease!.leaseId)).toBe(true);
+    expect((await waiting.done).status).toBe('SUCCEEDED');
+    expect(work.starts).toHaveLength(2);
+    expect(waiting.stateTransitions.get(STATE.waitForBodySlot)).toBeGreaterThan(0);
+
+    // While a body runs, a client finds every slot taken, though permits are free.
+    await sim.idle();
+    const running = sim.startExecution(sm, { seconds: 3 });
+    await until(() => work.inside === 1, 'a body to run');
+    expect(await client.acquire(LOCK, { waitSeconds: 0 })).toBeUndefined();
+    expect(await client.status(LOCK)).toMatchObject({ permitsInUse: 1, bodiesRunning: 1 });
+    expect((await running.done).status).toBe('SUCCEEDED');
+    await sim.idle();
+    expect(await bodySlots(sim)).toEqual({ bodiesRunning: 0, marked: 0, bodyLimit: 1 });
+    expect(await lockState(sim)).toEqual([{ lockName: LOCK, permitsInUse: 0, holders: [] }]);
   });
 });
 

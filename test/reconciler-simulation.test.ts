@@ -340,7 +340,7 @@ describe('redrive guard', () => {
       const again = await sim.redriveExecution(stopped.arn);
 
       expect([again.status, again.error]).toEqual(['ABORTED', 'SemaphoreRedriveRejected']);
-      expect(again.cause).toMatch(/Redriven at 'Do Work', inside the protected body, while every permit of lock 'TestStack\/Workflow' was taken/);
+      expect(again.cause).toMatch(/Redriven at 'Do Work', inside the protected body, while every permit \(or body slot\) of lock 'TestStack\/Workflow' was taken/);
       // The resumed work state starts before the guard's event arrives: it runs without a permit for
       // that moment (see README, "Redrive"), and is stopped at once.
       const unguarded = (again.stopDate! - again.history.find((h) => h.type === 'ExecutionRedriven')!.timestamp) / 1000;

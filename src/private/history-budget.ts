@@ -57,3 +57,15 @@ export const DUPLICATE_CHECK_EVENTS = 23;
 export function roundsWithin(waitEvents: number, eventsPerRound: number): number {
   return Math.floor((waitEvents - WAIT_ENTRY_EVENTS) / eventsPerRound);
 }
+
+/**
+ * The share of WAIT_HISTORY_EVENTS that a workflow with a body slot (a concurrency limit below its
+ * rate's count) keeps for the wait for a slot, after the wait for the permit: about 220 rounds.
+ */
+export const BODY_SLOT_WAIT_EVENTS = 4_000;
+
+/**
+ * A round of the wait for a body slot: the Parallel "Wait For Body Slot" entered, started, failed and
+ * retried (4), Check Body Slot (5), Take Body Slot Again (5), and Body Slots Taken (2), with a margin (2).
+ */
+export const BODY_SLOT_ROUND_EVENTS = 18;

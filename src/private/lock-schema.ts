@@ -94,7 +94,27 @@ export const NAMES = {
   rate: '#rate',
   collecting: '#collecting',
   collectGate: '#collectGate',
+  bodies: '#bodies',
+  bodyLimit: '#bodyLimit',
 } as const;
+
+/*
+ * The body slot (docs/design-rates-and-weights.md, "The body slot"): a workflow whose rate's count is
+ * above its concurrency limit holds the lock's permits for the rate (PERMITS_IN_USE up to the count,
+ * each held for the interval), and a slot for its body beside its permit (BODIES_RUNNING up to
+ * BODY_LIMIT) only while the body runs.
+ */
+
+/**
+ * Holders whose body counts against BODY_LIMIT (type N). Every entry that carries HOLDER_IN_BODY
+ * counts one: RELEASE_UPDATE and HAND_OFF_UPDATE take the entry's mark off with the entry, whoever
+ * releases it.
+ */
+export const BODIES_RUNNING = 'bodiesRunning';
+/** How many bodies may run at once on a lock whose permits a rate holds (type N), recorded by each take of a slot. */
+export const BODY_LIMIT = 'bodyLimit';
+/** Field of a holder entry (type N, 1) whose body holds a slot: the mark every release takes off BODIES_RUNNING. */
+export const HOLDER_IN_BODY = 'inBody';
 
 /*
  * A weighted waiter of the queue (a workflow with `permits` and the queue strategy) is handed one
@@ -128,6 +148,7 @@ export const VALUES = {
   weight: ':weight',
   gate: ':gate',
   extra: ':extra',
+  bodyLimit: ':bodyLimit',
 } as const;
 
 /** Nobody collects permits on the lock (see COLLECTING): a newcomer may take a free permit. */
@@ -192,9 +213,12 @@ export const CLIENT_ACQUIRE_UPDATE = `SET ${NAMES.permits} = if_not_exists(${NAM
  * one), so that every path frees exactly what was taken without knowing the holder's weight.
  */
 export const RELEASE_CONDITION = `attribute_exists(${NAMES.holder})`;
+/** The SET clause that takes an entry's body slot (HOLDER_IN_BODY) off the lock's BODIES_RUNNING, in every write that removes or moves the entry. */
+const TAKE_OFF_BODY = `${NAMES.bodies} = if_not_exists(${NAMES.bodies}, ${VALUES.zero}) - if_not_exists(${NAMES.holder}.${HOLDER_IN_BODY}, ${VALUES.zero})`;
 export const RELEASE_UPDATE =
   `SET ${NAMES.permits} = ${NAMES.permits} - if_not_exists(${NAMES.holder}.${HOLDER_PERMITS}, ${VALUES.one}), ` +
-  `${NAMES.collecting} = if_not_exists(${NAMES.collecting}, ${VALUES.zero}) - if_not_exists(${NAMES.holder}.${HOLDER_COLLECTING}, ${VALUES.zero}) REMOVE ${NAMES.holder}`;
+  `${NAMES.collecting} = if_not_exists(${NAMES.collecting}, ${VALUES.zero}) - if_not_exists(${NAMES.holder}.${HOLDER_COLLECTING}, ${VALUES.zero}), ` +
+  `${TAKE_OFF_BODY} REMOVE ${NAMES.holder}`;
 
 /**
  * Release of an expired lease: as RELEASE_CONDITION, and only if the lease was not renewed since it
@@ -449,7 +473,9 @@ export const DELETE_SERVED_CONDITION = `${QUEUE_NAMES.servedBy} = ${QUEUE_VALUES
  * permit already (it found one by polling): the releaser then claims the next ticket.
  */
 export const HAND_OFF_CONDITION = `${RELEASE_STOPPED_RUN_CONDITION} AND attribute_not_exists(${QUEUE_NAMES.next})`;
-export const HAND_OFF_UPDATE = `SET ${QUEUE_NAMES.next} = ${VALUES.entry}, ${NAMES.fence} = ${NAMES.fence} + ${VALUES.one}, ${NAMES.permits} = ${NAMES.permits} - if_not_exists(${NAMES.holder}.${HOLDER_EXTRA_PERMITS}, ${VALUES.zero}) REMOVE ${NAMES.holder}`;
+export const HAND_OFF_UPDATE =
+  `SET ${QUEUE_NAMES.next} = ${VALUES.entry}, ${NAMES.fence} = ${NAMES.fence} + ${VALUES.one}, ` +
+  `${NAMES.permits} = ${NAMES.permits} - if_not_exists(${NAMES.holder}.${HOLDER_EXTRA_PERMITS}, ${VALUES.zero}), ${TAKE_OFF_BODY} REMOVE ${NAMES.holder}`;
 
 /**
  * Hand off one of a weighted holder's permits: as HAND_OFF, for an entry that holds more than one. The
@@ -538,3 +564,61 @@ export const CLAIM_HANDED_CONDITION = `${CLAIM_CONDITION} AND attribute_not_exis
  * deadlock (each holding part of what the other needs), so the one that came second loses its place.
  */
 export const GIVE_UP_HANDED_CONDITION = `${RELEASE_STOPPED_RUN_CONDITION} AND attribute_not_exists(${NAMES.holder}.${HOLDER_PERMITS})`;
+
+/**
+ * Take a body slot (see BODIES_RUNNING) for the holder's permit: while fewer than `:bodyLimit` bodies
+ * run, mark the entry and count it, and record the limit for clients. It is also a claim (CLAIM_UPDATE):
+ * the entry gets the run's stamp and a new acquire time (a run redriven after its acquire, before its
+ * body, takes its slot here, outside the body, where the redrive guard leaves it to the workflow), and
+ * the body's fencing token is drawn here, so that tokens follow the order in which bodies are let in.
+ * A holder without an entry (freed while its execution was stopped, or by an expired lease) passes the
+ * condition and fails the update (`#holder.inBody` has no map to go in: a ValidationException), as
+ * COMPLETE_COLLECTOR does: it acquires again. Refused (ConditionalCheckFailed) when the slots are all
+ * taken, or when the entry holds one already (a write whose response was lost, a redrive):
+ * BODY_SLOT_HELD tells which.
+ */
+export const TAKE_BODY_SLOT_CONDITION =
+  `attribute_not_exists(${NAMES.holder}) OR (attribute_not_exists(${NAMES.holder}.${HOLDER_IN_BODY}) AND ${STAMPED_AT_MOST} AND ` +
+  `(attribute_not_exists(${NAMES.bodies}) OR ${NAMES.bodies} < ${VALUES.bodyLimit}))`;
+export const TAKE_BODY_SLOT_UPDATE =
+  `${CLAIM_UPDATE}, ${NAMES.bodies} = if_not_exists(${NAMES.bodies}, ${VALUES.zero}) + ${VALUES.one}, ${NAMES.holder}.${HOLDER_IN_BODY} = ${VALUES.one}, ` +
+  `${NAMES.bodyLimit} = ${VALUES.bodyLimit}`;
+
+/** Claim (CLAIM_UPDATE) an entry of this run or an earlier one that holds a body slot already; refused when it holds none. */
+export const BODY_SLOT_HELD_CONDITION = `attribute_exists(${NAMES.holder}.${HOLDER_IN_BODY}) AND ${STAMPED_AT_MOST}`;
+
+/**
+ * The redrive guard's claim of an entry without a body slot, for a run resumed inside its body (an
+ * entry handed to it by a stale ticket, or taken back after a lost wake-up): as CLAIM_UPDATE, and it
+ * takes a slot in the same write, while one is free under the lock's recorded BODY_LIMIT (if any).
+ */
+export const CLAIM_WITH_BODY_SLOT_CONDITION =
+  `attribute_exists(${NAMES.holder}) AND attribute_not_exists(${NAMES.holder}.${HOLDER_IN_BODY}) AND ${STAMPED_AT_MOST} AND ` +
+  `(attribute_not_exists(${NAMES.bodyLimit}) OR attribute_not_exists(${NAMES.bodies}) OR ${NAMES.bodies} < ${NAMES.bodyLimit})`;
+export const CLAIM_WITH_BODY_SLOT_UPDATE =
+  `${CLAIM_UPDATE}, ${NAMES.bodies} = if_not_exists(${NAMES.bodies}, ${VALUES.zero}) + ${VALUES.one}, ${NAMES.holder}.${HOLDER_IN_BODY} = ${VALUES.one}`;
+
+/**
+ * Give back the body slot once the body ended, keeping the permit (the rate holds it for the rest of
+ * the interval). Refused when the entry holds no slot (given back already, or the entry released).
+ */
+export const RELEASE_BODY_SLOT_CONDITION = `attribute_exists(${NAMES.holder}.${HOLDER_IN_BODY})`;
+export const RELEASE_BODY_SLOT_UPDATE = `SET ${NAMES.bodies} = ${NAMES.bodies} - ${VALUES.one} REMOVE ${NAMES.holder}.${HOLDER_IN_BODY}`;
+
+/**
+ * ACQUIRE of a permit and a body slot in one write (the redrive guard's, for a run resumed inside the
+ * user's body): as ACQUIRE_CONDITION, with a free slot too when the lock records a BODY_LIMIT (as a
+ * client's acquire, below); the entry it writes carries HOLDER_IN_BODY.
+ */
+export const ACQUIRE_WITH_BODY_SLOT_CONDITION =
+  `attribute_not_exists(${NAMES.permits}) OR (${NAMES.permits} < ${VALUES.limit} AND ${NOT_COLLECTING} AND ` +
+  `(attribute_not_exists(${NAMES.bodyLimit}) OR attribute_not_exists(${NAMES.bodies}) OR ${NAMES.bodies} < ${NAMES.bodyLimit})) OR attribute_exists(${NAMES.holder})`;
+export const ACQUIRE_WITH_BODY_SLOT_UPDATE = `${ACQUIRE_UPDATE}, ${NAMES.bodies} = if_not_exists(${NAMES.bodies}, ${VALUES.zero}) + ${VALUES.one}`;
+
+/**
+ * A client's acquire also takes a body slot when the lock records a BODY_LIMIT (it keeps it until it
+ * releases): the condition CLIENT_ACQUIRE_CONDITION is joined with this, and the update with
+ * CLIENT_BODY_SLOT_UPDATE; the entry carries HOLDER_IN_BODY.
+ */
+export const CLIENT_BODY_SLOT_CONDITION = `(attribute_not_exists(${NAMES.bodyLimit}) OR attribute_not_exists(${NAMES.bodies}) OR ${NAMES.bodies} < ${NAMES.bodyLimit})`;
+export const CLIENT_BODY_SLOT_UPDATE = `${NAMES.bodies} = if_not_exists(${NAMES.bodies}, ${VALUES.zero}) + ${VALUES.one}`;

@@ -5,6 +5,7 @@ import {
   ACQUIRE_CONDITION,
   ACQUIRE_UPDATE,
   ACQUIRE_WITH_RATE_UPDATE,
+  BODY_LIMIT,
   COLLECTING,
   CONCURRENCY_LIMIT,
   FENCING_TOKEN,
@@ -44,6 +45,8 @@ export interface AcquireTaskProps extends LockTaskProps {
   readonly rateIntervalSeconds?: number;
   /** How many permits one acquisition takes, and its gate (the limit minus them). @default - one */
   readonly weight?: PermitWeight;
+  /** The workflow's body slots (a concurrency limit below its rate's count), recorded on the lock item for clients. @default - none */
+  readonly bodyLimit?: number;
 }
 
 /** The weight of a weighted acquisition (`permits`), as the acquire's values. */
@@ -74,7 +77,9 @@ export function acquireTask(scope: Construct, id: string, props: AcquireTaskProp
     table: props.table.table,
     key: { [LOCK_KEY]: props.lockName },
     conditionExpression: weight ? WEIGHTED_ACQUIRE_CONDITION : ACQUIRE_CONDITION,
-    updateExpression: weight ? WEIGHTED_ACQUIRE_UPDATE : rate === undefined ? ACQUIRE_UPDATE : ACQUIRE_WITH_RATE_UPDATE,
+    updateExpression:
+      (weight ? WEIGHTED_ACQUIRE_UPDATE : rate === undefined ? ACQUIRE_UPDATE : ACQUIRE_WITH_RATE_UPDATE) +
+      (props.bodyLimit === undefined ? '' : `, ${NAMES.bodyLimit} = ${VALUES.bodyLimit}`),
     expressionAttributeNames: {
       [NAMES.permits]: PERMITS_IN_USE,
       [NAMES.holder]: props.holder,
@@ -82,9 +87,11 @@ export function acquireTask(scope: Construct, id: string, props: AcquireTaskProp
       [NAMES.fence]: FENCING_TOKEN,
       [NAMES.collecting]: COLLECTING,
       ...(rate === undefined ? {} : { [NAMES.rate]: RATE_INTERVAL }),
+      ...(props.bodyLimit === undefined ? {} : { [NAMES.bodyLimit]: BODY_LIMIT }),
     },
     expressionAttributeValues: {
       ...(rate === undefined ? {} : { [VALUES.rate]: tasks.DynamoAttributeValue.fromNumber(rate) }),
+      ...(props.bodyLimit === undefined ? {} : { [VALUES.bodyLimit]: tasks.DynamoAttributeValue.fromNumber(props.bodyLimit) }),
       ...(weight ? { [VALUES.weight]: weight.permits, [VALUES.gate]: weight.gate } : {}),
       [VALUES.zero]: tasks.DynamoAttributeValue.fromNumber(0),
       [VALUES.one]: tasks.DynamoAttributeValue.fromNumber(1),

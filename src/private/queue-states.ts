@@ -4,6 +4,7 @@ import * as tasks from 'aws-cdk-lib/aws-stepfunctions-tasks';
 import { Construct } from 'constructs';
 import { CONDITIONAL_CHECK_FAILED, SERVER_ERRORS, THROTTLING_ERRORS, transientRetry, VALIDATION_ERROR } from './dynamodb-errors';
 import {
+  BODIES_RUNNING,
   CLAIM_CONDITION,
   CLAIM_UPDATE,
   COLLECT_GATE,
@@ -210,6 +211,7 @@ export function handOffChain(scope: Construct, props: HandOffProps): sfn.State {
           [QUEUE_NAMES.head]: QUEUE_HEAD,
           [NAMES.collecting]: COLLECTING,
           [NAMES.collectGate]: COLLECT_GATE,
+          [NAMES.bodies]: BODIES_RUNNING,
         },
         expressionAttributeValues: {
           [VALUES.zero]: tasks.DynamoAttributeValue.fromNumber(0),
@@ -337,6 +339,7 @@ export function handOffChain(scope: Construct, props: HandOffProps): sfn.State {
       [QUEUE_NAMES.next]: waiterId,
       [NAMES.fence]: FENCING_TOKEN,
       [NAMES.permits]: PERMITS_IN_USE,
+      [NAMES.bodies]: BODIES_RUNNING,
     },
     expressionAttributeValues: {
       [VALUES.redriveCount]: redriveCount,

@@ -42,6 +42,17 @@ export const STATE = {
   redrivenRun: 'Redriven Run?',
   holdAfterRedrive: 'Hold Permit After Redriven Body',
   holdAfterFailure: 'Hold Permit After Failure',
+  // A concurrency limit below the rate's count: the body takes a slot beside the permit.
+  takeBodySlot: 'Take Body Slot',
+  waitForBodySlot: 'Wait For Body Slot',
+  checkBodySlot: 'Check Body Slot',
+  takeBodySlotAgain: 'Take Body Slot Again',
+  bodySlotsTaken: 'Body Slots Taken',
+  runBodyInSlot: 'Run Body In Slot',
+  releaseBodySlot: 'Release Body Slot',
+  bodySlotReleased: 'Body Slot Released',
+  releaseBodySlotAfterFailure: 'Release Body Slot After Failure',
+  bodySlotReleasedAfterFailure: 'Body Slot Released After Failure',
 
   // The queue (wait strategy QUEUE).
   takeTicket: 'Take Ticket',
@@ -144,10 +155,30 @@ export const STATE = {
  * started (or started again): to the redrive guard they are inside the body, since the permit must
  * stay held there.
  */
-export const RATE_HOLD_STATES: string[] = [STATE.holdForRate, STATE.redrivenRun, STATE.holdAfterRedrive, STATE.holdAfterFailure];
+export const RATE_HOLD_STATES: string[] = [
+  STATE.holdForRate,
+  STATE.redrivenRun,
+  STATE.holdAfterRedrive,
+  STATE.holdAfterFailure,
+  STATE.releaseBodySlot,
+  STATE.bodySlotReleased,
+  STATE.releaseBodySlotAfterFailure,
+  STATE.bodySlotReleasedAfterFailure,
+];
+
+/**
+ * States inside the body that need a body slot besides the permit (with one): the user's, the Parallels
+ * around them, and the rate's Wait beside them (its branch starts with the body's, in either order in
+ * the history). Not the states after the body: its slot's release, the waits after it or after a failure.
+ */
+export function needsBodySlot(state: string): boolean {
+  return !OUTSIDE_BODY_STATES.includes(state) && (state === STATE.holdForRate || !RATE_HOLD_STATES.includes(state));
+}
 
 /**
  * States outside the protected body: an execution stopped in one of them holds no permit it needs,
  * or takes or gives back its own. Every other state of the workflow is inside the body.
  */
-export const OUTSIDE_BODY_STATES: string[] = Object.values(STATE).filter((name) => name !== STATE.runBody && !RATE_HOLD_STATES.includes(name));
+export const OUTSIDE_BODY_STATES: string[] = Object.values(STATE).filter(
+  (name) => name !== STATE.runBody && name !== STATE.runBodyInSlot && !RATE_HOLD_STATES.includes(name),
+);

@@ -11,6 +11,9 @@ import {
   OUTPUT_PATH as IDEMPOTENT_OUTPUT_PATH,
 } from './idempotency-states';
 import {
+  BODIES_RUNNING,
+  BODY_LIMIT,
+  BODY_SLOT_HELD_CONDITION,
   CLAIM_HANDED_CONDITION,
   COLLECT_GATE,
   COLLECTING,
@@ -25,7 +28,11 @@ import {
   PERMITS_IN_USE,
   REGISTER_COLLECTOR_CONDITION,
   REGISTER_COLLECTOR_UPDATE,
+  RELEASE_BODY_SLOT_CONDITION,
+  RELEASE_BODY_SLOT_UPDATE,
   RELEASE_UPDATE,
+  TAKE_BODY_SLOT_CONDITION,
+  TAKE_BODY_SLOT_UPDATE,
   TICKET_KEY_SEPARATOR,
   VALUES,
 } from './lock-schema';
@@ -102,6 +109,16 @@ export function renderDefinition(scope: Construct, table: ISemaphoreTable, spec:
     releaseAfterFailure = new sfn.Wait(scope, STATE.holdAfterFailure, { time: seconds(spec.holdSeconds) });
     (releaseAfterFailure as sfn.Wait).next(prepareReleaseAfterFailure);
   }
+  if (spec.bodyLimit !== undefined) {
+    // A failed body gives its slot back at once (its permit stays held for the interval); refused, it
+    // held none (the failure came before the body, or after its release). Whatever the answer, the
+    // release of the entry takes off what is left.
+    const ids = { release: STATE.releaseBodySlotAfterFailure, released: STATE.bodySlotReleasedAfterFailure };
+    const { release, released } = releaseBodySlot(scope, table, lockName, ids, [sfn.Errors.ALL]);
+    release.next(releaseAfterFailure);
+    released.next(releaseAfterFailure);
+    releaseAfterFailure = release;
+  }
 
   // Success path. The Parallel wraps the body's output in an array: `$[0]` unwraps it.
   let runBody: sfn.Parallel;
@@ -120,7 +137,7 @@ export function renderDefinition(scope: Construct, table: ISemaphoreTable, spec:
     release = handOffChain(scope, { table: table, lockName, lockNameText, suffix: '', outputPath: '$.output', weighted });
   }
   runBody
-    .branch(spec.body)
+    .branch(spec.bodyLimit === undefined ? spec.body : bodyInSlot(scope, table, lockName, spec.body))
     // resultPath '$': the failure path needs only the error, and the lock name comes from the context.
     .addCatch(releaseAfterFailure, { errors: [sfn.Errors.ALL], resultPath: errorPath });
   if (spec.holdSeconds === undefined) {
@@ -139,20 +156,31 @@ export function renderDefinition(scope: Construct, table: ISemaphoreTable, spec:
     );
   }
 
+  // With a body slot, every way into the body takes one first.
+  let bodyGate: sfn.State = runBody;
+  let slotGate: BodySlotGate | undefined;
+  if (spec.bodyLimit !== undefined) {
+    slotGate = bodySlotGate(scope, table, lockName, spec, permitPath, releaseAfterFailure, errorPath);
+    slotGate.take.next(runBody);
+    slotGate.wait.next(runBody);
+    bodyGate = slotGate.take;
+  }
+
   // A permit taken inside a Parallel (whose result is discarded) reads its fencing token after it.
   // (Only where a Parallel takes the permit: polling, or the queue with an acquire timeout.)
-  let toBody: sfn.State = runBody;
-  if (permitPath && (spec.waitStrategy === WaitStrategy.POLLING || spec.acquireTimeout !== undefined)) {
+  let toBody: sfn.State = bodyGate;
+  // (With a body slot, its take draws the token.)
+  if (permitPath && spec.bodyLimit === undefined && (spec.waitStrategy === WaitStrategy.POLLING || spec.acquireTimeout !== undefined)) {
     const readToken = fencingTokenTask(scope, STATE.readFencingToken, { table: table, lockName, permitPath, weight: weight?.permits });
     toBody = readToken.addCatch(releaseAfterFailure, { errors: [sfn.Errors.ALL], resultPath: errorPath });
-    (toBody as sfn.TaskStateBase).next(runBody);
+    (toBody as sfn.TaskStateBase).next(bodyGate);
   }
 
   let waitForPermit: sfn.State;
   if (spec.waitStrategy === WaitStrategy.QUEUE) {
     const queue = renderQueueWait(scope, table, spec, lockTask, lockNameText, limit, toBody, permitPath, weight);
     queue.addCatch(releaseAfterFailure, { errors: [sfn.Errors.ALL], resultPath: errorPath });
-    queue.next(spec.acquireTimeout === undefined ? runBody : toBody);
+    queue.next(spec.acquireTimeout === undefined ? bodyGate : toBody);
     waitForPermit = queue;
   } else {
     const polling = renderWaitForPermit(scope, table, spec, lockTask, limit, toBody, weight);
@@ -167,16 +195,29 @@ export function renderDefinition(scope: Construct, table: ISemaphoreTable, spec:
   const claimOwn = fencingTokenTask(scope, STATE.claimOwnPermit, { table: table, lockName, permitPath, weight: weight?.permits })
     .addCatch(waitForPermit, { errors: [CONDITIONAL_CHECK_FAILED], resultPath: sfn.JsonPath.DISCARD })
     .addCatch(releaseAfterFailure, { errors: [sfn.Errors.ALL], resultPath: errorPath })
-    .next(runBody);
+    .next(bodyGate);
 
   // A server error leaves it open whether the write landed: try again. If it did land, the retry
   // finds the execution's own entry, and the execution claims it.
   const rateIntervalSeconds = spec.holdSeconds;
-  const acquire = acquireTask(scope, STATE.acquire, { ...lockTask, limit, leaseSeconds: spec.leaseSeconds, permitPath, rateIntervalSeconds, weight })
+  const acquire = acquireTask(scope, STATE.acquire, {
+    ...lockTask,
+    limit,
+    leaseSeconds: spec.leaseSeconds,
+    permitPath,
+    rateIntervalSeconds,
+    weight,
+    bodyLimit: spec.bodyLimit,
+  })
     .addRetry(transientRetry([...THROTTLING_ERRORS, ...SERVER_ERRORS]))
     .addCatch(waitForPermit, { errors: [CONDITIONAL_CHECK_FAILED], resultPath: sfn.JsonPath.DISCARD })
     .addCatch(claimOwn, { errors: [VALIDATION_ERROR], resultPath: sfn.JsonPath.DISCARD })
-    .next(runBody);
+    .next(bodyGate);
+  // A body slot's entry is gone (freed while the execution was stopped, or its lease expired): acquire again.
+  slotGate?.take.addCatch(acquire, { errors: [VALIDATION_ERROR], resultPath: sfn.JsonPath.DISCARD });
+  slotGate?.wait.addCatch(acquire, { errors: [VALIDATION_ERROR], resultPath: sfn.JsonPath.DISCARD });
+  slotGate?.take.addCatch(releaseAfterFailure, { errors: [sfn.Errors.ALL], resultPath: errorPath });
+  slotGate?.wait.addCatch(releaseAfterFailure, { errors: [sfn.Errors.ALL], resultPath: errorPath });
   const start = (head: sfn.IChainable) => (idem ? idem.start(head) : head);
   // With idempotency too, the checks come first: an invalid input never claims a record.
   return checkRuntimeLockName(scope, spec, checkRuntimeLimit(scope, spec, checkRuntimePermits(scope, spec, start(acquire))));
@@ -456,6 +497,7 @@ function renderQueueWait(
     permitPath: ownPermitPath,
     rateIntervalSeconds: spec.holdSeconds,
     weight,
+    bodyLimit: spec.bodyLimit,
   };
   const collect = weight ? renderCollector(scope, table, spec, lockTask, weight, ownPermitPath, acquired, retryRound, countRound) : undefined;
   // Woken: a waiter of one permit has it; a weighted waiter holds one of its permits and collects the rest.
@@ -600,7 +642,12 @@ function renderCollector(
     key,
     conditionExpression: GIVE_UP_HANDED_CONDITION,
     updateExpression: RELEASE_UPDATE,
-    expressionAttributeNames: { [NAMES.permits]: PERMITS_IN_USE, [NAMES.holder]: holder, [NAMES.collecting]: COLLECTING },
+    expressionAttributeNames: {
+      [NAMES.permits]: PERMITS_IN_USE,
+      [NAMES.holder]: holder,
+      [NAMES.collecting]: COLLECTING,
+      [NAMES.bodies]: BODIES_RUNNING,
+    },
     expressionAttributeValues: { [VALUES.one]: one, [VALUES.zero]: zero, [VALUES.redriveCount]: run },
     resultPath: sfn.JsonPath.DISCARD,
   })
@@ -666,7 +713,14 @@ function renderWaitForPermit(
   const claimOwn = fencingTokenTask(scope, STATE.claimOwnPermitWhilePolling, { table: table, lockName: lockTask.lockName, weight: weight?.permits })
     .addCatch(nextWait, { errors: [CONDITIONAL_CHECK_FAILED], resultPath: sfn.JsonPath.DISCARD });
   // Server errors are retried: a write that landed makes the retry find the execution's own entry.
-  const poll = acquireTask(scope, STATE.poll, { ...lockTask, limit, leaseSeconds: spec.leaseSeconds, rateIntervalSeconds: spec.holdSeconds, weight })
+  const poll = acquireTask(scope, STATE.poll, {
+    ...lockTask,
+    limit,
+    leaseSeconds: spec.leaseSeconds,
+    rateIntervalSeconds: spec.holdSeconds,
+    weight,
+    bodyLimit: spec.bodyLimit,
+  })
     .addRetry(transientRetry([...THROTTLING_ERRORS, ...SERVER_ERRORS]))
     .addCatch(nextWait, { errors: [CONDITIONAL_CHECK_FAILED], resultPath: sfn.JsonPath.DISCARD })
     .addCatch(claimOwn, { errors: [VALIDATION_ERROR], resultPath: sfn.JsonPath.DISCARD });
@@ -741,6 +795,122 @@ export interface DefinitionSpec {
   readonly holdSeconds?: number;
   /** How many permits an acquisition takes. @default - one */
   readonly permits?: RuntimeValue<number>;
+  /**
+   * Under a rate whose count is above the concurrency limit: how many bodies may run at once (each
+   * takes a body slot beside its permit, see BODIES_RUNNING). @default - no body slot
+   */
+  readonly bodyLimit?: number;
+  /** How many rounds of `pollInterval` a wait for a body slot may last (its history budget). @default - none: no body slot */
+  readonly bodySlotRounds?: number;
+}
+
+/** The body slot's way in: its first take, and the wait (a Parallel retried every `pollInterval`) after a refusal. */
+interface BodySlotGate {
+  readonly take: sfn.TaskStateBase;
+  readonly wait: sfn.Parallel;
+}
+
+/**
+ * Take a body slot (TAKE_BODY_SLOT) before the body; it draws the body's fencing token. Refused, the
+ * execution waits in a Parallel whose every try first claims a slot it may hold already (a take whose
+ * response was lost, a redrive: BODY_SLOT_HELD), then takes one; a try that finds them all taken fails
+ * with SemaphoreAcquireTimeout, which the Parallel's Retry turns into the next round after
+ * `pollInterval`, up to the history budget (the rounds keep no count in the state data, which the body
+ * would see). Past it, the error stands: the execution gives back its permit and fails. A missing entry
+ * (ValidationException) is the caller's to catch: it acquires again.
+ */
+function bodySlotGate(
+  scope: Construct,
+  table: ISemaphoreTable,
+  lockName: tasks.DynamoAttributeValue,
+  spec: DefinitionSpec,
+  permitPath: string | undefined,
+  releaseAfterFailure: sfn.State,
+  errorPath: string,
+): BodySlotGate {
+  const slotTask = (id: string) =>
+    new tasks.DynamoUpdateItem(scope, id, {
+      table: table.table,
+      key: { [LOCK_KEY]: lockName },
+      conditionExpression: TAKE_BODY_SLOT_CONDITION,
+      updateExpression: TAKE_BODY_SLOT_UPDATE,
+      expressionAttributeNames: {
+        [NAMES.holder]: sfn.JsonPath.stringAt('$$.Execution.Id'),
+        [NAMES.fence]: FENCING_TOKEN,
+        [NAMES.bodies]: BODIES_RUNNING,
+        [NAMES.bodyLimit]: BODY_LIMIT,
+      },
+      expressionAttributeValues: {
+        [VALUES.zero]: tasks.DynamoAttributeValue.fromNumber(0),
+        [VALUES.one]: tasks.DynamoAttributeValue.fromNumber(1),
+        [VALUES.bodyLimit]: tasks.DynamoAttributeValue.fromNumber(spec.bodyLimit!),
+        ...claimStampValues(),
+      },
+      ...(permitPath
+        ? { returnValues: tasks.DynamoReturnValues.UPDATED_NEW, resultSelector: fencingTokenSelector(), resultPath: permitPath }
+        : { resultPath: sfn.JsonPath.DISCARD }),
+    }).addRetry(transientRetry(THROTTLING_ERRORS));
+  const taken = new sfn.Fail(scope, STATE.bodySlotsTaken, {
+    error: ACQUIRE_TIMEOUT_ERROR,
+    cause:
+      `Every body slot of the lock (concurrencyLimit ${spec.bodyLimit}) stayed taken for ${spec.bodySlotRounds} tries, ` +
+      `one every ${spec.pollInterval.toHumanString()}`,
+  });
+  const refused = { errors: [CONDITIONAL_CHECK_FAILED, ...SERVER_ERRORS], resultPath: sfn.JsonPath.DISCARD };
+  const takeAgain = slotTask(STATE.takeBodySlotAgain).addCatch(taken, refused);
+  const check = fencingTokenTask(scope, STATE.checkBodySlot, { table, lockName, permitPath, condition: BODY_SLOT_HELD_CONDITION });
+  check.addCatch(takeAgain, { errors: [CONDITIONAL_CHECK_FAILED], resultPath: sfn.JsonPath.DISCARD });
+  // The branch's fencing token (at the permit path) is the Parallel's result.
+  const wait = new sfn.Parallel(scope, STATE.waitForBodySlot, {
+    ...(permitPath
+      ? { resultSelector: { fencingToken: sfn.JsonPath.numberAt(`$[0]${permitPath.slice(1)}.fencingToken`) }, resultPath: permitPath }
+      : { resultPath: sfn.JsonPath.DISCARD }),
+  })
+    .branch(check)
+    .addRetry({ errors: [ACQUIRE_TIMEOUT_ERROR], interval: spec.pollInterval, maxAttempts: spec.bodySlotRounds, backoffRate: 1 });
+  wait.addCatch(releaseAfterFailure, { errors: [ACQUIRE_TIMEOUT_ERROR], resultPath: errorPath });
+  const take = slotTask(STATE.takeBodySlot).addCatch(wait, refused);
+  return { take, wait };
+}
+
+/**
+ * Give back the body slot (RELEASE_BODY_SLOT), keeping the permit. Refused (`refusals`), the slot was
+ * given back already, or never taken: the Pass `releasedId` goes on instead. The caller chains both.
+ */
+function releaseBodySlot(
+  scope: Construct,
+  table: ISemaphoreTable,
+  lockName: tasks.DynamoAttributeValue,
+  ids: { release: string; released: string },
+  refusals: string[],
+): { release: sfn.TaskStateBase; released: sfn.Pass } {
+  const released = new sfn.Pass(scope, ids.released);
+  const release = new tasks.DynamoUpdateItem(scope, ids.release, {
+    table: table.table,
+    key: { [LOCK_KEY]: lockName },
+    conditionExpression: RELEASE_BODY_SLOT_CONDITION,
+    updateExpression: RELEASE_BODY_SLOT_UPDATE,
+    expressionAttributeNames: { [NAMES.holder]: sfn.JsonPath.stringAt('$$.Execution.Id'), [NAMES.bodies]: BODIES_RUNNING },
+    expressionAttributeValues: { [VALUES.one]: tasks.DynamoAttributeValue.fromNumber(1) },
+    resultPath: sfn.JsonPath.DISCARD,
+  })
+    .addRetry(transientRetry([...THROTTLING_ERRORS, ...SERVER_ERRORS]))
+    .addCatch(released, { errors: refusals, resultPath: sfn.JsonPath.DISCARD });
+  return { release, released };
+}
+
+/**
+ * The body of a workflow with a body slot: inside a Parallel of its own (so that a `Succeed` in it
+ * cannot skip what follows), then the slot goes back while the permit stays held for the rest of the
+ * rate's interval by the other branch.
+ */
+function bodyInSlot(scope: Construct, table: ISemaphoreTable, lockName: tasks.DynamoAttributeValue, body: sfn.IChainable): sfn.IChainable {
+  const { release, released } = releaseBodySlot(scope, table, lockName, { release: STATE.releaseBodySlot, released: STATE.bodySlotReleased }, [
+    CONDITIONAL_CHECK_FAILED,
+  ]);
+  release.next(released);
+  // The Parallel wraps the body's output in an array: `$[0]` unwraps it.
+  return new sfn.Parallel(scope, STATE.runBodyInSlot, { outputPath: '$[0]' }).branch(body).next(release);
 }
 
 function seconds(n: number): sfn.WaitTime {

@@ -4,8 +4,18 @@ import { DynamoDBDocumentClient, ScanCommand, UpdateCommand } from '@aws-sdk/lib
 import { mockClient } from 'aws-sdk-client-mock';
 import { GRACE_MS, GUARD_PATIENCE_MS } from '../../lambda/reconciler-flows';
 import { handler, ReconcilerResult, RedriveGuardResult } from '../../lambda/reconciler.lambda';
-import { ACQUIRE_CONDITION, CLAIM_CONDITION, CLAIM_UPDATE, RELEASE_SEEN_HOLDER_CONDITION, RELEASE_UPDATE } from '../../src/private/lock-schema';
-import { RATE_HOLD_STATES } from '../../src/private/state-names';
+import {
+  ACQUIRE_CONDITION,
+  ACQUIRE_WITH_BODY_SLOT_CONDITION,
+  BODY_SLOT_HELD_CONDITION,
+  CLAIM_CONDITION,
+  CLAIM_WITH_BODY_SLOT_CONDITION,
+  CLAIM_WITH_BODY_SLOT_UPDATE,
+  CLAIM_UPDATE,
+  RELEASE_SEEN_HOLDER_CONDITION,
+  RELEASE_UPDATE,
+} from '../../src/private/lock-schema';
+import { RATE_HOLD_STATES, STATE } from '../../src/private/state-names';
 
 /*
  * The reconciler's handler with the AWS SDK mocked: the decisions it takes for each kind of holder.
@@ -399,7 +409,7 @@ describe('redrive guard', () => {
     delete process.env.LOCK_NAME_PATH;
   });
 
-  test('takes a permit again for an execution redriven inside the body, stamped with its run', async () => {
+  test('takes a permit again for an execution redriven inside the body, stamped with its run, with a body slot', async () => {
     history('r1', 'Do Work');
     ddb.on(UpdateCommand).resolves({});
 
@@ -408,9 +418,10 @@ describe('redrive guard', () => {
     expect(result).toEqual({ executionArn: exec('r1'), resumedAt: 'Do Work', action: 'permit taken again' });
     expect(ddb.commandCalls(UpdateCommand)[0].args[0].input).toMatchObject({
       Key: { lockName: 'db' },
-      ConditionExpression: ACQUIRE_CONDITION,
-      ExpressionAttributeNames: { '#holder': exec('r1') },
-      ExpressionAttributeValues: { ':limit': 2, ':entry': { redriveCount: 1, acquiredAt: expect.any(String) } },
+      // The user's body needs a body slot too, wherever the lock records a limit of them (a rate above the concurrency limit).
+      ConditionExpression: ACQUIRE_WITH_BODY_SLOT_CONDITION,
+      ExpressionAttributeNames: { '#holder': exec('r1'), '#bodies': 'bodiesRunning', '#bodyLimit': 'bodyLimit' },
+      ExpressionAttributeValues: { ':limit': 2, ':entry': { redriveCount: 1, acquiredAt: expect.any(String), inBody: 1 } },
     });
     expect(sfn.commandCalls(StopExecutionCommand)).toHaveLength(0);
   });
@@ -422,6 +433,11 @@ describe('redrive guard', () => {
     const result = await guard(redriven('r9'));
 
     expect(result).toEqual({ executionArn: exec('r9'), resumedAt: state, action: 'permit taken again' });
+    // Its body has ended: the permit only, no body slot; but the rate's Wait beside the body starts with
+    // it, in either order in the history: that run may be in its body.
+    expect(ddb.commandCalls(UpdateCommand)[0].args[0].input.ConditionExpression).toBe(
+      state === STATE.holdForRate ? ACQUIRE_WITH_BODY_SLOT_CONDITION : ACQUIRE_CONDITION,
+    );
   });
 
   test('stops it when every permit is taken', async () => {
@@ -432,7 +448,7 @@ describe('redrive guard', () => {
 
     expect(result.action).toBe('stopped');
     // Full: three tries, each refused by the condition (it holds no entry, or it would have been a ValidationException).
-    expect(ddb.commandCalls(UpdateCommand).map((c) => c.args[0].input.ConditionExpression)).toEqual(Array(3).fill(ACQUIRE_CONDITION));
+    expect(ddb.commandCalls(UpdateCommand).map((c) => c.args[0].input.ConditionExpression)).toEqual(Array(3).fill(ACQUIRE_WITH_BODY_SLOT_CONDITION));
     expect(sfn.commandCalls(StopExecutionCommand)[0].args[0].input).toMatchObject({
       executionArn: exec('r2'),
       error: 'SemaphoreRedriveRejected',
@@ -442,7 +458,7 @@ describe('redrive guard', () => {
 
   test('claims the entry for its run when it still holds its permit, so that nothing that judged the old run frees it', async () => {
     history('r3', 'Do Work');
-    ddb.on(UpdateCommand, { ConditionExpression: ACQUIRE_CONDITION }).rejects(ownEntry());
+    ddb.on(UpdateCommand, { ConditionExpression: ACQUIRE_WITH_BODY_SLOT_CONDITION }).rejects(ownEntry());
     ddb.on(UpdateCommand, { ConditionExpression: CLAIM_CONDITION }).resolves({});
 
     expect((await guard(redriven('r3'))).action).toBe('still holds its permit');
@@ -455,6 +471,23 @@ describe('redrive guard', () => {
       ExpressionAttributeValues: { ':acquiredAt': expect.stringMatching(/^\d{4}-\d\d-\d\dT/), ':redriveCount': 1, ':claimed': true },
     });
     expect(sfn.commandCalls(StopExecutionCommand)).toHaveLength(0);
+  });
+
+  test('claims an entry without a body slot (a stale ticket handed it one) only with a free slot, taken in the same write', async () => {
+    history('r4', 'Do Work');
+    ddb.on(UpdateCommand, { ConditionExpression: ACQUIRE_WITH_BODY_SLOT_CONDITION }).rejects(ownEntry());
+    ddb.on(UpdateCommand, { ConditionExpression: BODY_SLOT_HELD_CONDITION }).rejects(conditionFailed());
+    ddb.on(UpdateCommand, { ConditionExpression: CLAIM_WITH_BODY_SLOT_CONDITION }).resolves({});
+
+    expect((await guard(redriven('r4'))).action).toBe('still holds its permit');
+    const calls = ddb.commandCalls(UpdateCommand).map((c) => c.args[0].input);
+    const conditions = calls.map((c) => c.ConditionExpression);
+    expect(conditions).toEqual([ACQUIRE_WITH_BODY_SLOT_CONDITION, BODY_SLOT_HELD_CONDITION, CLAIM_WITH_BODY_SLOT_CONDITION]);
+    expect(calls[2]).toMatchObject({
+      UpdateExpression: CLAIM_WITH_BODY_SLOT_UPDATE,
+      ExpressionAttributeNames: { '#holder': exec('r4'), '#bodies': 'bodiesRunning', '#bodyLimit': 'bodyLimit' },
+      ExpressionAttributeValues: { ':redriveCount': 1, ':claimed': true },
+    });
   });
 
   test('leaves an execution redriven outside the body to the workflow (before it, its acquire claims a late entry itself)', async () => {
@@ -522,7 +555,7 @@ describe('redrive guard', () => {
 
     expect(sfn.commandCalls(ListExecutionsCommand)[0].args[0].input).toMatchObject({ stateMachineArn: SM, statusFilter: 'RUNNING', redriveFilter: 'REDRIVEN' });
     expect(result.redriven).toEqual([{ executionArn: exec('b1'), resumedAt: 'Do Work', action: 'permit taken again' }]);
-    expect(ddb.commandCalls(UpdateCommand)[0].args[0].input.ConditionExpression).toBe(ACQUIRE_CONDITION);
+    expect(ddb.commandCalls(UpdateCommand)[0].args[0].input.ConditionExpression).toBe(ACQUIRE_WITH_BODY_SLOT_CONDITION);
   });
 
   test('reads a runtime lock name from the execution input', async () => {
