@@ -590,10 +590,9 @@ function* guardRun(
   const weighted = config.permits !== undefined || config.permitsPath !== undefined;
   const weight = weighted ? Number(fromConfigOrInput(config.permits, config.permitsPath, input)) : 1;
   const leaseSeconds = config.leaseSeconds;
-  // Resumed in the user's body: the permit it takes again comes with a body slot, in the same write,
-  // which counts against the lock's BODY_LIMIT when it records one (a rate above the concurrency limit).
-  // (An entry it still holds has its slot: the body is entered only with one, and only the release after
-  // the body takes it off alone.)
+  // Resumed in the user's body (or beside it, in the rate's Wait): the permit it takes again comes with a
+  // body slot, in the same write, which counts against the lock's BODY_LIMIT when it records one (a rate
+  // above the concurrency limit); an entry it finds is claimed only with a slot (below).
   const withSlot = needsBodySlot(resumedAt!) || needsBodySlot(states.current!);
   // Take a permit for this run; if it holds one (its cleanup never ran, or a sweep or the event came
   // first), claim it for this run, so that nothing that judged the run before frees it. A release
