@@ -227,16 +227,15 @@ export async function runScenario(subject: Subject, options: ScenarioOptions): P
   const random = seededRandom(seed * 7919 + 17);
   const workSeconds = options.workSeconds ?? 15;
   const jitter = options.workJitter ?? 0.2;
-  // `limit` bodies at a time; under a rate, also `count` starts per interval (each rate permit passes on
-  // at most once per interval, and is held for the longer of the body and the interval when the count is
-  // the limit); with weights, the permits all take.
+  // `limit` bodies at a time, and under a rate at most `count` starts per interval (each permit of the
+  // rate passes on at most once per interval); with weights, the permits all take.
   const weights = Array.from({ length: options.executions }, (_, id) => options.permits?.(id) ?? 1);
   const permitsTaken = weights.reduce((a, b) => a + b, 0);
   const rate = options.rate;
-  const idealSeconds =
-    rate === undefined || rate.count === options.limit
-      ? Math.ceil(permitsTaken / options.limit) * Math.max(workSeconds, rate?.intervalSeconds ?? 0)
-      : Math.max(Math.ceil(permitsTaken / options.limit) * workSeconds, Math.ceil(permitsTaken / rate.count) * rate.intervalSeconds);
+  const idealSeconds = Math.max(
+    Math.ceil(permitsTaken / options.limit) * workSeconds,
+    rate === undefined ? 0 : Math.ceil(permitsTaken / rate.count) * rate.intervalSeconds,
+  );
   const realStart = Date.now();
 
   const sim = await Simulator.start(subject.stack, {

@@ -384,6 +384,18 @@ test('a run redriven after its Wait branch ended holds the permit a whole interv
 });
 
 describe('scenarios, under DynamoDB\'s capacity rules', () => {
+  /** The faults of both fault scenarios: failing and stopped bodies, duplicated and late events, throttling, stale reads. */
+  const FAULTS = {
+    failureRate: 0.1,
+    abortInsideRate: 0.1,
+    duplicateEventRate: 0.3,
+    maxEventDelaySeconds: 20,
+    dynamoFaults: { throttleRate: 0.05 },
+    capacity: { partitionLimits: true },
+    staleReads: { windowSeconds: 10, rate: 0.3 },
+    extendHorizon: true,
+  };
+
   const rateSubject = (count: number, intervalSeconds: number, props: Parameters<typeof demoSubject>[1] = {}) =>
     demoSubject(count, { rateLimit: RateLimit.of(count, Duration.seconds(intervalSeconds)), ...props });
 
@@ -422,14 +434,7 @@ describe('scenarios, under DynamoDB\'s capacity rules', () => {
           timeScale: 0.02,
           rate,
           seed: 3,
-          failureRate: 0.1,
-          abortInsideRate: 0.1,
-          duplicateEventRate: 0.3,
-          maxEventDelaySeconds: 20,
-          dynamoFaults: { throttleRate: 0.05 },
-          capacity: { partitionLimits: true },
-          staleReads: { windowSeconds: 10, rate: 0.3 },
-          extendHorizon: true,
+          ...FAULTS,
         },
       );
 
@@ -440,6 +445,7 @@ describe('scenarios, under DynamoDB\'s capacity rules', () => {
       expect(result.succeeded + result.failed + result.aborted).toBe(40);
     },
   );
+
   test.each([WaitStrategy.QUEUE, WaitStrategy.POLLING])(
     '%s: body slots beside the rate, with failing and stopped bodies, duplicated and delayed events, throttling: every invariant',
     async (waitStrategy) => {
@@ -454,14 +460,7 @@ describe('scenarios, under DynamoDB\'s capacity rules', () => {
           timeScale: 0.02,
           rate,
           seed: 5,
-          failureRate: 0.1,
-          abortInsideRate: 0.1,
-          duplicateEventRate: 0.3,
-          maxEventDelaySeconds: 20,
-          dynamoFaults: { throttleRate: 0.05 },
-          capacity: { partitionLimits: true },
-          staleReads: { windowSeconds: 10, rate: 0.3 },
-          extendHorizon: true,
+          ...FAULTS,
         },
       );
 

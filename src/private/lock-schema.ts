@@ -215,6 +215,10 @@ export const CLIENT_ACQUIRE_UPDATE = `SET ${NAMES.permits} = if_not_exists(${NAM
 export const RELEASE_CONDITION = `attribute_exists(${NAMES.holder})`;
 /** The SET clause that takes an entry's body slot (HOLDER_IN_BODY) off the lock's BODIES_RUNNING, in every write that removes or moves the entry. */
 const TAKE_OFF_BODY = `${NAMES.bodies} = if_not_exists(${NAMES.bodies}, ${VALUES.zero}) - if_not_exists(${NAMES.holder}.${HOLDER_IN_BODY}, ${VALUES.zero})`;
+/** The SET clause that counts a body slot taken (the entry's HOLDER_IN_BODY is set beside it). */
+const COUNT_BODY = `${NAMES.bodies} = if_not_exists(${NAMES.bodies}, ${VALUES.zero}) + ${VALUES.one}`;
+/** A body slot is free under the lock's recorded BODY_LIMIT, or the lock records none (the client's and the redrive guard's takes). */
+const BODY_SLOT_FREE = `(attribute_not_exists(${NAMES.bodyLimit}) OR attribute_not_exists(${NAMES.bodies}) OR ${NAMES.bodies} < ${NAMES.bodyLimit})`;
 export const RELEASE_UPDATE =
   `SET ${NAMES.permits} = ${NAMES.permits} - if_not_exists(${NAMES.holder}.${HOLDER_PERMITS}, ${VALUES.one}), ` +
   `${NAMES.collecting} = if_not_exists(${NAMES.collecting}, ${VALUES.zero}) - if_not_exists(${NAMES.holder}.${HOLDER_COLLECTING}, ${VALUES.zero}), ` +
@@ -581,7 +585,7 @@ export const TAKE_BODY_SLOT_CONDITION =
   `attribute_not_exists(${NAMES.holder}) OR (attribute_not_exists(${NAMES.holder}.${HOLDER_IN_BODY}) AND ${STAMPED_AT_MOST} AND ` +
   `(attribute_not_exists(${NAMES.bodies}) OR ${NAMES.bodies} < ${VALUES.bodyLimit}))`;
 export const TAKE_BODY_SLOT_UPDATE =
-  `${CLAIM_UPDATE}, ${NAMES.bodies} = if_not_exists(${NAMES.bodies}, ${VALUES.zero}) + ${VALUES.one}, ${NAMES.holder}.${HOLDER_IN_BODY} = ${VALUES.one}, ` +
+  `${CLAIM_UPDATE}, ${COUNT_BODY}, ${NAMES.holder}.${HOLDER_IN_BODY} = ${VALUES.one}, ` +
   `${NAMES.bodyLimit} = ${VALUES.bodyLimit}`;
 
 /** Claim (CLAIM_UPDATE) an entry of this run or an earlier one that holds a body slot already; refused when it holds none. */
@@ -593,10 +597,8 @@ export const BODY_SLOT_HELD_CONDITION = `attribute_exists(${NAMES.holder}.${HOLD
  * takes a slot in the same write, while one is free under the lock's recorded BODY_LIMIT (if any).
  */
 export const CLAIM_WITH_BODY_SLOT_CONDITION =
-  `attribute_exists(${NAMES.holder}) AND attribute_not_exists(${NAMES.holder}.${HOLDER_IN_BODY}) AND ${STAMPED_AT_MOST} AND ` +
-  `(attribute_not_exists(${NAMES.bodyLimit}) OR attribute_not_exists(${NAMES.bodies}) OR ${NAMES.bodies} < ${NAMES.bodyLimit})`;
-export const CLAIM_WITH_BODY_SLOT_UPDATE =
-  `${CLAIM_UPDATE}, ${NAMES.bodies} = if_not_exists(${NAMES.bodies}, ${VALUES.zero}) + ${VALUES.one}, ${NAMES.holder}.${HOLDER_IN_BODY} = ${VALUES.one}`;
+  `attribute_exists(${NAMES.holder}) AND attribute_not_exists(${NAMES.holder}.${HOLDER_IN_BODY}) AND ${STAMPED_AT_MOST} AND ${BODY_SLOT_FREE}`;
+export const CLAIM_WITH_BODY_SLOT_UPDATE = `${CLAIM_UPDATE}, ${COUNT_BODY}, ${NAMES.holder}.${HOLDER_IN_BODY} = ${VALUES.one}`;
 
 /**
  * Give back the body slot once the body ended, keeping the permit (the rate holds it for the rest of
@@ -612,13 +614,13 @@ export const RELEASE_BODY_SLOT_UPDATE = `SET ${NAMES.bodies} = ${NAMES.bodies} -
  */
 export const ACQUIRE_WITH_BODY_SLOT_CONDITION =
   `attribute_not_exists(${NAMES.permits}) OR (${NAMES.permits} < ${VALUES.limit} AND ${NOT_COLLECTING} AND ` +
-  `(attribute_not_exists(${NAMES.bodyLimit}) OR attribute_not_exists(${NAMES.bodies}) OR ${NAMES.bodies} < ${NAMES.bodyLimit})) OR attribute_exists(${NAMES.holder})`;
-export const ACQUIRE_WITH_BODY_SLOT_UPDATE = `${ACQUIRE_UPDATE}, ${NAMES.bodies} = if_not_exists(${NAMES.bodies}, ${VALUES.zero}) + ${VALUES.one}`;
+  `${BODY_SLOT_FREE}) OR attribute_exists(${NAMES.holder})`;
+export const ACQUIRE_WITH_BODY_SLOT_UPDATE = `${ACQUIRE_UPDATE}, ${COUNT_BODY}`;
 
 /**
  * A client's acquire also takes a body slot when the lock records a BODY_LIMIT (it keeps it until it
  * releases): the condition CLIENT_ACQUIRE_CONDITION is joined with this, and the update with
  * CLIENT_BODY_SLOT_UPDATE; the entry carries HOLDER_IN_BODY.
  */
-export const CLIENT_BODY_SLOT_CONDITION = `(attribute_not_exists(${NAMES.bodyLimit}) OR attribute_not_exists(${NAMES.bodies}) OR ${NAMES.bodies} < ${NAMES.bodyLimit})`;
-export const CLIENT_BODY_SLOT_UPDATE = `${NAMES.bodies} = if_not_exists(${NAMES.bodies}, ${VALUES.zero}) + ${VALUES.one}`;
+export const CLIENT_BODY_SLOT_CONDITION = BODY_SLOT_FREE;
+export const CLIENT_BODY_SLOT_UPDATE = COUNT_BODY;
