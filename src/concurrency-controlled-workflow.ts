@@ -69,9 +69,11 @@ export interface ConcurrencyControlledWorkflowProps {
    *
    * Beside a `rateLimit` whose count is higher, each body also takes one of `concurrencyLimit` body
    * slots, which it gives back as soon as it ends (its permit stays held for the rate's interval).
+   * Beside a `rateLimit` whose count is lower or the same, the rate's count bounds the bodies at once
+   * (each holds its permit for the longer of the body and the interval).
    *
-   * @default 1, or with a `rateLimit`, the rate's count (which then also bounds how many bodies run at once, since each
-   * holds its permit for the longer of the body and the interval)
+   * @default 1, or with a `rateLimit`, none: only the rate bounds the bodies, whose permits go back once the
+   * interval has passed, while the bodies may still run
    */
   readonly concurrencyLimit?: number;
 
@@ -262,7 +264,10 @@ export interface ConcurrencyControlledWorkflowProps {
    * length, and the cleanup and the reconciler free a stopped execution's permit only once the interval
    * has passed since it stopped. So at most `count` bodies start in any interval, wherever it begins
    * (a sliding window: the worst burst is `count`, never twice that). The lock's permits are then
-   * `count`, each held for the longer of the body and the interval. A `concurrencyLimit` below `count`
+   * `count`. Without a `concurrencyLimit`, a permit goes back once the interval has passed since its
+   * body started, while the body may still run: bodies longer than the interval do not slow the rate.
+   * With a `concurrencyLimit` of at least `count`, each permit is held for the longer of the body and
+   * the interval, so at most `count` bodies run at once. A `concurrencyLimit` below `count`
    * becomes body slots: each body takes one beside its permit and gives it back when it ends, so that
    * both limits are reached (a holder that finds every slot taken polls for one every `pollInterval`).
    * Every workflow on the lock must declare the same rate; the acquire records
@@ -463,6 +468,13 @@ export class ConcurrencyControlledWorkflow extends Construct {
     if (props.queueCheckInterval && waitStrategy !== WaitStrategy.QUEUE) {
       Annotations.of(this).addWarning('queueCheckInterval is set but waitStrategy is not QUEUE: it has no effect');
     }
+    if (rate && bodyLimit === undefined && props.concurrencyLimit !== undefined && props.concurrencyLimit > rate.count) {
+      Annotations.of(this).addWarningV2(
+        'cdk-sfn-semaphore:rateBoundsBodies',
+        `concurrencyLimit ${props.concurrencyLimit} is above the rateLimit count ${rate.count}: at most ${rate.count} bodies run at once, ` +
+          'since each holds its permit until it ends and the interval has passed. Leave concurrencyLimit out to bound only the starts',
+      );
+    }
     const highLimit = waitStrategy === WaitStrategy.QUEUE ? highQueueLimitWarning(limit) : undefined;
     if (highLimit) {
       Annotations.of(this).addWarningV2('cdk-sfn-semaphore:highQueueLimit', highLimit);
@@ -524,6 +536,7 @@ export class ConcurrencyControlledWorkflow extends Construct {
       queueCheckInterval,
       permitPath: props.permitPath,
       holdSeconds: rate?.intervalSeconds,
+      releaseAtInterval: rate !== undefined && props.concurrencyLimit === undefined,
       permits: weighted ? permits : undefined,
       bodyLimit,
       bodySlotRounds: bodyLimit === undefined ? undefined : Math.floor(slotEvents / BODY_SLOT_ROUND_EVENTS),

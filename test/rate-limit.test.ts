@@ -8,7 +8,7 @@ import { brokenInvariants, mostInAnyWindow, runScenario, Simulator } from '../si
 import { CleanFromIncomplete, IdempotencyKey, RateLimit, SemaphoreReconciler, SemaphoreTable, WaitStrategy } from '../src';
 import { lockState, simulate, stateMachineLogicalId, until, WorkTracker, workflowStack } from './helpers';
 import { BODIES_RUNNING, BODY_LIMIT, HOLDER_IN_BODY, LOCK_KEY } from '../src/private/lock-schema';
-import { STATE } from '../src/private/state-names';
+import { RELEASE_AT_INTERVAL_SUFFIX, STATE } from '../src/private/state-names';
 
 /*
  * The rate limit: at most `count` bodies start in any `interval`, wherever the window begins, because
@@ -268,8 +268,48 @@ describe('beside a lower concurrency limit: the rate\'s permits, and a body slot
   );
 });
 
-test('without a concurrency limit the count also bounds how many run at once: bodies longer than the interval start fewer than the rate', async () => {
-  const { stack, workflow, workFunctionId } = workflowStack({ rateLimit: RateLimit.of(3, Duration.seconds(10)), reconcilerScheduleEnabled: false });
+test.each([WaitStrategy.QUEUE, WaitStrategy.POLLING])(
+  '%s: without a concurrency limit only the starts are bounded: bodies longer than the interval do not slow the rate',
+  async (waitStrategy) => {
+    const { stack, workflow, workFunctionId } = workflowStack({
+      rateLimit: RateLimit.of(3, Duration.seconds(10)),
+      waitStrategy,
+      pollInterval: Duration.seconds(1),
+      reconcilerScheduleEnabled: false,
+    });
+    const work = new WorkTracker(() => 40);
+    await simulate(stack, { timeScale: 0.05, lambdaHandlers: { [workFunctionId]: work.handler } }, async (sim) => {
+      const sm = sim.stateMachine(stateMachineLogicalId(workflow.stateMachine));
+      const executions = Array.from({ length: 9 }, (_, i) => sim.startExecution(sm, { i }));
+      await Promise.all(executions.map((e) => e.done));
+
+      expect(executions.every((e) => e.status === 'SUCCEEDED')).toBe(true);
+      expect(executions.map((e) => e.output)).toEqual(executions.map((_, i) => ({ worked: true, echo: { i } })));
+      // Never 4 starts in any 10 s, but the 40 s bodies overlap: 3 a wave, a wave every interval (plus a
+      // poll or a hand-off), where holding each permit for its body would start 3 per 40 s.
+      expect(mostInAnyWindow(work.starts, 10_000)).toBeLessThanOrEqual(3);
+      expect(work.maxInside).toBeGreaterThan(3);
+      const span = (Math.max(...work.starts) - Math.min(...work.starts)) / 1000;
+      expect(span).toBeGreaterThanOrEqual(20);
+      expect(span).toBeLessThan(40);
+      // Each permit went back beside its body, once the interval had passed.
+      for (const e of executions) {
+        expect(e.stateTransitions.get(STATE.holdForRate)).toBe(1);
+        expect(e.stateTransitions.get(STATE.rateIntervalReleased)).toBe(1);
+        expect(e.stateTransitions.get(STATE.holdAfterRedrive)).toBeUndefined();
+      }
+      await sim.idle();
+      expect(await lockState(sim)).toEqual([{ lockName: LOCK, permitsInUse: 0, holders: [] }]);
+    });
+  },
+);
+
+test('with a concurrency limit at the rate\'s count, the count also bounds the bodies at once: bodies longer than the interval start fewer', async () => {
+  const { stack, workflow, workFunctionId } = workflowStack({
+    rateLimit: RateLimit.of(3, Duration.seconds(10)),
+    concurrencyLimit: 3,
+    reconcilerScheduleEnabled: false,
+  });
   const work = new WorkTracker(() => 40);
   await simulate(stack, { timeScale: 0.05, lambdaHandlers: { [workFunctionId]: work.handler } }, async (sim) => {
     const sm = sim.stateMachine(stateMachineLogicalId(workflow.stateMachine));
@@ -278,7 +318,7 @@ test('without a concurrency limit the count also bounds how many run at once: bo
 
     expect(executions.every((e) => e.status === 'SUCCEEDED')).toBe(true);
     // A permit is held for the longer of the body (40 s) and the interval (10 s): 3 at once, and so
-    // 3 starts per 40 s, not per 10 s (what the README says of a rate alone).
+    // 3 starts per 40 s, not per 10 s.
     expect(work.maxInside).toBe(3);
     expect(mostInAnyWindow(work.starts, 39_000)).toBe(3);
     const span = (Math.max(...work.starts) - Math.min(...work.starts)) / 1000;
@@ -349,11 +389,15 @@ test('failing and stopped bodies: the catch and the cleanup free the permit only
   });
 });
 
-test('a run redriven after its Wait branch ended holds the permit a whole interval after its body starts again', async () => {
-  // X works 30 s on its first run and is stopped at 15 s, after its 10 s Wait branch ended, and
-  // redriven 2 s later, while its cleanup still waits out the interval: the redrive guard claims X's
-  // entry for the new run (the cleanup then finds it is not the stopped run's). X's body starts again,
-  // and only that branch runs again (RedriveExecution reruns the unsuccessful branches). Y, started
+test.each([
+  ['after its Wait branch gave the permit back', 15],
+  ['inside the interval, before its Wait branch gave the permit back', 5],
+])('a run stopped %s and redriven holds a permit a whole interval after its body starts again', async (_, stopAt) => {
+  // X works 30 s on its first run and is stopped at `stopAt` (its 10 s Wait branch gives the permit
+  // back at 10 s, while the body runs on), and redriven 2 s later: the redrive guard takes a permit for
+  // the new run, or claims X's entry while its cleanup still waits out the interval. X's body starts
+  // again (RedriveExecution reruns the unsuccessful branches: the Wait too, if it had not ended, whose
+  // release then reads the stopped run's stamp and leaves the new run's permit alone). Y, started
   // then, must not start within 10 s of X's second start.
   const { stack, workflow, workFunctionId } = workflowStack({ rateLimit: RateLimit.of(1, Duration.seconds(10)), reconcilerScheduleEnabled: false });
   const work = new WorkTracker((input, run) => (input.x && run === 1 ? 30 : 1));
@@ -361,9 +405,10 @@ test('a run redriven after its Wait branch ended holds the permit a whole interv
   await simulate(stack, { timeScale: 0.1, lambdaHandlers: { [workFunctionId]: work.handler } }, async (sim) => {
     const sm = sim.stateMachine(stateMachineLogicalId(workflow.stateMachine));
     const x = sim.startExecution(sm, { x: true }, { name: 'x' });
-    await sim.sleep(15);
+    await sim.sleep(stopAt);
     x.abort();
     await x.done;
+    expect(x.stateTransitions.get(STATE.rateIntervalReleased)).toBeUndefined();
     await sim.sleep(2);
     const redriven = sim.redriveExecution(x.arn);
     await until(() => work.starts.length === 2, "X's body to start again");
@@ -374,8 +419,13 @@ test('a run redriven after its Wait branch ended holds the permit a whole interv
     expect(work.byExecution.get(x.arn)).toBe(2);
     const xSecondStart = work.starts[1];
     expect(work.startedAt.get(yDone.arn)! - xSecondStart).toBeGreaterThanOrEqual(10_000);
-    expect(mostInAnyWindow(work.starts, 10_000)).toBe(1);
+    // Stopped inside its interval, X's entry was still held (its cleanup waits out the interval) and the
+    // guard claimed it for the new run: X's two starts share one permit (the README says so), while
+    // everyone else keeps the rate.
+    expect(mostInAnyWindow(work.starts, 10_000)).toBe(stopAt >= 10 ? 1 : 2);
     expect(xAgain.stateTransitions.get(STATE.holdAfterRedrive)).toBe(1);
+    // The Wait branch ran again only if it had not ended, and its release left the new run's permit alone.
+    expect(xAgain.stateTransitions.get(`${STATE.alreadyReleased}${RELEASE_AT_INTERVAL_SUFFIX}`)).toBe(stopAt >= 10 ? undefined : 1);
     await sim.idle();
     const [cleanup] = sim.executionsOf(sim.stateMachine(stateMachineLogicalId(workflow.cleanupStateMachine)));
     expect(cleanup.stateTransitions.has('Permit Not Held')).toBe(true);

@@ -42,6 +42,9 @@ export const STATE = {
   redrivenRun: 'Redriven Run?',
   holdAfterRedrive: 'Hold Permit After Redriven Body',
   holdAfterFailure: 'Hold Permit After Failure',
+  // A rate without a concurrency limit: the permit goes back once the interval has passed, beside the body.
+  prepareReleaseAtInterval: 'Prepare Release At Rate Interval',
+  rateIntervalReleased: 'Permit Released At Rate Interval',
   // A concurrency limit below the rate's count: the body takes a slot beside the permit.
   takeBodySlot: 'Take Body Slot',
   waitForBodySlot: 'Wait For Body Slot',
@@ -151,12 +154,20 @@ export const STATE = {
 } as const;
 
 /**
+ * Appended to the names of the release that a rate without a concurrency limit runs beside the body,
+ * once the interval has passed (`Release Permit At Rate Interval`, ...). They are in no list here: to
+ * the redrive guard they are inside the body, since the body may still run beside them.
+ */
+export const RELEASE_AT_INTERVAL_SUFFIX = ' At Rate Interval';
+
+/**
  * States of a rate-limited workflow that hold the permit for the rate's interval after the body
  * started (or started again): to the redrive guard they are inside the body, since the permit must
  * stay held there.
  */
 export const RATE_HOLD_STATES: string[] = [
   STATE.holdForRate,
+  STATE.prepareReleaseAtInterval,
   STATE.redrivenRun,
   STATE.holdAfterRedrive,
   STATE.holdAfterFailure,

@@ -49,7 +49,7 @@ import {
   waitOnTicketTask,
 } from './queue-states';
 import { pathFromExecutionInput, RuntimeValue } from './runtime-value';
-import { STATE } from './state-names';
+import { RELEASE_AT_INTERVAL_SUFFIX, STATE } from './state-names';
 import { ISemaphoreTable } from '../semaphore-table';
 import { WaitStrategy } from '../wait-strategy';
 
@@ -148,12 +148,30 @@ export function renderDefinition(scope: Construct, table: ISemaphoreTable, spec:
     // run a branch that ended again, so a redriven run, whose body may just have started again, waits
     // the whole interval after the body before it releases.
     const hold = seconds(spec.holdSeconds);
-    runBody.branch(sfn.Wait.jsonPath(scope, STATE.holdForRate, { time: hold, outputPath: sfn.JsonPath.DISCARD }));
-    runBody.next(
-      new sfn.Choice(scope, STATE.redrivenRun)
-        .when(sfn.Condition.numberGreaterThan('$$.Execution.RedriveCount', 0), new sfn.Wait(scope, STATE.holdAfterRedrive, { time: hold }).next(release))
-        .otherwise(release),
-    );
+    const redriven = sfn.Condition.numberGreaterThan('$$.Execution.RedriveCount', 0);
+    if (!spec.releaseAtInterval) {
+      runBody.branch(sfn.Wait.jsonPath(scope, STATE.holdForRate, { time: hold, outputPath: sfn.JsonPath.DISCARD }));
+      runBody.next(
+        new sfn.Choice(scope, STATE.redrivenRun).when(redriven, new sfn.Wait(scope, STATE.holdAfterRedrive, { time: hold }).next(release)).otherwise(release),
+      );
+    } else {
+      // A rate alone bounds the starts, not the bodies: the second branch gives the permit back (or
+      // hands it on) once the interval has passed, while the body may still run. Its release reads the
+      // run it was prepared in: resumed there by a redrive, it cannot free the permit that the redrive
+      // guard took for the new run (its stamp is newer), which the Wait after the Parallel then holds
+      // for the interval and gives back. A run that was not redriven has nothing left to give back.
+      const prepare = new sfn.Pass(scope, STATE.prepareReleaseAtInterval, { parameters: { handoff: holderOfThisRun } });
+      prepare.next(
+        sfn.Wait.jsonPath(scope, STATE.holdForRate, { time: hold }).next(
+          handOffChain(scope, { table: table, lockName, lockNameText, suffix: RELEASE_AT_INTERVAL_SUFFIX, outputPath: sfn.JsonPath.DISCARD, weighted }),
+        ),
+      );
+      runBody.branch(prepare);
+      const done = idem ? idem.saveResult : new sfn.Succeed(scope, STATE.rateIntervalReleased, { outputPath: '$.output' });
+      runBody.next(
+        new sfn.Choice(scope, STATE.redrivenRun).when(redriven, new sfn.Wait(scope, STATE.holdAfterRedrive, { time: hold }).next(release)).otherwise(done),
+      );
+    }
   }
 
   // With a body slot, every way into the body takes one first.
@@ -793,6 +811,11 @@ export interface DefinitionSpec {
   readonly permitPath?: string;
   /** Under a rate limit: the rate's interval, for which every start of the body holds the permit. */
   readonly holdSeconds?: number;
+  /**
+   * Under a rate without a concurrency limit: the permit is given back once the interval has passed
+   * since the body started, while the body may still run, rather than after both. @default false
+   */
+  readonly releaseAtInterval?: boolean;
   /** How many permits an acquisition takes. @default - one */
   readonly permits?: RuntimeValue<number>;
   /**
