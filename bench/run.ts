@@ -77,6 +77,16 @@ const SCENARIOS: Scenario[] = [
     props: { rateLimit: RateLimit.perSecond(5), pollInterval: Duration.seconds(1) },
     timeScale: 0.5,
   },
+  // A rate alone with bodies five times its interval (ours only, as above; the sample's column is a
+  // concurrency limit of 30 around the same bodies, 6 a second): the permits go back beside the bodies,
+  // so about 25 run at once. Ideal: 200 at 5 a second, 40 s.
+  {
+    name: 'rate-long-bodies',
+    description: '200 executions at once, at most 5 per second and no concurrency limit (RateLimit.perSecond(5)), work 5 s; polling every 1 s',
+    options: { executions: 200, limit: 30, workSeconds: 5, workJitter: 0, rate: { count: 5, intervalSeconds: 1 } },
+    props: { concurrencyLimit: undefined, rateLimit: RateLimit.perSecond(5), pollInterval: Duration.seconds(1) },
+    timeScale: 0.5,
+  },
   // A rate above the concurrency limit (ours only, as above): the bodies take body slots beside the
   // rate's permits, so that both limits are reached. Ideal: 200 at 10 a second, 20 s.
   {

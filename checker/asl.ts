@@ -51,6 +51,8 @@ export interface AslHost {
   now(): string;
   /** `States.UUID()`. */
   uuid(): string;
+  /** A state was entered (the history's StateEntered event). */
+  entered?(name: string): void;
   /** A running thread was abandoned (its Parallel failed): its task, if it made a call, may still land. */
   onAbandon(thread: Thread): void;
 }
@@ -220,6 +222,7 @@ export class AslMachine {
   /** Enter a state and run every state that no one else can see, up to a Task, a Wait or the end. */
   private enter(name: string, input: unknown, host: AslHost): Thread | BranchEnd {
     const thread: Thread = { state: name, input, enteredAt: host.now() };
+    host.entered?.(name);
     const state = this.state(name);
     return this.guard(thread, host, () => {
       switch (state.Type) {

@@ -103,6 +103,19 @@ export interface Exec {
   views: View[];
   /** For each redrive: where the run resumed, and when. */
   redrives: Array<{ at: string; resumedAt: string }>;
+  /**
+   * The state this execution entered last, while a redrive is left in the budget: the one its history
+   * shows last before a redrive, which the guard reads (with Parallel branches, whichever moved last).
+   */
+  lastEntered?: string;
+  /**
+   * With a rate alone, once redriven: the run in which the body started (again), the run in which the
+   * branch beside it began its hold (entered its Prepare; unset: the first), and the run that holds a
+   * permit (or whose guard finished).
+   */
+  bodyRun?: number;
+  holdRun?: number;
+  protectedRun?: number;
   /** Counter of tokens and ids it drew. */
   seq: number;
   inBody?: boolean;
@@ -537,6 +550,11 @@ export class Model {
       execution: { id: e.arn, name: e.name, input: e.input, redriveCount: e.run, startTime: e.startTime, stateMachineId: this.info(e).arn },
       now: () => iso(w.clock),
       uuid: () => `uuid:${e.name}:${e.run}:${++e.seq}`,
+      entered: (name) => {
+        if (w.budget.redrives > 0) e.lastEntered = name;
+        if (this.s.releaseAtInterval && e.run > 0 && name === BODY_TASK) e.bodyRun = e.run;
+        if (this.s.releaseAtInterval && e.run > 0 && name === STATE.prepareReleaseAtInterval) e.holdRun = e.run;
+      },
       onAbandon: (thread) => abandoned.push(thread),
       abandoned,
     };
@@ -634,7 +652,11 @@ export class Model {
       leaf.thread.token = undefined;
       leaf.thread.enteredAt = iso(w.clock);
     }
-    e.redrives.push({ at: iso(w.clock), resumedAt: leaves[0]?.thread.state ?? '' });
+    e.redrives.push({ at: iso(w.clock), resumedAt: e.lastEntered ?? leaves[0]?.thread.state ?? '' });
+    // Recorded only while a redrive is left: worlds that differ only by a name nobody will read are one.
+    if (w.budget.redrives === 0) for (const x of w.execs) x.lastEntered = undefined;
+    else e.lastEntered = undefined;
+    if (this.s.releaseAtInterval && leaves.some((l) => l.thread.state === BODY_TASK)) e.bodyRun = e.run;
     e.views.push({ status: 'RUNNING', redriveCount: e.run });
     if (e.machine === 'workflow') {
       // The redrive's RUNNING status-change event, which the redrive guard's rule matches.
@@ -802,6 +824,12 @@ export class Model {
       const { effect, done, error } = this.replay(actor);
       if (done) {
         w.actors = w.actors.filter((a) => a.id !== actor.id);
+        if (actor.kind === 'guard' && this.s.releaseAtInterval && (error === undefined || actor.args.attempt >= 3)) {
+          // The guard has done what it will for this run: from now on its hold must have a permit.
+          const detail = actor.args.event.detail;
+          const e = w.execs.find((x) => x.arn === detail.executionArn);
+          if (e && e.run === detail.redriveCount) e.protectedRun = e.run;
+        }
         if (error !== undefined && actor.kind === 'guard') {
           // A failed invocation: Lambda tries twice more, then gives up (the dead-letter queue).
           if (actor.args.attempt < 3) {
@@ -1014,6 +1042,26 @@ export class Model {
     return this.info(e).machine.leaves(e.root).some((l) => l.thread.state === BODY_TASK);
   }
 
+  /**
+   * With a rate alone: whether the execution must hold a permit for the rate. Its branch beside the body
+   * has not given the permit back yet (at its Prepare or Wait), or a redriven run whose body started
+   * again in a run after its branch began holds it for the interval after the body. A redriven run is
+   * let off until its guard has finished or it holds a permit (it runs without one until then: see the
+   * README).
+   */
+  private holdsForRate(e: Exec): boolean {
+    if (e.machine !== 'workflow' || e.status !== 'RUNNING' || !e.root) return false;
+    if (e.run > 0 && e.protectedRun !== e.run) return false;
+    return this.info(e)
+      .machine.leaves(e.root)
+      .some(
+        (l) =>
+          l.thread.state === STATE.prepareReleaseAtInterval ||
+          l.thread.state === STATE.holdForRate ||
+          (l.thread.state === STATE.holdAfterRedrive && e.run > 0 && e.bodyRun === e.run && (e.holdRun ?? 0) !== e.run),
+      );
+  }
+
   private inBody(e: Exec): boolean {
     if (e.status !== 'RUNNING' || !e.root) return false;
     return this.info(e).machine.leaves(e.root).some((l) => this.s.workflow.machine.isInside(STATE.runBody, l.thread.state));
@@ -1036,6 +1084,7 @@ export class Model {
           w.ghost.lastFence = token;
         }
       }
+      if (this.s.releaseAtInterval && e.run > 0 && e.protectedRun !== e.run && this.ownEntry(w, e)) e.protectedRun = e.run;
       if (!now) e.guarded = undefined;
       else if (e.guarded === false && this.ownEntry(w, e)) e.guarded = true;
       e.inBody = now;
@@ -1069,7 +1118,12 @@ export class Model {
       }
       if (permits > limit) result.push(`permitsInUse is ${permits}, above the limit of ${limit}`);
     }
-    const inside = w.execs.filter((e) => e.machine === 'workflow' && e.inBody && e.guarded);
+    // A rate alone: the permit goes back beside a body that may still run. Until then (the branch's
+    // Prepare and Wait, whatever the body does) the execution must hold it: the interval after every
+    // start of the body, redriven ones included, is what the rate counts.
+    const inside = this.s.releaseAtInterval
+      ? w.execs.filter((e) => this.holdsForRate(e))
+      : w.execs.filter((e) => e.machine === 'workflow' && e.inBody && e.guarded);
     for (const e of inside) {
       if (!this.ownEntry(w, e)) result.push(`OwnEntry: ${e.name} is in the body (run ${e.run}) without an entry stamped with its run`);
     }

@@ -31,6 +31,11 @@ export interface System {
    * slots enforce (`limit` is then the rate's count, the lock's permits). @default - no body slot
    */
   readonly bodyLimit?: number;
+  /**
+   * A rate without a concurrency limit: the permit goes back once the interval has passed, from a
+   * branch beside the body (which may still run), rather than after the body.
+   */
+  readonly releaseAtInterval: boolean;
   /** How many permits each execution of the workflow takes (`permits`). */
   readonly permits: number;
   readonly reconciler: ReconcilerConfig;
@@ -100,6 +105,7 @@ export function buildSystem(props: Partial<ConcurrencyControlledWorkflowProps>):
     // The lock's permits as the construct decided them (the reconciler's), and its body slots as the definition takes them.
     limit: Number(env.CONCURRENCY_LIMIT),
     bodyLimit: number(/":bodyLimit":\{"N":"(\d+)"\}/.exec(JSON.stringify(wf.machine.definition))?.[1]),
+    releaseAtInterval: wf.machine.isInside(STATE.runBody, STATE.prepareReleaseAtInterval),
     permits: props.permits ?? 1,
     reconciler: {
       tableName: env.TABLE_NAME,

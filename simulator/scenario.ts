@@ -258,8 +258,8 @@ export async function runScenario(subject: Subject, options: ScenarioOptions): P
     const sm = sim.stateMachine(subject.stateMachine);
     const weightByArn = new Map<string, number>();
     const tracker = new InsideTracker(sim, subject.enterStates, subject.leaveStates, (e) => weightByArn.get(e.arn) ?? 1);
-    // A rate above the limit holds up to its count of permits (the bodies' slots keep `limit`).
-    const monitor = new LockMonitor(sim, subject.table, () => Math.max(options.limit, options.rate?.count ?? 0), subject.layout).start(25);
+    // Under a rate the lock's permits are its count, whatever the limit (a lower one is the bodies' slots).
+    const monitor = new LockMonitor(sim, subject.table, () => options.rate?.count ?? options.limit, subject.layout).start(25);
     let permitsInUse = 0;
 
     // Decide every execution's fate up front, so that both subjects get the same ones.

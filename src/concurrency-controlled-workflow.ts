@@ -700,7 +700,9 @@ export class ConcurrencyControlledWorkflow extends Construct {
   }
 
   /**
-   * Executions that found the lock full and had to wait, from the state machine's log.
+   * Executions that found the lock full and had to wait, from the state machine's log. With a
+   * `rateLimit` and no `concurrencyLimit`, every permit goes back when its interval ends, whatever the
+   * body does: each of these waits is caused by the rate.
    */
   public metricWaits(props?: cloudwatch.MetricOptions): cloudwatch.Metric {
     return this.logMetric('Waits', props);

@@ -2,7 +2,16 @@ import { AslMachine } from '../checker/asl';
 import { CONFIGS, configNamed } from '../checker/configs';
 import { checkConfig, report } from '../checker/run';
 import { System } from '../checker/system';
-import { ACQUIRE_CONDITION, CLAIM_CONDITION, CLAIM_UPDATE, HAND_OFF_CONDITION, PEEK_UPDATE, RELEASE_CONDITION } from '../src/private/lock-schema';
+import {
+  ACQUIRE_CONDITION,
+  CLAIM_CONDITION,
+  CLAIM_UPDATE,
+  HAND_OFF_CONDITION,
+  PEEK_UPDATE,
+  RELEASE_CONDITION,
+  RELEASE_IF_NO_WAITERS_CONDITION,
+  STAMPED_AT_MOST,
+} from '../src/private/lock-schema';
 
 /*
  * The protocol checker (checker/) searches every interleaving of bounded configurations of the
@@ -67,6 +76,24 @@ describe('the checker finds the races of issues 14 and 15 when they are planted 
     });
     console.log(report(configNamed('queue-stops'), result));
     expect(result.counterexample?.violation).toMatch(/OwnEntry|inside at once/);
+    expect(result.counterexample!.trace.some((s) => /redriven/.test(s.label))).toBe(true);
+  });
+
+  test('a rate alone: a release beside the body that does not check its run frees the permit the redrive guard took for the new run', () => {
+    // The branch beside the body, run again by a redrive, carries the stopped run's count: only the
+    // stamp keeps its release off the permit of the body that just started again.
+    const config = configNamed('rate-alone-redrive');
+    const result = checkConfig(config, {
+      mutate: mutateWorkflow((state) => {
+        const p = state.Parameters;
+        if (p?.ConditionExpression !== RELEASE_IF_NO_WAITERS_CONDITION) return;
+        p.ConditionExpression = p.ConditionExpression.replace(STAMPED_AT_MOST, 'attribute_exists(#holder)');
+        delete p.ExpressionAttributeValues[':redriveCount.$'];
+        delete p.ExpressionAttributeValues[':redriveCount'];
+      }),
+    });
+    console.log(report(config, result));
+    expect(result.counterexample?.violation).toMatch(/OwnEntry: A is in the body \(run 1\) without an entry stamped with its run/);
     expect(result.counterexample!.trace.some((s) => /redriven/.test(s.label))).toBe(true);
   });
 

@@ -1,5 +1,5 @@
 import { App, Duration, Stack } from 'aws-cdk-lib';
-import { Template } from 'aws-cdk-lib/assertions';
+import { Annotations, Match, Template } from 'aws-cdk-lib/assertions';
 import * as sfn from 'aws-cdk-lib/aws-stepfunctions';
 import { main } from '../client/cli';
 import { SemaphoreClient } from '../client/semaphore-client';
@@ -72,6 +72,20 @@ describe('validation at synth', () => {
       JSON.stringify(r).includes('Release Permit Of Stopped Execution'),
     );
     expect(JSON.stringify(cleanup)).toContain('\\"Hold Permit For Rate Interval\\":{\\"Type\\":\\"Wait\\",\\"Seconds\\":30');
+  });
+
+  test('a concurrencyLimit above the rate\'s count warns that the count bounds the bodies; a rate alone releases beside the body', () => {
+    const warning = Match.stringLikeRegexp('concurrencyLimit 20 is above the rateLimit count 10: at most 10 bodies run at once.*cdk-sfn-semaphore:rateBoundsBodies');
+    Annotations.fromStack(workflowStack({ rateLimit: RateLimit.perSecond(10), concurrencyLimit: 20 }).stack).hasWarning('/TestStack/Workflow', warning);
+    for (const quiet of [{ concurrencyLimit: 10 }, { concurrencyLimit: 5 }, {}]) {
+      Annotations.fromStack(workflowStack({ rateLimit: RateLimit.perSecond(10), ...quiet }).stack).hasNoWarning('/TestStack/Workflow', warning);
+    }
+    const states = (props: Parameters<typeof workflowStack>[0]) => {
+      const { workflow } = workflowStack(props);
+      return JSON.stringify(Stack.of(workflow).resolve((workflow.stateMachine.node.defaultChild as sfn.CfnStateMachine).definitionString));
+    };
+    expect(states({ rateLimit: RateLimit.perSecond(10) })).toContain(`${STATE.release}${RELEASE_AT_INTERVAL_SUFFIX}`);
+    expect(states({ rateLimit: RateLimit.perSecond(10), concurrencyLimit: 10 })).not.toContain(RELEASE_AT_INTERVAL_SUFFIX);
   });
 
   test('holdAfterStop of the cleanup and the reconciler must be whole seconds', () => {
@@ -490,6 +504,32 @@ describe('scenarios, under DynamoDB\'s capacity rules', () => {
 
       expect(brokenInvariants(result, 4)).toEqual([]);
       expect(result.mostAdmissionsInInterval).toBe(4);
+      expect(result.failed).toBeGreaterThan(0);
+      expect(result.aborted).toBeGreaterThan(0);
+      expect(result.succeeded + result.failed + result.aborted).toBe(40);
+    },
+  );
+
+  test.each([WaitStrategy.QUEUE, WaitStrategy.POLLING])(
+    '%s: a rate alone with bodies three times its interval, failing and stopped bodies, duplicated and delayed events, throttling: every invariant',
+    async (waitStrategy) => {
+      const rate = { count: 4, intervalSeconds: 10 };
+      const props = waitStrategy === WaitStrategy.QUEUE ? { queueCheckInterval: Duration.seconds(60) } : { waitStrategy };
+      // No concurrency limit: `limit` is only the scenario's bound on the bodies at once (none here).
+      const result = await runScenario(demoSubject(40, { concurrencyLimit: undefined, rateLimit: RateLimit.of(4, Duration.seconds(10)), ...props }), {
+        executions: 40,
+        limit: 40,
+        workSeconds: 30,
+        timeScale: 0.02,
+        rate,
+        seed: 5,
+        ...FAULTS,
+      });
+
+      expect(brokenInvariants(result, 40)).toEqual([]);
+      expect(result.mostAdmissionsInInterval).toBe(4);
+      // The bodies overlap: holding each permit for its body would keep them to 4 at once.
+      expect(result.maxInside).toBeGreaterThan(4);
       expect(result.failed).toBeGreaterThan(0);
       expect(result.aborted).toBeGreaterThan(0);
       expect(result.succeeded + result.failed + result.aborted).toBe(40);

@@ -231,7 +231,7 @@ export const RELEASE_UPDATE =
 export const RELEASE_EXPIRED_LEASE_CONDITION = `attribute_exists(${NAMES.holder}) AND ${NAMES.holder}.${HOLDER_LEASE_EXPIRES_AT} = ${VALUES.expiresAt}`;
 
 /** A holder entry stamped by the run `:redriveCount` or an earlier one (entries of leases carry no run). */
-const STAMPED_AT_MOST = `(attribute_not_exists(${NAMES.holder}.${HOLDER_REDRIVE_COUNT}) OR ${NAMES.holder}.${HOLDER_REDRIVE_COUNT} <= ${VALUES.redriveCount})`;
+export const STAMPED_AT_MOST = `(attribute_not_exists(${NAMES.holder}.${HOLDER_REDRIVE_COUNT}) OR ${NAMES.holder}.${HOLDER_REDRIVE_COUNT} <= ${VALUES.redriveCount})`;
 
 /**
  * Release by the cleanup of a stopped run: as RELEASE_CONDITION, and only if the permit was taken by

@@ -148,30 +148,29 @@ export function renderDefinition(scope: Construct, table: ISemaphoreTable, spec:
     // run a branch that ended again, so a redriven run, whose body may just have started again, waits
     // the whole interval after the body before it releases.
     const hold = seconds(spec.holdSeconds);
-    const redriven = sfn.Condition.numberGreaterThan('$$.Execution.RedriveCount', 0);
+    let notRedriven: sfn.IChainable = release;
     if (!spec.releaseAtInterval) {
       runBody.branch(sfn.Wait.jsonPath(scope, STATE.holdForRate, { time: hold, outputPath: sfn.JsonPath.DISCARD }));
-      runBody.next(
-        new sfn.Choice(scope, STATE.redrivenRun).when(redriven, new sfn.Wait(scope, STATE.holdAfterRedrive, { time: hold }).next(release)).otherwise(release),
-      );
     } else {
       // A rate alone bounds the starts, not the bodies: the second branch gives the permit back (or
       // hands it on) once the interval has passed, while the body may still run. Its release reads the
       // run it was prepared in: resumed there by a redrive, it cannot free the permit that the redrive
       // guard took for the new run (its stamp is newer), which the Wait after the Parallel then holds
       // for the interval and gives back. A run that was not redriven has nothing left to give back.
-      const prepare = new sfn.Pass(scope, STATE.prepareReleaseAtInterval, { parameters: { handoff: holderOfThisRun } });
-      prepare.next(
-        sfn.Wait.jsonPath(scope, STATE.holdForRate, { time: hold }).next(
-          handOffChain(scope, { table: table, lockName, lockNameText, suffix: RELEASE_AT_INTERVAL_SUFFIX, outputPath: sfn.JsonPath.DISCARD, weighted }),
-        ),
+      const suffix = RELEASE_AT_INTERVAL_SUFFIX;
+      runBody.branch(
+        sfn.Chain.start(new sfn.Pass(scope, STATE.prepareReleaseAtInterval, { parameters: { handoff: holderOfThisRun } }))
+          .next(sfn.Wait.jsonPath(scope, STATE.holdForRate, { time: hold }))
+          .next(handOffChain(scope, { table: table, lockName, lockNameText, suffix, outputPath: sfn.JsonPath.DISCARD, weighted })),
       );
-      runBody.branch(prepare);
-      const done = idem ? idem.saveResult : new sfn.Succeed(scope, STATE.rateIntervalReleased, { outputPath: '$.output' });
-      runBody.next(
-        new sfn.Choice(scope, STATE.redrivenRun).when(redriven, new sfn.Wait(scope, STATE.holdAfterRedrive, { time: hold }).next(release)).otherwise(done),
-      );
+      notRedriven = idem ? idem.saveResult : new sfn.Succeed(scope, STATE.rateIntervalReleased, { outputPath: '$.output' });
     }
+    const holdAfterRedrive = new sfn.Wait(scope, STATE.holdAfterRedrive, { time: hold }).next(release);
+    runBody.next(
+      new sfn.Choice(scope, STATE.redrivenRun)
+        .when(sfn.Condition.numberGreaterThan('$$.Execution.RedriveCount', 0), holdAfterRedrive)
+        .otherwise(notRedriven),
+    );
   }
 
   // With a body slot, every way into the body takes one first.
