@@ -1045,20 +1045,21 @@ export class Model {
   /**
    * With a rate alone: whether the execution must hold a permit for the rate. Its branch beside the body
    * has not given the permit back yet (at its Prepare or Wait), or a redriven run whose body started
-   * again in a run after its branch began holds it for the interval after the body. A redriven run is
+   * again in a run after its branch began holds it while the body runs and for the interval after it. A redriven run is
    * let off until its guard has finished or it holds a permit (it runs without one until then: see the
    * README).
    */
   private holdsForRate(e: Exec): boolean {
     if (e.machine !== 'workflow' || e.status !== 'RUNNING' || !e.root) return false;
     if (e.run > 0 && e.protectedRun !== e.run) return false;
+    const bodyStartedAfterHold = e.run > 0 && e.bodyRun === e.run && (e.holdRun ?? 0) !== e.run;
     return this.info(e)
       .machine.leaves(e.root)
       .some(
         (l) =>
           l.thread.state === STATE.prepareReleaseAtInterval ||
           l.thread.state === STATE.holdForRate ||
-          (l.thread.state === STATE.holdAfterRedrive && e.run > 0 && e.bodyRun === e.run && (e.holdRun ?? 0) !== e.run),
+          ((l.thread.state === STATE.holdAfterRedrive || l.thread.state === BODY_TASK) && bodyStartedAfterHold),
       );
   }
 

@@ -207,7 +207,9 @@ export interface ConcurrencyControlledWorkflowProps {
   /**
    * How long an execution may hold a permit. An execution still holding one past its lease is stopped
    * by the reconciler (error `SemaphoreLeaseExpired`), and only then is its permit released. The
-   * lease is enforced when the reconciler runs, so up to `reconcileEvery` late.
+   * lease is enforced when the reconciler runs, so up to `reconcileEvery` late. With a `rateLimit` and
+   * no `concurrencyLimit`, the permit goes back once the interval has passed, so a lease never stops
+   * a long body there.
    *
    * @default - no lease: an execution holds its permit for as long as it runs
    */
@@ -701,8 +703,9 @@ export class ConcurrencyControlledWorkflow extends Construct {
 
   /**
    * Executions that found the lock full and had to wait, from the state machine's log. With a
-   * `rateLimit` and no `concurrencyLimit`, every permit goes back when its interval ends, whatever the
-   * body does: each of these waits is caused by the rate.
+   * `rateLimit` and no `concurrencyLimit`, a permit goes back when its interval ends, whatever the body
+   * does, so these are waits caused by the rate (but for permits held longer: a failed body's, a
+   * redriven run's, a client's lease, another workflow's on the same lock with a `concurrencyLimit`).
    */
   public metricWaits(props?: cloudwatch.MetricOptions): cloudwatch.Metric {
     return this.logMetric('Waits', props);

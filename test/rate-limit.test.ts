@@ -292,7 +292,8 @@ test.each([WaitStrategy.QUEUE, WaitStrategy.POLLING])(
       reconcilerScheduleEnabled: false,
     });
     const work = new WorkTracker(() => 40);
-    await simulate(stack, { timeScale: 0.05, lambdaHandlers: { [workFunctionId]: work.handler } }, async (sim) => {
+    // A tenth of real time: the bodies' starts are Lambda invocations, whose CPU time counts ten times.
+    await simulate(stack, { timeScale: 0.1, lambdaHandlers: { [workFunctionId]: work.handler } }, async (sim) => {
       const sm = sim.stateMachine(stateMachineLogicalId(workflow.stateMachine));
       const executions = Array.from({ length: 9 }, (_, i) => sim.startExecution(sm, { i }));
       await Promise.all(executions.map((e) => e.done));
