@@ -467,6 +467,15 @@ describe('scenarios, under DynamoDB\'s capacity rules', () => {
 
   const rateSubject = (count: number, intervalSeconds: number, props: Parameters<typeof demoSubject>[1] = {}) =>
     demoSubject(count, { rateLimit: RateLimit.of(count, Duration.seconds(intervalSeconds)), ...props });
+  /** The strategy under faults: the queue checking its wait every minute, or polling. */
+  const strategyProps = (waitStrategy: WaitStrategy) =>
+    waitStrategy === WaitStrategy.QUEUE ? { queueCheckInterval: Duration.seconds(60) } : { waitStrategy };
+  /** Every one of `executions` ended, and the faults struck: some failed, some were stopped. */
+  const expectFaultsStruck = (result: Awaited<ReturnType<typeof runScenario>>, executions: number) => {
+    expect(result.failed).toBeGreaterThan(0);
+    expect(result.aborted).toBeGreaterThan(0);
+    expect(result.succeeded + result.failed + result.aborted).toBe(executions);
+  };
 
   test('200 executions at 5 per second with 1 s bodies: never 6 in any second, drained within 1.2x of 40 s', async () => {
     const rate = { count: 5, intervalSeconds: 1 };
@@ -495,7 +504,7 @@ describe('scenarios, under DynamoDB\'s capacity rules', () => {
     async (waitStrategy) => {
       const rate = { count: 4, intervalSeconds: 10 };
       const result = await runScenario(
-        rateSubject(4, 10, waitStrategy === WaitStrategy.QUEUE ? { queueCheckInterval: Duration.seconds(60) } : { waitStrategy }),
+        rateSubject(4, 10, strategyProps(waitStrategy)),
         {
           executions: 40,
           limit: 4,
@@ -509,9 +518,7 @@ describe('scenarios, under DynamoDB\'s capacity rules', () => {
 
       expect(brokenInvariants(result, 4)).toEqual([]);
       expect(result.mostAdmissionsInInterval).toBe(4);
-      expect(result.failed).toBeGreaterThan(0);
-      expect(result.aborted).toBeGreaterThan(0);
-      expect(result.succeeded + result.failed + result.aborted).toBe(40);
+      expectFaultsStruck(result, 40);
     },
   );
 
@@ -519,9 +526,8 @@ describe('scenarios, under DynamoDB\'s capacity rules', () => {
     '%s: a rate alone with bodies three times its interval, failing and stopped bodies, duplicated and delayed events, throttling: every invariant',
     async (waitStrategy) => {
       const rate = { count: 4, intervalSeconds: 10 };
-      const props = waitStrategy === WaitStrategy.QUEUE ? { queueCheckInterval: Duration.seconds(60) } : { waitStrategy };
       // No concurrency limit: `limit` is only the scenario's bound on the bodies at once (none here).
-      const result = await runScenario(demoSubject(40, { concurrencyLimit: undefined, rateLimit: RateLimit.of(4, Duration.seconds(10)), ...props }), {
+      const result = await runScenario(rateSubject(4, 10, { concurrencyLimit: undefined, ...strategyProps(waitStrategy) }), {
         executions: 40,
         limit: 40,
         workSeconds: 30,
@@ -535,9 +541,7 @@ describe('scenarios, under DynamoDB\'s capacity rules', () => {
       expect(result.mostAdmissionsInInterval).toBe(4);
       // The bodies overlap: holding each permit for its body would keep them to 4 at once.
       expect(result.maxInside).toBeGreaterThan(4);
-      expect(result.failed).toBeGreaterThan(0);
-      expect(result.aborted).toBeGreaterThan(0);
-      expect(result.succeeded + result.failed + result.aborted).toBe(40);
+      expectFaultsStruck(result, 40);
     },
   );
 
@@ -545,9 +549,8 @@ describe('scenarios, under DynamoDB\'s capacity rules', () => {
     '%s: body slots beside the rate, with failing and stopped bodies, duplicated and delayed events, throttling: every invariant',
     async (waitStrategy) => {
       const rate = { count: 4, intervalSeconds: 10 };
-      const props = waitStrategy === WaitStrategy.QUEUE ? { queueCheckInterval: Duration.seconds(60) } : { waitStrategy };
       const result = await runScenario(
-        demoSubject(2, { rateLimit: RateLimit.of(4, Duration.seconds(10)), pollInterval: Duration.seconds(2), ...props }),
+        demoSubject(2, { rateLimit: RateLimit.of(4, Duration.seconds(10)), pollInterval: Duration.seconds(2), ...strategyProps(waitStrategy) }),
         {
           executions: 40,
           limit: 2,
@@ -563,9 +566,7 @@ describe('scenarios, under DynamoDB\'s capacity rules', () => {
       // match their marks throughout, and nothing is left held.
       expect(brokenInvariants(result, 2)).toEqual([]);
       expect(result.maxInside).toBe(2);
-      expect(result.failed).toBeGreaterThan(0);
-      expect(result.aborted).toBeGreaterThan(0);
-      expect(result.succeeded + result.failed + result.aborted).toBe(40);
+      expectFaultsStruck(result, 40);
     },
   );
 });
