@@ -148,9 +148,16 @@ export class AslMachine {
     });
   }
 
-  /** The task at `path` failed. Its Retry and Catch decide. */
-  public fail(root: Thread, path: number[], error: string, cause: string, host: AslHost): Thread | BranchEnd {
-    return this.at(root, path, host, (thread) => this.handleError(thread, error, cause, host));
+  /** The task at `path` failed. Its Retry and Catch decide (its Catch alone once its retries are used up). */
+  public fail(
+    root: Thread,
+    path: number[],
+    error: string,
+    cause: string,
+    host: AslHost,
+    options: { retriesExhausted?: boolean } = {},
+  ): Thread | BranchEnd {
+    return this.at(root, path, host, (thread) => this.handleError(thread, error, cause, host, options.retriesExhausted));
   }
 
   /** The Wait at `path` is over. */
@@ -265,9 +272,9 @@ export class AslMachine {
     thread.branches = (state.Branches as any[]).map((b) => this.enter(b.StartAt, input, host));
   }
 
-  private handleError(thread: Thread, error: string, cause: string, host: AslHost): Thread | BranchEnd {
+  private handleError(thread: Thread, error: string, cause: string, host: AslHost, retriesExhausted = false): Thread | BranchEnd {
     const state = this.state(thread.state);
-    const retriers: any[] = state.Retry ?? [];
+    const retriers: any[] = retriesExhausted ? [] : state.Retry ?? [];
     const r = retriers.findIndex((retrier) => matches(retrier.ErrorEquals, error));
     if (r >= 0) {
       const used = thread.attempts?.[r] ?? 0;

@@ -189,6 +189,15 @@ export const CONFIGS: CheckerConfig[] = [
     budget: { ...NO_FAULTS, stops: 1, inFlight: 1, serverErrors: 1 },
   },
   {
+    name: 'rate-alone-throttled',
+    shard: 1,
+    description:
+      'queue, a rate of 1 per 10 s without a concurrency limit: a DynamoDB call of the workflow throttled past its retries anywhere (the release beside the body among them), a stop',
+    workflow: { ...QUEUE, rateLimit: RateLimit.of(1, Duration.seconds(10)) },
+    executions: 2,
+    budget: { ...NO_FAULTS, exhaustedRetries: 1, stops: 1 },
+  },
+  {
     name: 'rate-body-slot',
     shard: 1,
     description: 'queue, a rate of 2 per 10 s beside a concurrency limit of 1 (a body slot beside each permit): a stop anywhere, then a redrive',

@@ -17,7 +17,7 @@ import {
   LOCK_KEY,
   PERMITS_IN_USE,
 } from '../src/private/lock-schema';
-import { STATE } from '../src/private/state-names';
+import { RELEASE_AT_INTERVAL_SUFFIX, STATE } from '../src/private/state-names';
 
 /*
  * The model the checker explores: executions of the synthesized workflow and cleanup state machines
@@ -47,6 +47,11 @@ export interface Budget {
   redrives: number;
   /** Server errors after a write landed (the response lost), or before it did. */
   serverErrors: number;
+  /**
+   * DynamoDB calls of the workflow throttled past their retries: not applied, and the task fails with
+   * its retries used up (its Catch decides).
+   */
+  exhaustedRetries: number;
   /** Callback waits (`.waitForTaskToken`) that time out. */
   timeouts: number;
   lostWakeUps: number;
@@ -71,6 +76,7 @@ export const NO_FAULTS: Budget = {
   inFlight: 0,
   redrives: 0,
   serverErrors: 0,
+  exhaustedRetries: 0,
   timeouts: 0,
   lostWakeUps: 0,
   failedWakeUps: 0,
@@ -116,6 +122,8 @@ export interface Exec {
   bodyRun?: number;
   holdRun?: number;
   protectedRun?: number;
+  /** The state whose DynamoDB call was throttled past its retries (the fault `exhaustedRetries`). */
+  throttledIn?: string;
   /** Counter of tokens and ids it drew. */
   seq: number;
   inBody?: boolean;
@@ -415,6 +423,16 @@ export class Model {
           steps.push(this.onLeaf(world, exec, leaf, `${who} lands, its response lost (server error)`, (w, e, root) => (w.budget.serverErrors--, this.dynamoTask(w, e, root, leaf, sdk, action, callback, 'lost'))));
         }
         steps.push(this.onLeaf(world, exec, leaf, `${who} fails before it lands (server error)`, (w, e, root) => (w.budget.serverErrors--, this.dynamoTask(w, e, root, leaf, sdk, action, callback, 'unapplied'))));
+      }
+      if (b.exhaustedRetries > 0 && exec.machine === 'workflow') {
+        const throttled = stepFunctionsDynamoErrorName(sdk, 'ProvisionedThroughputExceededException');
+        steps.push(
+          this.onLeaf(world, exec, leaf, `${who} is throttled past its retries`, (w, e, root) => {
+            w.budget.exhaustedRetries--;
+            e.throttledIn = leaf.thread.state;
+            return info.machine.fail(root, leaf.path, throttled, 'throttled past its retries', this.host(w, e), { retriesExhausted: true });
+          }),
+        );
       }
       return steps;
     }
@@ -1162,6 +1180,10 @@ export class Model {
     // runtime error, ends an execution only when a definition is broken: no fault of the model leads there.
     for (const e of w.execs) {
       if (e.status === 'FAILED' && e.error !== undefined && BROKEN_DEFINITION_ERRORS.test(e.error)) result.push(`${e.name} failed with ${e.error}: a broken definition`);
+      // The release beside the body (a rate alone) ends its branch when a call fails: the body runs on.
+      if (e.status === 'FAILED' && e.throttledIn?.endsWith(RELEASE_AT_INTERVAL_SUFFIX)) {
+        result.push(`${e.name} failed: its release beside the body, throttled past its retries in '${e.throttledIn}', stopped the body`);
+      }
     }
     if (w.ghost.fenceViolation) result.push(`fencing: ${w.ghost.fenceViolation}`);
     return result;
@@ -1176,6 +1198,7 @@ export class Model {
       b.inFlight < a.inFlight ||
       b.redrives < a.redrives ||
       b.serverErrors < a.serverErrors ||
+      b.exhaustedRetries < a.exhaustedRetries ||
       b.lostWakeUps < a.lostWakeUps ||
       b.failedWakeUps < a.failedWakeUps ||
       b.lostEvents < a.lostEvents ||

@@ -12,7 +12,7 @@ import {
   RELEASE_IF_NO_WAITERS_CONDITION,
   STAMPED_AT_MOST,
 } from '../src/private/lock-schema';
-import { RELEASE_AT_INTERVAL_SUFFIX } from '../src/private/state-names';
+import { RELEASE_AT_INTERVAL_FAILED, RELEASE_AT_INTERVAL_SUFFIX } from '../src/private/state-names';
 
 /*
  * The protocol checker (checker/) searches every interleaving of bounded configurations of the
@@ -96,6 +96,19 @@ describe('the checker finds the races of issues 14 and 15 when they are planted 
     console.log(report(config, result));
     expect(result.counterexample?.violation).toMatch(/OwnEntry: A is in the body \(run 1\) without an entry stamped with its run/);
     expect(result.counterexample!.trace.some((s) => /redriven/.test(s.label))).toBe(true);
+  });
+
+  test('a rate alone: a release beside the body whose failed calls are not caught stops the body and fails the execution', () => {
+    // A call throttled past its retries in that release must end its branch, not the Parallel.
+    const config = configNamed('rate-alone-throttled');
+    const result = checkConfig(config, {
+      mutate: mutateWorkflow((state, name) => {
+        if (name.endsWith(RELEASE_AT_INTERVAL_SUFFIX)) state.Catch = (state.Catch ?? []).filter((c: any) => c.Next !== RELEASE_AT_INTERVAL_FAILED);
+      }),
+    });
+    console.log(report(config, result));
+    expect(result.counterexample?.violation).toMatch(/failed: its release beside the body, throttled past its retries in '.* At Rate Interval', stopped the body/);
+    expect(result.counterexample!.trace.some((s) => /is throttled past its retries/.test(s.label))).toBe(true);
   });
 
   test('F5: a sweep without a grace period frees a live permit on a stale "does not exist"', () => {

@@ -4,11 +4,11 @@ import * as sfn from 'aws-cdk-lib/aws-stepfunctions';
 import { main } from '../client/cli';
 import { SemaphoreClient } from '../client/semaphore-client';
 import { demoSubject } from '../demo/run';
-import { brokenInvariants, mostInAnyWindow, runScenario, Simulator } from '../simulator';
+import { brokenInvariants, mostInAnyWindow, runScenario, Simulator, TaskError } from '../simulator';
 import { CleanFromIncomplete, IdempotencyKey, RateLimit, SemaphoreReconciler, SemaphoreTable, WaitStrategy } from '../src';
 import { lockState, simulate, stateMachineLogicalId, until, WorkTracker, workflowStack } from './helpers';
 import { BODIES_RUNNING, BODY_LIMIT, HOLDER_IN_BODY, LOCK_KEY } from '../src/private/lock-schema';
-import { RELEASE_AT_INTERVAL_SUFFIX, STATE } from '../src/private/state-names';
+import { RELEASE_AT_INTERVAL_FAILED, RELEASE_AT_INTERVAL_SUFFIX, STATE } from '../src/private/state-names';
 
 /*
  * The rate limit: at most `count` bodies start in any `interval`, wherever the window begins, because
@@ -450,6 +450,59 @@ test.each([
     expect(cleanup.stateTransitions.has('Permit Not Held')).toBe(true);
     expect(await lockState(sim)).toEqual([{ lockName: LOCK, permitsInUse: 0, holders: [] }]);
   });
+});
+
+test.each([
+  ['its first write', STATE.release, false],
+  ['the hand-off, after it served the next ticket', STATE.handOff, false],
+  ['its first write, idempotent', STATE.release, true],
+])('a release beside the body that fails past its retries (%s) does not stop the body: the release after the body gives the permit back', async (_, failing, idempotent) => {
+  // X's body runs 40 s; its permit should go back at 10 s, beside it, but that release's write is
+  // throttled past its retries. Y queued behind X gets the permit once X's body has ended, and X succeeds.
+  const { stack, workflow, workFunctionId } = workflowStack({
+    rateLimit: RateLimit.of(1, Duration.seconds(10)),
+    queueCheckInterval: Duration.seconds(60),
+    reconcilerScheduleEnabled: false,
+    ...(idempotent ? { idempotency: { key: IdempotencyKey.fromFields('$.name') } } : {}),
+  });
+  const work = new WorkTracker((input) => (input.name === 'x' ? 40 : 1));
+  const failingState = `${failing}${RELEASE_AT_INTERVAL_SUFFIX}`;
+  let failed = 0;
+  await simulate(
+    stack,
+    {
+      timeScale: 0.1,
+      lambdaHandlers: { [workFunctionId]: work.handler },
+      taskHandlers: {
+        [failingState]: async (input, { simulator, execution }) => {
+          if (execution.name === 'x') {
+            failed++;
+            throw new TaskError('DynamoDB.ProvisionedThroughputExceededException', 'The level of configured provisioned throughput for the table was exceeded');
+          }
+          return simulator.dynamo.run('arn:aws:states:::dynamodb:updateItem', input);
+        },
+      },
+    },
+    async (sim) => {
+      const sm = sim.stateMachine(stateMachineLogicalId(workflow.stateMachine));
+      const x = sim.startExecution(sm, { name: 'x' }, { name: 'x' });
+      await until(() => work.starts.length === 1, "X's body to start");
+      const y = sim.startExecution(sm, { name: 'y' }, { name: 'y' });
+      await Promise.all([x.done, y.done]);
+
+      expect([x.status, y.status]).toEqual(['SUCCEEDED', 'SUCCEEDED']);
+      // The first attempt and its 10 retries (transientRetry).
+      expect(failed).toBe(11);
+      // X's body ran once, to its end; the branch ended at the failure, and the release after the body gave the permit back.
+      expect(work.byExecution.get(x.arn)).toBe(1);
+      expect(x.stateTransitions.get(RELEASE_AT_INTERVAL_FAILED)).toBe(1);
+      expect(x.stateTransitions.get(STATE.rateIntervalReleased)).toBeUndefined();
+      expect(x.stateTransitions.get(idempotent ? STATE.prepareRelease : STATE.release)).toBe(1);
+      expect(work.startedAt.get(y.arn)! - work.startedAt.get(x.arn)!).toBeGreaterThanOrEqual(40_000);
+      await sim.idle();
+      expect(await lockState(sim)).toEqual([{ lockName: LOCK, permitsInUse: 0, holders: [] }]);
+    },
+  );
 });
 
 describe('scenarios, under DynamoDB\'s capacity rules', () => {

@@ -161,6 +161,12 @@ export const STATE = {
 export const RELEASE_AT_INTERVAL_SUFFIX = ' At Rate Interval';
 
 /**
+ * Where the release beside the body ends when one of its calls failed past its retries (the release
+ * after the body then gives the permit back). In no list either: the body may still run.
+ */
+export const RELEASE_AT_INTERVAL_FAILED = 'Release Failed At Rate Interval';
+
+/**
  * States of a rate-limited workflow that hold the permit for the rate's interval after the body
  * started (or started again): to the redrive guard they are inside the body, since the permit must
  * stay held there.

@@ -49,7 +49,7 @@ import {
   waitOnTicketTask,
 } from './queue-states';
 import { pathFromExecutionInput, RuntimeValue } from './runtime-value';
-import { RELEASE_AT_INTERVAL_SUFFIX, STATE } from './state-names';
+import { RELEASE_AT_INTERVAL_FAILED, RELEASE_AT_INTERVAL_SUFFIX, STATE } from './state-names';
 import { ISemaphoreTable } from '../semaphore-table';
 import { WaitStrategy } from '../wait-strategy';
 
@@ -57,6 +57,9 @@ import { WaitStrategy } from '../wait-strategy';
  * The workflow's definition: acquire, the body in a Parallel, the release and its hand-off, and the
  * wait (in the queue, or polling), rendered from the validated props of ConcurrencyControlledWorkflow.
  */
+
+/** Where a rate alone's Parallel puts the output of its release beside the body: its error, if it failed. */
+const RELEASE_AT_INTERVAL_RESULT = 'releaseAtInterval';
 
 /**
  * The definition:
@@ -130,9 +133,14 @@ export function renderDefinition(scope: Construct, table: ISemaphoreTable, spec:
       handOffChain(scope, { table: table, lockName, lockNameText, suffix: '', next: idem.saveResult, alreadyReleased: idem.saveResult, weighted }),
     );
   } else {
-    // The output and the release's holder in one object, without a state of its own.
+    // The output and the release's holder in one object, without a state of its own (and, with the
+    // release beside the body, that release's failure, if it failed).
     runBody = new sfn.Parallel(scope, STATE.runBody, {
-      resultSelector: { output: sfn.JsonPath.objectAt('$[0]'), handoff: holderOfThisRun },
+      resultSelector: {
+        output: sfn.JsonPath.objectAt('$[0]'),
+        handoff: holderOfThisRun,
+        ...(spec.releaseAtInterval ? { [RELEASE_AT_INTERVAL_RESULT]: sfn.JsonPath.objectAt('$[1]') } : {}),
+      },
     });
     release = handOffChain(scope, { table: table, lockName, lockNameText, suffix: '', outputPath: '$.output', weighted });
   }
@@ -149,6 +157,7 @@ export function renderDefinition(scope: Construct, table: ISemaphoreTable, spec:
     // the whole interval after the body before it releases.
     const hold = seconds(spec.holdSeconds);
     let notRedriven: sfn.IChainable = release;
+    let releaseBesideFailed: string | undefined;
     if (!spec.releaseAtInterval) {
       runBody.branch(sfn.Wait.jsonPath(scope, STATE.holdForRate, { time: hold, outputPath: sfn.JsonPath.DISCARD }));
     } else {
@@ -158,19 +167,27 @@ export function renderDefinition(scope: Construct, table: ISemaphoreTable, spec:
       // guard took for the new run (its stamp is newer), which the Wait after the Parallel then holds
       // for the interval and gives back. A run that was not redriven has nothing left to give back.
       const suffix = RELEASE_AT_INTERVAL_SUFFIX;
+      const releaseBeside = handOffChain(scope, { table: table, lockName, lockNameText, suffix, outputPath: sfn.JsonPath.DISCARD, weighted });
+      // A call of that release that fails past its retries (a write throttled that long) must not fail
+      // the branch, which would stop the body: the branch ends with the error as its output, and the
+      // release after the body gives the permit back (or finds it handed on, if the failed call landed).
+      const releaseFailed = new sfn.Succeed(scope, RELEASE_AT_INTERVAL_FAILED);
+      for (const state of sfn.State.findReachableStates(releaseBeside, { includeErrorHandlers: true })) {
+        if (state instanceof sfn.TaskStateBase) state.addCatch(releaseFailed, { errors: [sfn.Errors.ALL], resultPath: '$' });
+      }
       runBody.branch(
         sfn.Chain.start(new sfn.Pass(scope, STATE.prepareReleaseAtInterval, { parameters: { handoff: holderOfThisRun } }))
           .next(sfn.Wait.jsonPath(scope, STATE.holdForRate, { time: hold }))
-          .next(handOffChain(scope, { table: table, lockName, lockNameText, suffix, outputPath: sfn.JsonPath.DISCARD, weighted })),
+          .next(releaseBeside),
       );
+      releaseBesideFailed = `${idem ? `${IDEMPOTENT_OUTPUT_PATH}[1]` : `$.${RELEASE_AT_INTERVAL_RESULT}`}.Error`;
       notRedriven = idem ? idem.saveResult : new sfn.Succeed(scope, STATE.rateIntervalReleased, { outputPath: '$.output' });
     }
     const holdAfterRedrive = new sfn.Wait(scope, STATE.holdAfterRedrive, { time: hold }).next(release);
-    runBody.next(
-      new sfn.Choice(scope, STATE.redrivenRun)
-        .when(sfn.Condition.numberGreaterThan('$$.Execution.RedriveCount', 0), holdAfterRedrive)
-        .otherwise(notRedriven),
-    );
+    const redriven = new sfn.Choice(scope, STATE.redrivenRun).when(sfn.Condition.numberGreaterThan('$$.Execution.RedriveCount', 0), holdAfterRedrive);
+    // The same Choice (no transition more) sends a run whose release beside the body failed to the release.
+    if (releaseBesideFailed) redriven.when(sfn.Condition.isPresent(releaseBesideFailed), release);
+    runBody.next(redriven.otherwise(notRedriven));
   }
 
   // With a body slot, every way into the body takes one first.
