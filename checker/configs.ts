@@ -189,13 +189,13 @@ export const CONFIGS: CheckerConfig[] = [
     budget: { ...NO_FAULTS, stops: 1, inFlight: 1, serverErrors: 1 },
   },
   {
-    name: 'rate-alone-throttled',
+    name: 'rate-alone-failures',
     shard: 1,
     description:
-      'queue, a rate of 1 per 10 s without a concurrency limit: a DynamoDB call of the workflow throttled past its retries anywhere (the release beside the body among them), a stop',
+      'queue, a rate of 1 per 10 s without a concurrency limit: a DynamoDB call of the workflow throttled past its retries anywhere (the release beside the body among them), a failing body, a stop',
     workflow: { ...QUEUE, rateLimit: RateLimit.of(1, Duration.seconds(10)) },
     executions: 2,
-    budget: { ...NO_FAULTS, exhaustedRetries: 1, stops: 1 },
+    budget: { ...NO_FAULTS, exhaustedRetries: 1, bodyFailures: 1, stops: 1 },
   },
   {
     name: 'rate-body-slot',

@@ -17,7 +17,7 @@ import {
   LOCK_KEY,
   PERMITS_IN_USE,
 } from '../src/private/lock-schema';
-import { RELEASE_AT_INTERVAL_SUFFIX, STATE } from '../src/private/state-names';
+import { RELEASE_AT_INTERVAL_FAILED, RELEASE_AT_INTERVAL_SUFFIX, STATE } from '../src/private/state-names';
 
 /*
  * The model the checker explores: executions of the synthesized workflow and cleanup state machines
@@ -122,6 +122,12 @@ export interface Exec {
   bodyRun?: number;
   holdRun?: number;
   protectedRun?: number;
+  /**
+   * With a rate alone: the branch beside the body began its hold (entered its Prepare) and has not
+   * begun its release, nor has the failure path waited out its interval: a failed body's permit is
+   * owed its interval.
+   */
+  holdOwed?: boolean;
   /** The state whose DynamoDB call was throttled past its retries (the fault `exhaustedRetries`). */
   throttledIn?: string;
   /** Counter of tokens and ids it drew. */
@@ -572,6 +578,10 @@ export class Model {
         if (w.budget.redrives > 0) e.lastEntered = name;
         if (this.s.releaseAtInterval && e.run > 0 && name === BODY_TASK) e.bodyRun = e.run;
         if (this.s.releaseAtInterval && e.run > 0 && name === STATE.prepareReleaseAtInterval) e.holdRun = e.run;
+        if (this.s.releaseAtInterval && name === STATE.prepareReleaseAtInterval) e.holdOwed = true;
+        const holdEnds =
+          name.endsWith(RELEASE_AT_INTERVAL_SUFFIX) || name === RELEASE_AT_INTERVAL_FAILED || name === STATE.prepareReleaseAfterFailure;
+        if (e.holdOwed && holdEnds) e.holdOwed = undefined;
       },
       onAbandon: (thread) => abandoned.push(thread),
       abandoned,
@@ -1062,7 +1072,8 @@ export class Model {
 
   /**
    * With a rate alone: whether the execution must hold a permit for the rate. Its branch beside the body
-   * has not given the permit back yet (at its Prepare or Wait), or a redriven run whose body started
+   * has not given the permit back yet (at its Prepare or Wait; or its body failed before it did, until the
+   * failure path's Wait has passed), or a redriven run whose body started
    * again in a run after its branch began holds it while the body runs and for the interval after it. A redriven run is
    * let off until its guard has finished or it holds a permit (it runs without one until then: see the
    * README).
@@ -1077,6 +1088,7 @@ export class Model {
         (l) =>
           l.thread.state === STATE.prepareReleaseAtInterval ||
           l.thread.state === STATE.holdForRate ||
+          (e.holdOwed === true && (l.thread.state === STATE.checkPermitAfterFailure || l.thread.state === STATE.holdAfterFailure)) ||
           ((l.thread.state === STATE.holdAfterRedrive || l.thread.state === BODY_TASK) && bodyStartedAfterHold),
       );
   }
@@ -1181,7 +1193,7 @@ export class Model {
     for (const e of w.execs) {
       if (e.status === 'FAILED' && e.error !== undefined && BROKEN_DEFINITION_ERRORS.test(e.error)) result.push(`${e.name} failed with ${e.error}: a broken definition`);
       // The release beside the body (a rate alone) ends its branch when a call fails: the body runs on.
-      if (e.status === 'FAILED' && e.throttledIn?.endsWith(RELEASE_AT_INTERVAL_SUFFIX)) {
+      if (e.status === 'FAILED' && e.throttledIn?.endsWith(RELEASE_AT_INTERVAL_SUFFIX) && /ProvisionedThroughputExceeded/.test(e.error ?? '')) {
         result.push(`${e.name} failed: its release beside the body, throttled past its retries in '${e.throttledIn}', stopped the body`);
       }
     }

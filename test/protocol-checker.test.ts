@@ -100,7 +100,7 @@ describe('the checker finds the races of issues 14 and 15 when they are planted 
 
   test('a rate alone: a release beside the body whose failed calls are not caught stops the body and fails the execution', () => {
     // A call throttled past its retries in that release must end its branch, not the Parallel.
-    const config = configNamed('rate-alone-throttled');
+    const config = configNamed('rate-alone-failures');
     const result = checkConfig(config, {
       mutate: mutateWorkflow((state, name) => {
         if (name.endsWith(RELEASE_AT_INTERVAL_SUFFIX)) state.Catch = (state.Catch ?? []).filter((c: any) => c.Next !== RELEASE_AT_INTERVAL_FAILED);

@@ -505,6 +505,38 @@ test.each([
   );
 });
 
+test('a rate alone: a body that fails after its permit went back fails at once; one that fails inside its interval holds the permit until the interval has passed', async () => {
+  // X fails at 90 s, after its branch gave the permit back at 60 s (to Y, queued); Y fails 5 s into its
+  // body, inside its interval, so its permit stays held until the interval has passed and Z waits for it.
+  const { stack, workflow, workFunctionId } = workflowStack({ rateLimit: RateLimit.of(1, Duration.seconds(60)), reconcilerScheduleEnabled: false });
+  const work = new WorkTracker((input) => input.seconds);
+  await simulate(stack, { timeScale: 0.1, lambdaHandlers: { [workFunctionId]: work.handler } }, async (sim) => {
+    const sm = sim.stateMachine(stateMachineLogicalId(workflow.stateMachine));
+    const x = sim.startExecution(sm, { seconds: 90, fail: true }, { name: 'x' });
+    await until(() => work.starts.length === 1, "X's body to start");
+    const y = sim.startExecution(sm, { seconds: 5, fail: true }, { name: 'y' });
+    await sim.sleep(10);
+    const z = sim.startExecution(sm, { seconds: 1 }, { name: 'z' });
+    await Promise.all([x.done, y.done, z.done]);
+
+    expect([x.status, y.status, z.status]).toEqual(['FAILED', 'FAILED', 'SUCCEEDED']);
+    expect([x.error, y.error]).toEqual(['WorkFailed', 'WorkFailed']);
+    // X: nothing held when its body failed, so no second interval (it would end at 150 s).
+    expect(x.stateTransitions.get(STATE.checkPermitAfterFailure)).toBe(1);
+    expect(x.stateTransitions.get(STATE.holdAfterFailure)).toBeUndefined();
+    expect(x.stopDate! - work.startedAt.get(x.arn)!).toBeLessThan(120_000);
+    // Y: the check found its permit, which it held for the interval after its failure.
+    expect(y.stateTransitions.get(STATE.checkPermitAfterFailure)).toBe(1);
+    expect(y.stateTransitions.get(STATE.holdAfterFailure)).toBe(1);
+    expect(y.stopDate! - work.startedAt.get(y.arn)!).toBeGreaterThanOrEqual(60_000);
+    expect(work.startedAt.get(y.arn)! - work.startedAt.get(x.arn)!).toBeGreaterThanOrEqual(60_000);
+    expect(work.startedAt.get(z.arn)! - work.startedAt.get(y.arn)!).toBeGreaterThanOrEqual(60_000);
+    expect(mostInAnyWindow(work.starts, 60_000)).toBe(1);
+    await sim.idle();
+    expect(await lockState(sim)).toEqual([{ lockName: LOCK, permitsInUse: 0, holders: [] }]);
+  });
+});
+
 describe('scenarios, under DynamoDB\'s capacity rules', () => {
   /** The faults of both fault scenarios: failing and stopped bodies, duplicated and late events, throttling, stale reads. */
   const FAULTS = {

@@ -42,6 +42,9 @@ export const STATE = {
   redrivenRun: 'Redriven Run?',
   holdAfterRedrive: 'Hold Permit After Redriven Body',
   holdAfterFailure: 'Hold Permit After Failure',
+  // A rate alone: a failed body whose permit went back beside it fails at once.
+  redrivenRunAfterFailure: 'Redriven Run After Failure?',
+  checkPermitAfterFailure: 'Check Permit After Failure',
   // A rate without a concurrency limit: the permit goes back once the interval has passed, beside the body.
   prepareReleaseAtInterval: 'Prepare Release At Rate Interval',
   rateIntervalReleased: 'Permit Released At Rate Interval',
@@ -177,6 +180,8 @@ export const RATE_HOLD_STATES: string[] = [
   STATE.redrivenRun,
   STATE.holdAfterRedrive,
   STATE.holdAfterFailure,
+  STATE.redrivenRunAfterFailure,
+  STATE.checkPermitAfterFailure,
   STATE.releaseBodySlot,
   STATE.bodySlotReleased,
   STATE.releaseBodySlotAfterFailure,

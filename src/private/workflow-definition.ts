@@ -31,6 +31,8 @@ import {
   RELEASE_BODY_SLOT_CONDITION,
   RELEASE_BODY_SLOT_UPDATE,
   RELEASE_UPDATE,
+  STILL_HELD_CONDITION,
+  STILL_HELD_UPDATE,
   TAKE_BODY_SLOT_CONDITION,
   TAKE_BODY_SLOT_UPDATE,
   TICKET_KEY_SEPARATOR,
@@ -109,8 +111,11 @@ export function renderDefinition(scope: Construct, table: ISemaphoreTable, spec:
   prepareReleaseAfterFailure.next(handOffChain(scope, { table: table, lockName, lockNameText, suffix: ' After Failure', next: failWithError, weighted }));
   let releaseAfterFailure: sfn.State = prepareReleaseAfterFailure;
   if (spec.holdSeconds !== undefined) {
-    releaseAfterFailure = new sfn.Wait(scope, STATE.holdAfterFailure, { time: seconds(spec.holdSeconds) });
-    (releaseAfterFailure as sfn.Wait).next(prepareReleaseAfterFailure);
+    const holdAfterFailure = new sfn.Wait(scope, STATE.holdAfterFailure, { time: seconds(spec.holdSeconds) });
+    holdAfterFailure.next(prepareReleaseAfterFailure);
+    releaseAfterFailure = spec.releaseAtInterval
+      ? checkPermitAfterFailure(scope, table, lockName, holdAfterFailure, failWithError)
+      : holdAfterFailure;
   }
   if (spec.bodyLimit !== undefined) {
     // A failed body gives its slot back at once (its permit stays held for the interval); refused, it
@@ -289,6 +294,41 @@ function permitWeight(spec: DefinitionSpec): PermitWeight | undefined {
 
 function limitFromInput(path: string): number {
   return sfn.JsonPath.numberAt(pathFromExecutionInput(path));
+}
+
+/**
+ * A rate alone's failure path: the release beside the body gives the permit back once the interval has
+ * passed, so a body that fails later holds none, and its execution fails at once instead of waiting out
+ * another interval. A no-op write conditional on the entry (stamped by this run or an earlier one)
+ * tells: refused, nothing is held; else the permit is held for the interval, as with a concurrency
+ * limit, and given back. A redriven run (whose body may run without a permit until its guard acts) and
+ * a check that fails for any other reason take the wait too.
+ */
+function checkPermitAfterFailure(
+  scope: Construct,
+  table: ISemaphoreTable,
+  lockName: tasks.DynamoAttributeValue,
+  holdAfterFailure: sfn.State,
+  failWithError: sfn.IChainable,
+): sfn.State {
+  const check = new tasks.DynamoUpdateItem(scope, STATE.checkPermitAfterFailure, {
+    table: table.table,
+    key: { [LOCK_KEY]: lockName },
+    conditionExpression: STILL_HELD_CONDITION,
+    updateExpression: STILL_HELD_UPDATE,
+    expressionAttributeNames: { [NAMES.permits]: PERMITS_IN_USE, [NAMES.holder]: sfn.JsonPath.stringAt('$$.Execution.Id') },
+    expressionAttributeValues: {
+      [VALUES.redriveCount]: tasks.DynamoAttributeValue.numberFromString(sfn.JsonPath.jsonToString(sfn.JsonPath.objectAt('$$.Execution.RedriveCount'))),
+    },
+    resultPath: sfn.JsonPath.DISCARD,
+  })
+    .addRetry(transientRetry([...THROTTLING_ERRORS, ...SERVER_ERRORS]))
+    .addCatch(failWithError, { errors: [CONDITIONAL_CHECK_FAILED], resultPath: sfn.JsonPath.DISCARD })
+    .addCatch(holdAfterFailure, { errors: [sfn.Errors.ALL], resultPath: sfn.JsonPath.DISCARD })
+    .next(holdAfterFailure);
+  return new sfn.Choice(scope, STATE.redrivenRunAfterFailure)
+    .when(sfn.Condition.numberGreaterThan('$$.Execution.RedriveCount', 0), holdAfterFailure)
+    .otherwise(check);
 }
 
 /**
