@@ -234,8 +234,15 @@ function fairRunLabels(model: Model, start: World, live: Set<string>): { violati
     }
     for (let k = 0; !step && k < TIME_STEPS.length; k++) {
       const kind = TIME_STEPS[(turn + k) % TIME_STEPS.length];
-      step = steps.find((s) => s.label.includes(kind));
-      if (step) turn = (turn + k + 1) % TIME_STEPS.length;
+      // Of that kind, whoever waited longest: one execution's Wait must not always go before another's
+      // (a poller's wait, again and again, before the Wait of the holder it waits for).
+      const due = steps.filter((s) => s.label.includes(kind));
+      due.sort((a, b) => (served.get(who(a.label)) ?? -1) - (served.get(who(b.label)) ?? -1));
+      step = due[0];
+      if (step) {
+        turn = (turn + k + 1) % TIME_STEPS.length;
+        served.set(who(step.label), i);
+      }
     }
     if (!step) return { violation: `the fair run is stuck: nothing can happen, yet not everything has ended\n${model.describeWorld(world)}`, labels };
     const broken = take(step);
