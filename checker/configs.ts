@@ -176,10 +176,10 @@ export const CONFIGS: CheckerConfig[] = [
   {
     name: 'rate-alone-redrive',
     shard: 2,
-    description: 'queue, a rate of 1 per 10 s without a concurrency limit: a stop anywhere, then a redrive, beside the cleanup and the guard',
+    description: 'queue, a rate of 1 per 10 s without a concurrency limit: a stop anywhere, then a redrive, beside the cleanup and the guard; a failing body',
     workflow: { ...QUEUE, rateLimit: RateLimit.of(1, Duration.seconds(10)) },
     executions: 1,
-    budget: { ...NO_FAULTS, stops: 1, redrives: 1 },
+    budget: { ...NO_FAULTS, stops: 1, redrives: 1, bodyFailures: 1 },
   },
   {
     name: 'rate-alone-faults',

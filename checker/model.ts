@@ -435,7 +435,8 @@ export class Model {
         steps.push(
           this.onLeaf(world, exec, leaf, `${who} is throttled past its retries`, (w, e, root) => {
             w.budget.exhaustedRetries--;
-            e.throttledIn = leaf.thread.state;
+            // Only the release beside the body's is checked (below): elsewhere, not to split worlds.
+            if (leaf.thread.state.endsWith(RELEASE_AT_INTERVAL_SUFFIX)) e.throttledIn = leaf.thread.state;
             return info.machine.fail(root, leaf.path, throttled, 'throttled past its retries', this.host(w, e), { retriesExhausted: true });
           }),
         );
@@ -578,10 +579,11 @@ export class Model {
         if (w.budget.redrives > 0) e.lastEntered = name;
         if (this.s.releaseAtInterval && e.run > 0 && name === BODY_TASK) e.bodyRun = e.run;
         if (this.s.releaseAtInterval && e.run > 0 && name === STATE.prepareReleaseAtInterval) e.holdRun = e.run;
-        if (this.s.releaseAtInterval && name === STATE.prepareReleaseAtInterval) e.holdOwed = true;
+        // (Its Prepare's name ends with the suffix too: the flag is set after the clearing.)
         const holdEnds =
           name.endsWith(RELEASE_AT_INTERVAL_SUFFIX) || name === RELEASE_AT_INTERVAL_FAILED || name === STATE.prepareReleaseAfterFailure;
         if (e.holdOwed && holdEnds) e.holdOwed = undefined;
+        if (this.s.releaseAtInterval && name === STATE.prepareReleaseAtInterval) e.holdOwed = true;
       },
       onAbandon: (thread) => abandoned.push(thread),
       abandoned,

@@ -19,6 +19,30 @@ function definitions(stack: Stack): Record<string, unknown> {
   );
 }
 
+/**
+ * Step Functions' rule that asl-validator does not check: `States.ALL` stands alone in its `ErrorEquals`,
+ * in the last retrier or catcher (CreateStateMachine refuses anything else). Where it is broken.
+ * https://docs.aws.amazon.com/step-functions/latest/dg/concepts-error-handling.html
+ */
+function misplacedStatesAll(definition: any): string[] {
+  const found: string[] = [];
+  const visit = (machine: any) => {
+    for (const [name, state] of Object.entries<any>(machine.States ?? {})) {
+      for (const field of ['Retry', 'Catch']) {
+        const list: any[] = state[field] ?? [];
+        list.forEach((entry, i) => {
+          const errors: string[] = entry.ErrorEquals ?? [];
+          if (errors.includes('States.ALL') && (errors.length > 1 || i !== list.length - 1)) found.push(`${name}: ${field}[${i}]`);
+        });
+      }
+      for (const branch of state.Branches ?? []) visit(branch);
+      if (state.ItemProcessor ?? state.Iterator) visit(state.ItemProcessor ?? state.Iterator);
+    }
+  };
+  visit(definition);
+  return found;
+}
+
 function validate(definition: unknown) {
   // The validator annotates the definition it reads; give it a copy.
   return aslValidator(JSON.parse(JSON.stringify(definition)), { checkPaths: true, checkArn: true });
@@ -34,6 +58,8 @@ const configurations: Array<[string, Partial<ConcurrencyControlledWorkflowProps>
     { concurrencyLimit: sfn.JsonPath.numberAt('$.limit'), acquireTimeout: Duration.minutes(5), idempotency: { key: IdempotencyKey.fromJmesPath('[a, b]'), validateFields: ['$.c'] } },
   ],
   ['a rate limit beside a concurrency limit', { rateLimit: RateLimit.perSecond(10), concurrencyLimit: 4 }],
+  ['a rate limit alone, the queue (the release beside the body)', { rateLimit: RateLimit.perSecond(10) }],
+  ['a rate limit beside a lower concurrency limit (body slots)', { rateLimit: RateLimit.perSecond(10), concurrencyLimit: 2 }],
   [
     'a rate limit, polling, idempotent, a lock name from the input',
     { rateLimit: RateLimit.perMinute(30), waitStrategy: WaitStrategy.POLLING, lockName: sfn.JsonPath.stringAt('$.lock'), idempotency: { key: IdempotencyKey.fromFields('$.id') } },
@@ -55,7 +81,18 @@ describe('every synthesized definition passes asl-validator', () => {
       const result = validate(definition);
       expect({ id, errors: result.errorsText('\n') }).toEqual({ id, errors: '' });
       expect(result.isValid).toBe(true);
+      expect({ id, misplaced: misplacedStatesAll(definition) }).toEqual({ id, misplaced: [] });
     }
+  });
+
+  test('a States.ALL that is not alone, or not last, is found', () => {
+    const definition = {
+      States: {
+        A: { Type: 'Task', Catch: [{ ErrorEquals: ['States.ALL'], Next: 'B' }, { ErrorEquals: ['X'], Next: 'B' }] },
+        P: { Type: 'Parallel', Branches: [{ States: { C: { Type: 'Task', Retry: [{ ErrorEquals: ['X', 'States.ALL'] }] } } }] },
+      },
+    };
+    expect(misplacedStatesAll(definition)).toEqual(['A: Catch[0]', 'C: Retry[0]']);
   });
 
   test('IdempotentWorkflow', () => {

@@ -12,7 +12,7 @@ import {
   RELEASE_IF_NO_WAITERS_CONDITION,
   STAMPED_AT_MOST,
 } from '../src/private/lock-schema';
-import { RELEASE_AT_INTERVAL_FAILED, RELEASE_AT_INTERVAL_SUFFIX } from '../src/private/state-names';
+import { RELEASE_AT_INTERVAL_FAILED, RELEASE_AT_INTERVAL_SUFFIX, STATE } from '../src/private/state-names';
 
 /*
  * The protocol checker (checker/) searches every interleaving of bounded configurations of the
@@ -109,6 +109,21 @@ describe('the checker finds the races of issues 14 and 15 when they are planted 
     console.log(report(config, result));
     expect(result.counterexample?.violation).toMatch(/failed: its release beside the body, throttled past its retries in '.* At Rate Interval', stopped the body/);
     expect(result.counterexample!.trace.some((s) => /is throttled past its retries/.test(s.label))).toBe(true);
+  });
+
+  test('a rate alone: a check after a failed body that gives the permit back leaves the rest of the interval unheld', () => {
+    // A body that failed before its branch released owes its permit the interval: the check must not free it.
+    const config = configNamed('rate-alone-failures');
+    const result = checkConfig(config, {
+      mutate: mutateWorkflow((state, name) => {
+        if (name !== STATE.checkPermitAfterFailure) return;
+        state.Parameters.UpdateExpression = 'SET #permits = #permits - :one REMOVE #holder';
+        state.Parameters.ExpressionAttributeValues[':one'] = { N: '1' };
+      }),
+    });
+    console.log(report(config, result));
+    expect(result.counterexample?.violation).toMatch(/OwnEntry: [AB] is in the body \(run 0\) without an entry stamped with its run/);
+    expect(result.counterexample!.trace.some((s) => /the body fails/.test(s.label))).toBe(true);
   });
 
   test('F5: a sweep without a grace period frees a live permit on a stale "does not exist"', () => {

@@ -505,22 +505,28 @@ test.each([
   );
 });
 
-test('a rate alone: a body that fails after its permit went back fails at once; one that fails inside its interval holds the permit until the interval has passed', async () => {
+test.each([false, true])('a rate alone (idempotent: %s): a body that fails after its permit went back fails at once; one that fails inside its interval holds the permit until the interval has passed', async (idempotent) => {
   // X fails at 90 s, after its branch gave the permit back at 60 s (to Y, queued); Y fails 5 s into its
   // body, inside its interval, so its permit stays held until the interval has passed and Z waits for it.
-  const { stack, workflow, workFunctionId } = workflowStack({ rateLimit: RateLimit.of(1, Duration.seconds(60)), reconcilerScheduleEnabled: false });
+  const { stack, workflow, workFunctionId } = workflowStack({
+    rateLimit: RateLimit.of(1, Duration.seconds(60)),
+    reconcilerScheduleEnabled: false,
+    ...(idempotent ? { idempotency: { key: IdempotencyKey.fromFields('$.name') } } : {}),
+  });
   const work = new WorkTracker((input) => input.seconds);
   await simulate(stack, { timeScale: 0.1, lambdaHandlers: { [workFunctionId]: work.handler } }, async (sim) => {
     const sm = sim.stateMachine(stateMachineLogicalId(workflow.stateMachine));
-    const x = sim.startExecution(sm, { seconds: 90, fail: true }, { name: 'x' });
+    const x = sim.startExecution(sm, { name: 'x', seconds: 90, fail: true }, { name: 'x' });
     await until(() => work.starts.length === 1, "X's body to start");
-    const y = sim.startExecution(sm, { seconds: 5, fail: true }, { name: 'y' });
+    const y = sim.startExecution(sm, { name: 'y', seconds: 5, fail: true }, { name: 'y' });
     await sim.sleep(10);
-    const z = sim.startExecution(sm, { seconds: 1 }, { name: 'z' });
+    const z = sim.startExecution(sm, { name: 'z', seconds: 1 }, { name: 'z' });
     await Promise.all([x.done, y.done, z.done]);
 
     expect([x.status, y.status, z.status]).toEqual(['FAILED', 'FAILED', 'SUCCEEDED']);
     expect([x.error, y.error]).toEqual(['WorkFailed', 'WorkFailed']);
+    // With idempotency, the failure is recorded (a repeat may run again).
+    if (idempotent) expect([x, y].every((e) => e.stateTransitions.get(STATE.markFailed) === 1)).toBe(true);
     // X: nothing held when its body failed, so no second interval (it would end at 150 s).
     expect(x.stateTransitions.get(STATE.checkPermitAfterFailure)).toBe(1);
     expect(x.stateTransitions.get(STATE.holdAfterFailure)).toBeUndefined();

@@ -173,12 +173,14 @@ export function renderDefinition(scope: Construct, table: ISemaphoreTable, spec:
       // for the interval and gives back. A run that was not redriven has nothing left to give back.
       const suffix = RELEASE_AT_INTERVAL_SUFFIX;
       const releaseBeside = handOffChain(scope, { table: table, lockName, lockNameText, suffix, outputPath: sfn.JsonPath.DISCARD, weighted });
-      // A call of that release that fails past its retries (a write throttled that long) must not fail
-      // the branch, which would stop the body: the branch ends with the error as its output, and the
-      // release after the body gives the permit back (or finds it handed on, if the failed call landed).
+      // A write of that release throttled past its retries (or failing with server errors that long)
+      // must not fail the branch, which would stop the body: the branch ends with the error as its
+      // output, and the release after the body gives the permit back (or finds it handed on, if the
+      // failed call landed). Other errors still fail the execution: they are not transient (access
+      // denied, a malformed request). The wake-ups are calls of their own, which catch everything.
       const releaseFailed = new sfn.Succeed(scope, RELEASE_AT_INTERVAL_FAILED);
       for (const state of sfn.State.findReachableStates(releaseBeside, { includeErrorHandlers: true })) {
-        if (state instanceof sfn.TaskStateBase) state.addCatch(releaseFailed, { errors: [sfn.Errors.ALL], resultPath: '$' });
+        if (state instanceof sfn.TaskStateBase) state.addCatch(releaseFailed, { errors: [...THROTTLING_ERRORS, ...SERVER_ERRORS], resultPath: '$' });
       }
       runBody.branch(
         sfn.Chain.start(new sfn.Pass(scope, STATE.prepareReleaseAtInterval, { parameters: { handoff: holderOfThisRun } }))
