@@ -34,6 +34,8 @@ export interface CheckerConfig {
 
 const QUEUE = { waitStrategy: WaitStrategy.QUEUE, queueCheckInterval: Duration.minutes(5) };
 const POLLING = { waitStrategy: WaitStrategy.POLLING };
+/** A rate without a concurrency limit: 1 per 10 s, so that a second execution queues behind the first. */
+const RATE_ALONE = { rateLimit: RateLimit.of(1, Duration.seconds(10)) };
 
 export const CONFIGS: CheckerConfig[] = [
   {
@@ -169,7 +171,7 @@ export const CONFIGS: CheckerConfig[] = [
     name: 'rate-alone',
     shard: 1,
     description: 'queue, a rate of 1 per 10 s without a concurrency limit (the permit goes back beside the body once the interval has passed): a stop anywhere',
-    workflow: { ...QUEUE, rateLimit: RateLimit.of(1, Duration.seconds(10)) },
+    workflow: { ...QUEUE, ...RATE_ALONE },
     executions: 2,
     budget: { ...NO_FAULTS, stops: 1 },
   },
@@ -177,7 +179,7 @@ export const CONFIGS: CheckerConfig[] = [
     name: 'rate-alone-redrive',
     shard: 2,
     description: 'queue, a rate of 1 per 10 s without a concurrency limit: a stop anywhere, then a redrive, beside the cleanup and the guard; a failing body',
-    workflow: { ...QUEUE, rateLimit: RateLimit.of(1, Duration.seconds(10)) },
+    workflow: { ...QUEUE, ...RATE_ALONE },
     executions: 1,
     budget: { ...NO_FAULTS, stops: 1, redrives: 1, bodyFailures: 1 },
   },
@@ -185,7 +187,7 @@ export const CONFIGS: CheckerConfig[] = [
     name: 'rate-alone-faults',
     shard: 1,
     description: 'queue, a rate of 1 per 10 s without a concurrency limit: a stop with a late write, a server error (landed or not)',
-    workflow: { ...QUEUE, rateLimit: RateLimit.of(1, Duration.seconds(10)) },
+    workflow: { ...QUEUE, ...RATE_ALONE },
     executions: 2,
     budget: { ...NO_FAULTS, stops: 1, inFlight: 1, serverErrors: 1 },
   },
@@ -194,7 +196,7 @@ export const CONFIGS: CheckerConfig[] = [
     shard: 1,
     description:
       'queue, a rate of 1 per 10 s without a concurrency limit: a DynamoDB call of the workflow throttled past its retries anywhere (the release beside the body among them), a failing body, a stop',
-    workflow: { ...QUEUE, rateLimit: RateLimit.of(1, Duration.seconds(10)) },
+    workflow: { ...QUEUE, ...RATE_ALONE },
     executions: 2,
     budget: { ...NO_FAULTS, exhaustedRetries: 1, bodyFailures: 1, stops: 1 },
   },
@@ -202,7 +204,7 @@ export const CONFIGS: CheckerConfig[] = [
     name: 'rate-alone-polling',
     shard: 2,
     description: 'polling, a rate of 1 per 10 s without a concurrency limit: a stop with a late write, a failing body',
-    workflow: { ...POLLING, rateLimit: RateLimit.of(1, Duration.seconds(10)) },
+    workflow: { ...POLLING, ...RATE_ALONE },
     executions: 2,
     budget: { ...NO_FAULTS, stops: 1, inFlight: 1, bodyFailures: 1 },
   },
@@ -210,7 +212,7 @@ export const CONFIGS: CheckerConfig[] = [
     name: 'rate-alone-client',
     shard: 2,
     description: 'queue, a rate of 1 per 10 s without a concurrency limit: an execution and a client lease, either stopped or crashing, a sweep',
-    workflow: { ...QUEUE, rateLimit: RateLimit.of(1, Duration.seconds(10)) },
+    workflow: { ...QUEUE, ...RATE_ALONE },
     executions: 1,
     clients: 1,
     budget: { ...NO_FAULTS, stops: 1, sweeps: 1, ticks: 1 },
@@ -219,7 +221,7 @@ export const CONFIGS: CheckerConfig[] = [
     name: 'rate-alone-timeout',
     shard: 1,
     description: 'queue with an acquire timeout, a rate of 1 per 10 s without a concurrency limit: a stop with a late write, a timeout',
-    workflow: { ...QUEUE, rateLimit: RateLimit.of(1, Duration.seconds(10)), acquireTimeout: Duration.minutes(10) },
+    workflow: { ...QUEUE, ...RATE_ALONE, acquireTimeout: Duration.minutes(10) },
     executions: 2,
     budget: { ...NO_FAULTS, stops: 1, inFlight: 1, timeouts: 1 },
   },

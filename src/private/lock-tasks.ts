@@ -24,6 +24,11 @@ import {
 } from './lock-schema';
 import { ISemaphoreTable } from '../semaphore-table';
 
+/** The execution's current run (`$$.Execution.RedriveCount`), as a DynamoDB number: the stamp of its entries. */
+export function currentRun(): tasks.DynamoAttributeValue {
+  return tasks.DynamoAttributeValue.numberFromString(sfn.JsonPath.jsonToString(sfn.JsonPath.objectAt('$$.Execution.RedriveCount')));
+}
+
 /** Which lock item a task writes, and on behalf of which holder. */
 export interface LockTaskProps {
   readonly table: ISemaphoreTable;
@@ -98,7 +103,7 @@ export function acquireTask(scope: Construct, id: string, props: AcquireTaskProp
       [VALUES.limit]: props.limit,
       [VALUES.entry]: tasks.DynamoAttributeValue.fromMap({
         [HOLDER_ACQUIRED_AT]: tasks.DynamoAttributeValue.fromString(sfn.JsonPath.stringAt('$$.State.EnteredTime')),
-        [HOLDER_REDRIVE_COUNT]: tasks.DynamoAttributeValue.numberFromString(sfn.JsonPath.jsonToString(sfn.JsonPath.objectAt('$$.Execution.RedriveCount'))),
+        [HOLDER_REDRIVE_COUNT]: currentRun(),
         ...(props.leaseSeconds === undefined ? {} : { [HOLDER_LEASE_SECONDS]: tasks.DynamoAttributeValue.fromNumber(props.leaseSeconds) }),
         ...(weight ? { [HOLDER_PERMITS]: weight.permits, [HOLDER_EXTRA_PERMITS]: weight.extra } : {}),
       }),

@@ -55,7 +55,7 @@ import {
   DELETE_SERVED_CONDITION,
   WAIT_ON_TICKET_UPDATE,
 } from './lock-schema';
-import { fencingTokenSelector } from './lock-tasks';
+import { currentRun, fencingTokenSelector } from './lock-tasks';
 import { STATE } from './state-names';
 import { ISemaphoreTable } from '../semaphore-table';
 
@@ -658,7 +658,7 @@ export function claimStampValues(): Record<string, tasks.DynamoAttributeValue> {
   return {
     [QUEUE_VALUES.claimed]: tasks.DynamoAttributeValue.fromBoolean(true),
     [VALUES.acquiredAt]: tasks.DynamoAttributeValue.fromString(sfn.JsonPath.stringAt('$$.State.EnteredTime')),
-    [VALUES.redriveCount]: tasks.DynamoAttributeValue.numberFromString(sfn.JsonPath.jsonToString(sfn.JsonPath.objectAt('$$.Execution.RedriveCount'))),
+    [VALUES.redriveCount]: currentRun(),
   };
 }
 

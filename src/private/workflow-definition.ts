@@ -38,7 +38,7 @@ import {
   TICKET_KEY_SEPARATOR,
   VALUES,
 } from './lock-schema';
-import { acquireTask, fencingTokenSelector, LockTaskProps, PermitWeight } from './lock-tasks';
+import { acquireTask, currentRun, fencingTokenSelector, LockTaskProps, PermitWeight } from './lock-tasks';
 import {
   claimStampValues,
   fencingTokenTask,
@@ -320,7 +320,7 @@ function checkPermitAfterFailure(
     updateExpression: STILL_HELD_UPDATE,
     expressionAttributeNames: { [NAMES.permits]: PERMITS_IN_USE, [NAMES.holder]: sfn.JsonPath.stringAt('$$.Execution.Id') },
     expressionAttributeValues: {
-      [VALUES.redriveCount]: tasks.DynamoAttributeValue.numberFromString(sfn.JsonPath.jsonToString(sfn.JsonPath.objectAt('$$.Execution.RedriveCount'))),
+      [VALUES.redriveCount]: currentRun(),
     },
     resultPath: sfn.JsonPath.DISCARD,
   })
@@ -669,7 +669,7 @@ function renderCollector(
 ) {
   const key = { [LOCK_KEY]: lockTask.lockName };
   const holder = lockTask.holder;
-  const run = tasks.DynamoAttributeValue.numberFromString(sfn.JsonPath.jsonToString(sfn.JsonPath.objectAt('$$.Execution.RedriveCount')));
+  const run = currentRun();
   const one = tasks.DynamoAttributeValue.fromNumber(1);
   const zero = tasks.DynamoAttributeValue.fromNumber(0);
   const retry = transientRetry([...THROTTLING_ERRORS, ...SERVER_ERRORS]);
