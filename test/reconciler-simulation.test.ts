@@ -308,13 +308,15 @@ describe('redrive guard', () => {
       expect(await lockState(sim)).toEqual([{ lockName: 'TestStack/Workflow', permitsInUse: 1, holders: [stopped.arn] }]);
       // EventBridge delivers at least once: the old run's ABORTED event arrives again, now.
       sim.putEvent(abortedEvent);
-      await sim.sleep(5);
-
-      // Its cleanup ran, and left the permit of the redriven run alone.
+      // Its cleanup runs (waited for, not timed: a loaded machine stretches the simulated seconds its
+      // calls take), and leaves the permit of the redriven run alone.
+      const cleanups = () => [...sim.executions.values()].filter((e) => e.stateMachine !== sm);
+      await until(() => cleanups().length === 2, 'the second cleanup to start');
+      await Promise.all(cleanups().map((e) => e.done));
+      // The redriven run is still in its body.
+      expect([stopped.status, work.byExecution.get(stopped.arn), work.inside]).toEqual(['RUNNING', 2, 1]);
       expect(await lockState(sim)).toEqual([{ lockName: 'TestStack/Workflow', permitsInUse: 1, holders: [stopped.arn] }]);
-      const cleanups = [...sim.executions.values()].filter((e) => e.stateMachine !== sm);
-      expect(cleanups).toHaveLength(2);
-      expect(cleanups.every((e) => e.status === 'SUCCEEDED')).toBe(true);
+      expect(cleanups().map((e) => e.status)).toEqual(['SUCCEEDED', 'SUCCEEDED']);
       const [again] = await Promise.all([redriven, sim.idle()]);
       expect(again.status).toBe('SUCCEEDED');
       expect(await lockState(sim)).toEqual([{ lockName: 'TestStack/Workflow', permitsInUse: 0, holders: [] }]);
