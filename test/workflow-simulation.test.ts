@@ -3,7 +3,7 @@ import { App, CfnElement, Duration, Stack } from 'aws-cdk-lib';
 import * as lambda from 'aws-cdk-lib/aws-lambda';
 import * as sfn from 'aws-cdk-lib/aws-stepfunctions';
 import * as tasks from 'aws-cdk-lib/aws-stepfunctions-tasks';
-import { ConcurrencyControlledWorkflow, SemaphoreTable, WaitStrategy } from '../src';
+import { ConcurrencyControlledWorkflow, RateLimit, SemaphoreTable, WaitStrategy } from '../src';
 import { lockState, logicalId, simulate, stateMachineLogicalId, statuses, until as waitUntil, WORK_FUNCTION_TIMEOUT, WorkTracker, workflowStack } from './helpers';
 import { Execution, LockMonitor, seededRandom, Simulator, TaskContext, TaskError } from '../simulator';
 import { isTicketKey, ticketKey } from '../src/private/lock-schema';
@@ -921,16 +921,34 @@ describe('the queue', () => {
     }
   });
 
-  test('a waiter that gets in by polling: its ticket, served later by its own release, is never handed a second permit', async () => {
-    const props = { concurrencyLimit: 1, waitStrategy: WaitStrategy.QUEUE, queueCheckInterval: Duration.seconds(30) };
+  // A rate alone gives the permit back beside the body, once its interval (here 10 minutes) has passed.
+  // The last case throttles "Leave Queue" past its retries: the ticket stays, and the release skips it
+  // as before, its hand-off refused while the waiter holds its permit.
+  test.each([
+    ['a concurrency limit', { concurrencyLimit: 1 }, false],
+    ['a rate alone', { rateLimit: RateLimit.of(1, Duration.minutes(10)) }, false],
+    ['a concurrency limit, the leave throttled', { concurrencyLimit: 1 }, true],
+  ])('a waiter that gets in by polling leaves the queue: no release hands it a second permit (%s)', async (_, limits, throttled) => {
+    const props = { ...limits, waitStrategy: WaitStrategy.QUEUE, queueCheckInterval: Duration.seconds(30), permitPath: '$.permit' };
     const { stack, workflow, workFunctionId } = workflowStack(props);
     let itemsInBody: Array<Record<string, any>> | undefined;
+    let permitInBody: unknown;
     const body = async (input: any, context: TaskContext) => {
-      if (context.execution.name === 'waiter') itemsInBody = await context.simulator.scan('WorkflowLockTable');
+      if (context.execution.name === 'waiter') {
+        itemsInBody = await context.simulator.scan('WorkflowLockTable');
+        permitInBody = input.permit;
+      }
       await context.simulator.sleep(input.seconds, context.signal);
       return {};
     };
-    await simulate(stack, { lambdaHandlers: { [workFunctionId]: body } }, async (sim) => {
+    let leaveCalls = 0;
+    const taskHandlers = {
+      'Leave Queue': async () => {
+        leaveCalls++;
+        throw new TaskError('DynamoDB.ProvisionedThroughputExceededException', 'The level of configured provisioned throughput for the table was exceeded');
+      },
+    };
+    await simulate(stack, { lambdaHandlers: { [workFunctionId]: body }, ...(throttled ? { taskHandlers } : {}) }, async (sim) => {
       const sm = sim.stateMachine(stateMachineLogicalId(workflow.stateMachine));
       const holder = sim.startExecution(sm, { seconds: 100 }, { name: 'holder' });
       await waitUntil(() => holder.stateTransitions.has('Do Work'), 'the holder in its body');
@@ -949,18 +967,28 @@ describe('the queue', () => {
       );
       await waiter.done;
 
-      expect(waiter.status).toBe('SUCCEEDED');
+      expect([waiter.status, waiter.error, waiter.cause]).toEqual(['SUCCEEDED', undefined, undefined]);
       expect(waiter.stateTransitions.get('Poll For Permit Again')).toBe(1);
-      // Inside, it held the permit, and its ticket still waited.
+      // Throttled: the first try and 10 retries (each a transition).
+      expect([waiter.stateTransitions.get('Leave Queue'), leaveCalls, waiter.stateTransitions.has('Ticket Left In Queue')]).toEqual(
+        throttled ? [11, 11, true] : [1, 0, false],
+      );
+      // Inside, it held the permit, and had the fencing token the poll drew; its ticket still waited,
+      // without an item (or with the waiter's, when it could not leave).
       const lockInBody = itemsInBody!.find((i) => i.lockName.S === 'TestStack/Workflow')!;
       expect(lockInBody[waiter.arn]).toBeDefined();
+      expect(permitInBody).toEqual({ fencingToken: Number(lockInBody.fencingToken.N) });
       expect([lockInBody.queueHead.N, lockInBody.queueTail.N]).toEqual(['0', '1']);
-      expect(itemsInBody!.find((i) => i.lockName.S === ticketKey('TestStack/Workflow', 1))).toMatchObject({ waiter: { S: waiter.arn } });
-      // Its own release claimed that ticket, and the hand-off to itself was refused: no wake-up, and
-      // the permit was given back.
-      expect(waiter.stateTransitions.get('Hand Off Permit')).toBe(1);
-      expect(waiter.stateTransitions.has('Wake Next Waiter')).toBe(false);
-      expect(waiter.stateTransitions.get('Release Permit Without Hand-Off')).toBe(1);
+      const ticketsInBody = itemsInBody!.filter((i) => isTicketKey(i.lockName.S));
+      expect(ticketsInBody.map((i) => [i.lockName.S, i.waiter?.S])).toEqual(throttled ? [[ticketKey('TestStack/Workflow', 1), waiter.arn]] : []);
+      // Its own release claimed that ticket and skipped it, as one whose waiter never wrote its item
+      // (or, when it could not leave, as one whose waiter holds a permit: a refused hand-off): no
+      // wake-up, and the permit was given back.
+      const times = (prefix: string) =>
+        [...waiter.stateTransitions].filter(([state]) => state.startsWith(prefix)).reduce((n, [, count]) => n + count, 0);
+      expect([times('Mark Ticket Served'), times('Hand Off Permit'), times('Wake Next Waiter'), times('Release Permit Without Hand-Off')]).toEqual(
+        throttled ? [0, 1, 0, 1] : [1, 0, 0, 1],
+      );
       holder.abort('Test.Stop', 'done with it');
       await holder.done;
       await sim.idle();

@@ -643,6 +643,36 @@ export function waitOnTicketTask(scope: Construct, id: string, props: WaiterProp
 }
 
 /**
+ * "Leave Queue": delete the ticket's item of an execution that took a permit by polling while its
+ * ticket still waited, only while nobody served it and the waiter is still this run (WAIT_AGAIN_CONDITION).
+ * When its turn comes, the release then skips the ticket as one whose item was never written, where it
+ * would have handed this execution a second permit (refused while it holds the first; after it gave
+ * that back, taken back only once the wake-up is refused). Refused (served meanwhile), the release
+ * finds the permit it holds and serves the next ticket.
+ */
+export function leaveQueueTask(scope: Construct, id: string, props: WaiterProps, outputPath?: string): sfn.TaskStateBase {
+  return new tasks.DynamoDeleteItem(scope, id, {
+    table: props.table.table,
+    key: { [LOCK_KEY]: ticketItemKey(props.lockNameText, `${TICKET_PATH}.ticket`) },
+    conditionExpression: WAIT_AGAIN_CONDITION,
+    expressionAttributeNames: {
+      [QUEUE_NAMES.servedBy]: TICKET_SERVED_BY,
+      [QUEUE_NAMES.waiter]: TICKET_WAITER,
+      [QUEUE_NAMES.run]: HOLDER_REDRIVE_COUNT,
+    },
+    expressionAttributeValues: {
+      [QUEUE_VALUES.me]: tasks.DynamoAttributeValue.fromString(sfn.JsonPath.stringAt('$$.Execution.Id')),
+      [VALUES.redriveCount]: currentRun(),
+    },
+    resultPath: sfn.JsonPath.DISCARD,
+    outputPath,
+  }).addRetry(transientRetry([...THROTTLING_ERRORS, ...SERVER_ERRORS]));
+}
+
+/** Where "Poll For Permit Again" keeps the `{ fencingToken }` it took until "Leave Queue" makes it the branch's result. */
+export const POLLED_PERMIT_PATH = '$.polledPermit';
+
+/**
  * The wait's errors: refused (the ticket's turn has come, or the ticket is of another run); uncertain
  * (a server error: did the write land?); timed out (no wake-up within `queueCheckInterval`).
  */

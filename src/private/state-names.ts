@@ -63,6 +63,8 @@ export const STATE = {
   // The queue (wait strategy QUEUE).
   takeTicket: 'Take Ticket',
   pollAgain: 'Poll For Permit Again',
+  leaveQueue: 'Leave Queue',
+  ticketLeftInQueue: 'Ticket Left In Queue',
   waitInQueue: 'Wait In Queue',
   waitInQueueAgain: 'Wait In Queue Again',
   countQueueCheck: 'Count Queue Check',

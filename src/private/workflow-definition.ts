@@ -44,6 +44,8 @@ import {
   fencingTokenTask,
   HANDOFF_PATH,
   handOffChain,
+  leaveQueueTask,
+  POLLED_PERMIT_PATH,
   takeTicketTask,
   WAIT_REFUSED,
   WAIT_TIMED_OUT,
@@ -502,6 +504,8 @@ function checkRuntimeLockName(scope: Construct, spec: DefinitionSpec, next: sfn.
  *     ▼
  *   Check Handed-Off Permit Again ─yes─▶ body; no ─▶ Wait Before Next Poll ─▶ Take Ticket
  *
+ *   Poll For Permit Again ─took a free permit─▶ Leave Queue (delete the ticket's item) ─▶ body
+ *
  * Every way back to a wait counts its round against the history budget: "Count Queue Check" (and its
  * Choice) before Wait In Queue Again, "Count Queue Retry" before a new Take Ticket. Past the budget
  * the branch fails with SemaphoreAcquireTimeout ("Wait Budget Spent").
@@ -603,10 +607,19 @@ function renderQueueWait(
     });
   // A wait timed out (no wake-up within the check interval): take a free permit, or the one handed to
   // this execution if its wake-up was lost (the acquire finds its own entry); else sleep again.
-  const pollAgain = acquired(acquireTask(scope, STATE.pollAgain, acquireProps))
+  // A free permit taken, the ticket still waits: leave the queue (see leaveQueueTask). The branch's
+  // result is `{ fencingToken }` alone, so the acquire's goes aside until the ticket is left.
+  const polledPermitPath = ownPermitPath ? POLLED_PERMIT_PATH : undefined;
+  const leaveQueue = acquired(leaveQueueTask(scope, STATE.leaveQueue, waiter, polledPermitPath));
+  leaveQueue.addCatch(acquired(new sfn.Pass(scope, STATE.ticketLeftInQueue, { outputPath: polledPermitPath })), {
+    errors: [CONDITIONAL_CHECK_FAILED, ...THROTTLING_ERRORS, ...SERVER_ERRORS],
+    resultPath: sfn.JsonPath.DISCARD,
+  });
+  const pollAgain = acquireTask(scope, STATE.pollAgain, { ...acquireProps, permitPath: polledPermitPath })
     .addRetry(retry)
     .addCatch(checkRound, { errors: [CONDITIONAL_CHECK_FAILED], resultPath: sfn.JsonPath.DISCARD })
     .addCatch(checkAgain, { errors: [VALIDATION_ERROR], resultPath: sfn.JsonPath.DISCARD });
+  pollAgain.next(leaveQueue);
 
   // Refused: the lock has a free permit, or this execution already holds one (handed over while it
   // was not waiting: after a lost wake-up, or to an older ticket of it). Take the free permit: the
