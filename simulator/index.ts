@@ -6,3 +6,4 @@ export * from './sfn-api';
 export * from './lambda';
 export * from './semaphore';
 export * from './scenario';
+export * from './logs';

@@ -594,12 +594,12 @@ export class ConcurrencyControlledWorkflow extends Construct {
     this.metricsNamespace = `CdkSfnSemaphore/${this.stateMachine.stateMachineName}`;
     if ((logOptions.level ?? sfn.LogLevel.ERROR) !== sfn.LogLevel.ALL) {
       Annotations.of(this).addWarning(
-        'the state machine does not log at level ALL: metricAcquisitions(), metricWaits() and metricAcquireTimeouts() will stay empty',
+        'the state machine does not log at level ALL: metricAcquisitions(), metricWaits(), metricBodySlotWaits() and metricAcquireTimeouts() will stay empty',
       );
     }
-    this.addMetricFilters();
+    this.addMetricFilters(bodyLimit !== undefined);
     if (props.dashboard) {
-      this.addDashboard(rate !== undefined);
+      this.addDashboard(rate !== undefined, bodyLimit !== undefined);
     }
   }
 
@@ -704,11 +704,24 @@ export class ConcurrencyControlledWorkflow extends Construct {
   /**
    * Executions that found the lock full and had to wait, from the state machine's log. With a
    * `rateLimit` and no `concurrencyLimit`, a permit goes back when its interval ends, whatever the body
-   * does, so these are waits caused by the rate (but for permits held longer: a failed body's, a
-   * redriven run's, a client's lease, another workflow's on the same lock with a `concurrencyLimit`).
+   * does, so these are waits caused by the rate (but for permits held longer: a failed body's, a body's
+   * whose release beside it failed, a redriven run's, a client's lease, another workflow's on the same
+   * lock with a `concurrencyLimit`). With a `concurrencyLimit` below the rate's count, they are waits
+   * for a permit, which the rate holds (but for the permits of bodies that run past their interval, at
+   * most `concurrencyLimit` of them), and `metricBodySlotWaits()` counts the waits for the concurrency limit.
    */
   public metricWaits(props?: cloudwatch.MetricOptions): cloudwatch.Metric {
     return this.logMetric('Waits', props);
+  }
+
+  /**
+   * Executions that held a permit but found every body slot taken and had to wait for one, from the
+   * state machine's log: with a `rateLimit` and a `concurrencyLimit` below its count, the waits caused
+   * by the concurrency limit (`metricWaits()` counts those caused by the rate). Always 0 on any other
+   * workflow, which has no body slots (and no metric filter for them).
+   */
+  public metricBodySlotWaits(props?: cloudwatch.MetricOptions): cloudwatch.Metric {
+    return this.logMetric('BodySlotWaits', props);
   }
 
   /**
@@ -726,7 +739,7 @@ export class ConcurrencyControlledWorkflow extends Construct {
    * Metric filters on the state machine's log (level ALL): its state-entered and execution-failed
    * events name the state and the error, which is all these metrics need.
    */
-  private addMetricFilters(): void {
+  private addMetricFilters(withBodySlots: boolean): void {
     const filters: Record<string, logs.IFilterPattern> = {
       Acquisitions: logs.FilterPattern.all(
         logs.FilterPattern.stringValue('$.type', '=', 'ParallelStateEntered'),
@@ -740,6 +753,15 @@ export class ConcurrencyControlledWorkflow extends Construct {
         logs.FilterPattern.stringValue('$.type', '=', 'ExecutionFailed'),
         logs.FilterPattern.stringValue('$.details.error', '=', ConcurrencyControlledWorkflow.ACQUIRE_TIMEOUT_ERROR),
       ),
+      // A retry of the Parallel (a round of the wait) logs ParallelStateStarted, not Entered: one per wait.
+      ...(withBodySlots
+        ? {
+          BodySlotWaits: logs.FilterPattern.all(
+            logs.FilterPattern.stringValue('$.type', '=', 'ParallelStateEntered'),
+            logs.FilterPattern.stringValue('$.details.name', '=', STATE.waitForBodySlot),
+          ),
+        }
+        : {}),
     };
     for (const [metricName, filterPattern] of Object.entries(filters)) {
       new logs.MetricFilter(this, `${metricName}Filter`, {
@@ -752,7 +774,7 @@ export class ConcurrencyControlledWorkflow extends Construct {
     }
   }
 
-  private addDashboard(withRate: boolean): void {
+  private addDashboard(withRate: boolean, withBodySlots: boolean): void {
     const lockName = stringValue('lockName', this.lockName).fixed;
     new cloudwatch.Dashboard(this, 'Dashboard', {
       widgets: [
@@ -763,7 +785,12 @@ export class ConcurrencyControlledWorkflow extends Construct {
           }),
           new cloudwatch.GraphWidget({
             title: 'Permits',
-            left: [this.metricAcquisitions(), this.metricWaits(), this.metricAcquireTimeouts()],
+            left: [
+              this.metricAcquisitions(),
+              this.metricWaits(),
+              ...(withBodySlots ? [this.metricBodySlotWaits()] : []),
+              this.metricAcquireTimeouts(),
+            ],
             right: [
               this.reconciler.metricPermitsReclaimed(),
               ...(lockName === undefined

@@ -715,6 +715,15 @@ describe('reconciler, leases and metrics', () => {
     expect(w.metricAcquisitions().metricName).toBe('Acquisitions');
     expect(w.metricWaits().namespace).toBe(w.metricsNamespace);
     expect(w.metricAcquireTimeouts().metricName).toBe('AcquireTimeouts');
+    expect(w.metricBodySlotWaits().metricName).toBe('BodySlotWaits');
+    // The filter for waits for a body slot exists only where there are body slots (test/rate-limit.test.ts counts it on a run).
+    template.resourceCountIs('AWS::Logs::MetricFilter', 3);
+    const slots = workflow({ rateLimit: RateLimit.perSecond(10), concurrencyLimit: 5 }).template;
+    slots.resourceCountIs('AWS::Logs::MetricFilter', 4);
+    slots.hasResourceProperties('AWS::Logs::MetricFilter', {
+      FilterPattern: '{ ($.type = "ParallelStateEntered") && ($.details.name = "Wait For Body Slot") }',
+      MetricTransformations: [Match.objectLike({ MetricName: 'BodySlotWaits', MetricValue: '1' })],
+    });
   });
 
   test('warns that a high limit with the queue meets the partition\'s write capacity, with the figures and the id that acknowledges it', () => {
@@ -751,6 +760,11 @@ describe('reconciler, leases and metrics', () => {
       workflow({ dashboard: true, lockName: 'db', rateLimit: RateLimit.perSecond(5) }).template.findResources('AWS::CloudWatch::Dashboard'),
     );
     expect(rated).toContain('PermitsHeldForRate');
+    expect(rated).not.toContain('BodySlotWaits');
+    const slots = JSON.stringify(
+      workflow({ dashboard: true, lockName: 'db', rateLimit: RateLimit.perSecond(5), concurrencyLimit: 2 }).template.findResources('AWS::CloudWatch::Dashboard'),
+    );
+    expect(slots).toContain('BodySlotWaits');
   });
 });
 

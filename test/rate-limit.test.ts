@@ -4,7 +4,7 @@ import * as sfn from 'aws-cdk-lib/aws-stepfunctions';
 import { main } from '../client/cli';
 import { SemaphoreClient } from '../client/semaphore-client';
 import { demoSubject } from '../demo/run';
-import { brokenInvariants, mostInAnyWindow, runScenario, Simulator, TaskError } from '../simulator';
+import { brokenInvariants, metricFilterSums, mostInAnyWindow, runScenario, Simulator, TaskError } from '../simulator';
 import { CleanFromIncomplete, IdempotencyKey, RateLimit, SemaphoreReconciler, SemaphoreTable, WaitStrategy } from '../src';
 import { lockState, simulate, stateMachineLogicalId, until, WorkTracker, workflowStack } from './helpers';
 import { BODIES_RUNNING, BODY_LIMIT, HOLDER_IN_BODY, LOCK_KEY } from '../src/private/lock-schema';
@@ -189,6 +189,19 @@ describe('beside a lower concurrency limit: the rate\'s permits, and a body slot
       expect(mostInAnyWindow(work.starts, 5_000)).toBeLessThanOrEqual(4);
       // Holders of a permit waited for a slot while two long bodies ran.
       expect(executions.some((e) => (e.stateTransitions.get(STATE.waitForBodySlot) ?? 0) > 0)).toBe(true);
+      // The log's metrics tell the two waits apart: Waits (for a permit: the rate) and BodySlotWaits
+      // (for a slot: the concurrency limit), once per execution that waited, however many rounds.
+      const entered = (state: string) =>
+        executions.filter((e) => e.history.some((h) => h.type === 'ParallelStateEntered' && h.name === state)).length;
+      const sums = metricFilterSums(Template.fromStack(stack).toJSON(), executions);
+      expect(sums).toEqual({
+        Acquisitions: 12,
+        Waits: entered(STATE.waitForPermit),
+        BodySlotWaits: entered(STATE.waitForBodySlot),
+        AcquireTimeouts: 0,
+      });
+      expect([sums.Waits > 0, sums.BodySlotWaits > 0]).toEqual([true, true]);
+      expect(executions.some((e) => e.stateTransitions.get(STATE.waitForBodySlot)! > 1)).toBe(true); // rounds, counted once
       await sim.idle();
       expect(await lockState(sim)).toEqual([{ lockName: LOCK, permitsInUse: 0, holders: [] }]);
       expect(await bodySlots(sim)).toEqual({ bodiesRunning: 0, marked: 0, bodyLimit: 2 });

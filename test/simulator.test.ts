@@ -11,7 +11,7 @@ import * as lambda from 'aws-cdk-lib/aws-lambda';
 import * as sqs from 'aws-cdk-lib/aws-sqs';
 import * as sfn from 'aws-cdk-lib/aws-stepfunctions';
 import * as tasks from 'aws-cdk-lib/aws-stepfunctions-tasks';
-import { CodeDynamoDbEndpoint, DynamoTaskRunner, jsonPath, LocalDynamoDb, matchesPattern, REDRIVE_RESUME, refuseWhatItCannotRun, seededRandom, Simulator, targetInput, unsupportedPattern } from '../simulator';
+import { CodeDynamoDbEndpoint, DynamoTaskRunner, jsonPath, LocalDynamoDb, matchesFilterPattern, matchesPattern, REDRIVE_RESUME, refuseWhatItCannotRun, seededRandom, Simulator, targetInput, unsupportedPattern } from '../simulator';
 import { logicalId, until, workflowStack } from './helpers';
 
 /*
@@ -54,6 +54,31 @@ describe('EventBridge pattern matching', () => {
 
   test('rejects a pattern leaf that is not an array, as EventBridge does', () => {
     expect(() => matchesPattern({ source: 'aws.states' }, event)).toThrow(/must be in an array/);
+  });
+});
+
+describe('CloudWatch Logs metric filters on an execution\'s log', () => {
+  const line = {
+    id: '7',
+    type: 'ParallelStateEntered',
+    details: { input: '{}', inputDetails: { truncated: false }, name: 'Wait For Permit' },
+    previous_event_id: '6',
+    event_timestamp: '1700000000000',
+    execution_arn: 'arn:aws:states:us-east-1:123456789012:execution:sm:one',
+  };
+
+  test.each<[string, string, boolean]>([
+    ['both conditions, as CDK writes them', '{ ($.type = "ParallelStateEntered") && ($.details.name = "Wait For Permit") }', true],
+    ['one that differs', '{ ($.type = "ParallelStateEntered") && ($.details.name = "Run Protected Body") }', false],
+    ['a missing field never equals', '{ $.details.error = "SemaphoreAcquireTimeout" }', false],
+    ['!= on a missing field', '{ $.details.error != "SemaphoreAcquireTimeout" }', true],
+    ['!= on the same text', '{ $.type != "ParallelStateEntered" }', false],
+  ])('%s', (_name, pattern, expected) => {
+    expect(matchesFilterPattern(pattern, line)).toBe(expected);
+  });
+
+  test.each(['ERROR', '{ $.type = "Parallel*" }', '{ $.count > 1 }', '{ ($.type = "A") || ($.type = "B") }'])('refuses a pattern it does not model: %s', (pattern) => {
+    expect(() => matchesFilterPattern(pattern, line)).toThrow(/not modelled by the simulator/);
   });
 });
 

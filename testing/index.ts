@@ -32,6 +32,8 @@ export type { LockState } from '../simulator/semaphore';
 export type { Progress, ScenarioResult } from '../simulator/scenario';
 export { brokenInvariants, PRICES } from '../simulator/scenario';
 export { ApiError } from '../simulator/sfn-api';
+export { logEventsOf, matchesFilterPattern, metricFilterSums } from '../simulator/logs';
+export type { ExecutionLogEvent } from '../simulator/logs';
 
 /** The error a body fails with when `runWorkflowScenario` makes it fail (`failureRate`). */
 export const INJECTED_BODY_FAILURE = 'WorkFailed';
