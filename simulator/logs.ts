@@ -76,15 +76,45 @@ export function matchesFilterPattern(pattern: string, event: unknown): boolean {
 }
 
 /**
+ * The log group (its logical ID in `template`) a state machine of the template logs every event to
+ * (level ALL), or undefined when it does not log. A level that logs only some events (ERROR, FATAL), or
+ * a log group the template does not define, is refused: the simulator does not model which lines they
+ * keep, or where they go.
+ */
+function logGroupOf(template: { Resources?: Record<string, any> }, stateMachineId: string): string | undefined {
+  const config = template.Resources?.[stateMachineId]?.Properties?.LoggingConfiguration;
+  if (!config || config.Level === undefined || config.Level === 'OFF') return undefined;
+  if (config.Level !== 'ALL') {
+    throw new Error(`${stateMachineId} logs at level ${config.Level}: the simulator models the log lines of level ALL only (every history event)`);
+  }
+  const arn = config.Destinations?.[0]?.CloudWatchLogsLogGroup?.LogGroupArn;
+  const getAtt = arn?.['Fn::GetAtt'];
+  if (!Array.isArray(getAtt) || getAtt[1] !== 'Arn') {
+    throw new Error(`${stateMachineId} logs to a log group the template does not define (${JSON.stringify(arn)}): the simulator cannot tell which metric filters see its lines`);
+  }
+  return getAtt[0];
+}
+
+/**
  * What each metric filter of a template (AWS::Logs::MetricFilter with a fixed MetricValue) counts over
- * the log lines of `executions`: metric name to sum. The filters are taken as they are synthesized; the
- * caller passes the executions whose state machine logs to the filters' log group.
+ * the log lines of `executions`: metric name to sum. A filter sees the lines of the executions whose
+ * state machine logs to its log group at level ALL; metrics of several filters with the same name add
+ * up (give each workflow its own stack, or sum per filter with `matchesFilterPattern`, to tell them apart).
  */
 export function metricFilterSums(template: { Resources?: Record<string, any> }, executions: Iterable<Execution>): Record<string, number> {
   const filters = Object.values(template.Resources ?? {}).filter((r) => r.Type === 'AWS::Logs::MetricFilter');
+  const byGroup = new Map<string, ExecutionLogEvent[]>();
+  for (const e of executions) {
+    const group = logGroupOf(template, e.stateMachine.logicalId);
+    if (group !== undefined) byGroup.set(group, [...(byGroup.get(group) ?? []), ...logEventsOf(e)]);
+  }
   const sums: Record<string, number> = {};
-  const lines = [...executions].flatMap((e) => logEventsOf(e));
   for (const filter of filters) {
+    const group = filter.Properties.LogGroupName?.Ref;
+    if (typeof group !== 'string') {
+      throw new Error(`a metric filter on a log group the template does not define (${JSON.stringify(filter.Properties.LogGroupName)}) is not modelled by the simulator`);
+    }
+    const lines = byGroup.get(group) ?? [];
     for (const t of filter.Properties.MetricTransformations) {
       const value = Number(t.MetricValue);
       if (!Number.isFinite(value)) throw new Error(`metric value not modelled by the simulator (only a number): ${JSON.stringify(t.MetricValue)}`);

@@ -706,9 +706,11 @@ export class ConcurrencyControlledWorkflow extends Construct {
    * `rateLimit` and no `concurrencyLimit`, a permit goes back when its interval ends, whatever the body
    * does, so these are waits caused by the rate (but for permits held longer: a failed body's, a body's
    * whose release beside it failed, a redriven run's, a client's lease, another workflow's on the same
-   * lock with a `concurrencyLimit`). With a `concurrencyLimit` below the rate's count, they are waits
-   * for a permit, which the rate holds (but for the permits of bodies that run past their interval, at
-   * most `concurrencyLimit` of them), and `metricBodySlotWaits()` counts the waits for the concurrency limit.
+   * lock with a `concurrencyLimit`). With a `concurrencyLimit` below the rate's count,
+   * `metricBodySlotWaits()` counts the waits for the concurrency limit, and these the waits for one of
+   * the rate's permits, which an execution holds from its acquire until both its interval and its body
+   * have ended, its wait for a slot included: while `metricBodySlotWaits()` stays flat and bodies are
+   * shorter than the interval, these are waits caused by the rate alone.
    */
   public metricWaits(props?: cloudwatch.MetricOptions): cloudwatch.Metric {
     return this.logMetric('Waits', props);
@@ -717,8 +719,8 @@ export class ConcurrencyControlledWorkflow extends Construct {
   /**
    * Executions that held a permit but found every body slot taken and had to wait for one, from the
    * state machine's log: with a `rateLimit` and a `concurrencyLimit` below its count, the waits caused
-   * by the concurrency limit (`metricWaits()` counts those caused by the rate). Always 0 on any other
-   * workflow, which has no body slots (and no metric filter for them).
+   * by the concurrency limit (see `metricWaits()`). No data on any other workflow, which has no body
+   * slots (and no metric filter for them).
    */
   public metricBodySlotWaits(props?: cloudwatch.MetricOptions): cloudwatch.Metric {
     return this.logMetric('BodySlotWaits', props);

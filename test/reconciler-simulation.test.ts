@@ -359,13 +359,19 @@ describe('redrive guard', () => {
     const { stack, workflow, workFunctionId } = workflowStack({ concurrencyLimit: 1, reconcilerScheduleEnabled: false });
     const work = new WorkTracker((input) => input.seconds);
     let slow = true;
+    let lateWriteLanded = false;
     const sim = await Simulator.start(stack, {
       lambdaHandlers: { [workFunctionId]: work.handler },
       // The first acquire's write lands 60 s late: after its execution was stopped and cleaned up.
       taskHandlers: {
         'Acquire Permit': async (input, { simulator }) => {
-          if (slow) await simulator.sleep(60);
-          return simulator.dynamo.run('arn:aws:states:::dynamodb:updateItem', input);
+          if (!slow) return simulator.dynamo.run('arn:aws:states:::dynamodb:updateItem', input);
+          await simulator.sleep(60);
+          try {
+            return await simulator.dynamo.run('arn:aws:states:::dynamodb:updateItem', input);
+          } finally {
+            lateWriteLanded = true;
+          }
         },
       },
     });
@@ -374,7 +380,9 @@ describe('redrive guard', () => {
       const execution = sim.startExecution(sm, { seconds: 5 }, { name: 'late' });
       await until(() => execution.stateTransitions.has('Acquire Permit'), 'the execution acquiring');
       execution.abort('Test.Stop', 'stopped while acquiring');
-      await sim.sleep(70);
+      // Waited for, not timed: on a loaded machine the write's real time stretches its simulated seconds.
+      await until(() => lateWriteLanded, 'the late acquire to land');
+      await sim.idle();
       expect(execution.status).toBe('ABORTED');
       // The leak: a permit held by a stopped execution, which no event will free.
       expect(await lockState(sim)).toEqual([{ lockName: 'TestStack/Workflow', permitsInUse: 1, holders: [execution.arn] }]);

@@ -11,7 +11,7 @@ import * as lambda from 'aws-cdk-lib/aws-lambda';
 import * as sqs from 'aws-cdk-lib/aws-sqs';
 import * as sfn from 'aws-cdk-lib/aws-stepfunctions';
 import * as tasks from 'aws-cdk-lib/aws-stepfunctions-tasks';
-import { CodeDynamoDbEndpoint, DynamoTaskRunner, jsonPath, LocalDynamoDb, matchesFilterPattern, matchesPattern, REDRIVE_RESUME, refuseWhatItCannotRun, seededRandom, Simulator, targetInput, unsupportedPattern } from '../simulator';
+import { CodeDynamoDbEndpoint, DynamoTaskRunner, jsonPath, LocalDynamoDb, matchesFilterPattern, matchesPattern, metricFilterSums, REDRIVE_RESUME, refuseWhatItCannotRun, seededRandom, Simulator, targetInput, unsupportedPattern } from '../simulator';
 import { logicalId, until, workflowStack } from './helpers';
 
 /*
@@ -79,6 +79,22 @@ describe('CloudWatch Logs metric filters on an execution\'s log', () => {
 
   test.each(['ERROR', '{ $.type = "Parallel*" }', '{ $.count > 1 }', '{ ($.type = "A") || ($.type = "B") }'])('refuses a pattern it does not model: %s', (pattern) => {
     expect(() => matchesFilterPattern(pattern, line)).toThrow(/not modelled by the simulator/);
+  });
+
+  test('a filter counts the lines of the state machines that log to its log group at level ALL; other levels are refused', () => {
+    const machine = (group: string, level = 'ALL') => ({
+      Type: 'AWS::StepFunctions::StateMachine',
+      Properties: { LoggingConfiguration: { Level: level, Destinations: [{ CloudWatchLogsLogGroup: { LogGroupArn: { 'Fn::GetAtt': [group, 'Arn'] } } }] } },
+    });
+    const filter = (group: string, name: string) => ({
+      Type: 'AWS::Logs::MetricFilter',
+      Properties: { LogGroupName: { Ref: group }, FilterPattern: '{ $.type = "ParallelStateEntered" }', MetricTransformations: [{ MetricName: name, MetricValue: '1' }] },
+    });
+    const template = { Resources: { A: machine('GroupA'), B: machine('GroupB'), FA: filter('GroupA', 'InA'), FB: filter('GroupB', 'InB') } };
+    const execution = (stateMachine: string, entered: number) =>
+      ({ arn: `arn:${stateMachine}`, stateMachine: { logicalId: stateMachine }, history: Array.from({ length: entered }, () => ({ type: 'ParallelStateEntered', name: 'P', timestamp: 0 })) }) as any;
+    expect(metricFilterSums(template, [execution('A', 2), execution('B', 3), execution('A', 1)])).toEqual({ InA: 3, InB: 3 });
+    expect(() => metricFilterSums({ Resources: { ...template.Resources, A: machine('GroupA', 'ERROR') } }, [execution('A', 1)])).toThrow(/level ERROR: the simulator models the log lines of level ALL only/);
   });
 });
 

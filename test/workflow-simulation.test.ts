@@ -969,10 +969,11 @@ describe('the queue', () => {
 
       expect([waiter.status, waiter.error, waiter.cause]).toEqual(['SUCCEEDED', undefined, undefined]);
       expect(waiter.stateTransitions.get('Poll For Permit Again')).toBe(1);
-      // Throttled: the first try and 10 retries (each a transition).
+      // Throttled: the first try and 2 retries (each a transition), then in with the ticket left.
       expect([waiter.stateTransitions.get('Leave Queue'), leaveCalls, waiter.stateTransitions.has('Ticket Left In Queue')]).toEqual(
-        throttled ? [11, 11, true] : [1, 0, false],
+        throttled ? [3, 3, true] : [1, 0, false],
       );
+      expect(waiter.stateTransitions.has('Check Handed-Off Permit Again')).toBe(false);
       // Inside, it held the permit, and had the fencing token the poll drew; its ticket still waited,
       // without an item (or with the waiter's, when it could not leave).
       const lockInBody = itemsInBody!.find((i) => i.lockName.S === 'TestStack/Workflow')!;
@@ -989,6 +990,69 @@ describe('the queue', () => {
       expect([times('Mark Ticket Served'), times('Hand Off Permit'), times('Wake Next Waiter'), times('Release Permit Without Hand-Off')]).toEqual(
         throttled ? [0, 1, 0, 1] : [1, 0, 0, 1],
       );
+      holder.abort('Test.Stop', 'done with it');
+      await holder.done;
+      await sim.idle();
+      expect(await lockState(sim)).toEqual([{ lockName: 'TestStack/Workflow', permitsInUse: 0, holders: [] }]);
+    });
+  });
+
+  test('a run stopped in Leave Queue and redriven claims its entry before the body: freed by the cleanup meanwhile, it queues again', async () => {
+    const { stack, workflow, workFunctionId } = workflowStack({
+      concurrencyLimit: 1,
+      waitStrategy: WaitStrategy.QUEUE,
+      queueCheckInterval: Duration.seconds(30),
+      reconcilerScheduleEnabled: false,
+    });
+    let entryInBody: Record<string, any> | undefined | null = null;
+    const body = async (input: any, context: TaskContext) => {
+      if (context.execution.name === 'waiter') {
+        const items = await context.simulator.scan('WorkflowLockTable');
+        entryInBody = items.find((i) => i.lockName.S === 'TestStack/Workflow')?.[context.execution.arn];
+      }
+      await context.simulator.sleep(input.seconds, context.signal);
+      return {};
+    };
+    let leaveCalls = 0;
+    const taskHandlers = {
+      // The first run is stopped in Leave Queue (as while its retries wait); the redriven run's call is real.
+      'Leave Queue': async (input: any, context: TaskContext) => {
+        if (++leaveCalls === 1) await context.simulator.sleep(3600, context.signal);
+        return context.simulator.dynamo.run('arn:aws:states:::dynamodb:deleteItem', input);
+      },
+    };
+    await simulate(stack, { lambdaHandlers: { [workFunctionId]: body }, taskHandlers }, async (sim) => {
+      const sm = sim.stateMachine(stateMachineLogicalId(workflow.stateMachine));
+      const holder = sim.startExecution(sm, { seconds: 100 }, { name: 'holder' });
+      await waitUntil(() => holder.stateTransitions.has('Do Work'), 'the holder in its body');
+      const waiter = sim.startExecution(sm, { seconds: 5 }, { name: 'waiter' });
+      await waitUntil(() => waiter.stateTransitions.get('Wait In Queue') === 1, 'the waiter in the queue');
+      await localDynamoDb(sim).send(
+        new UpdateItemCommand({
+          TableName: sim.tableName('WorkflowLockTable'),
+          Key: { lockName: { S: 'TestStack/Workflow' } },
+          UpdateExpression: 'SET permitsInUse = permitsInUse - :one REMOVE #holder',
+          ExpressionAttributeNames: { '#holder': holder.arn },
+          ExpressionAttributeValues: { ':one': { N: '1' } },
+        }),
+      );
+      await waitUntil(() => waiter.stateTransitions.has('Leave Queue'), 'the waiter in Leave Queue, holding the permit it polled');
+      waiter.abort('Test.Stop', 'stopped in Leave Queue');
+      await waiter.done;
+      await sim.idle();
+      // Its cleanup freed the entry of the stopped run.
+      expect(await lockState(sim)).toEqual([{ lockName: 'TestStack/Workflow', permitsInUse: 0, holders: [] }]);
+
+      const again = await sim.redriveExecution(waiter.arn);
+      expect(again.status).toBe('SUCCEEDED');
+      // Its body ran holding an entry of its own run (not on the freed entry of the stopped run).
+      expect(entryInBody).toMatchObject({ M: { redriveCount: { N: '1' } } });
+      // Refused (the ticket is the run before's), it claimed: the entry was gone, so it queued again
+      // and took the free permit.
+      for (const state of ['Redriven At Leave Queue?', 'Check Handed-Off Permit Again', 'Take Ticket']) {
+        expect([state, again.stateTransitions.has(state)]).toEqual([state, true]);
+      }
+      expect(again.stateTransitions.has('Ticket Left In Queue')).toBe(false);
       holder.abort('Test.Stop', 'done with it');
       await holder.done;
       await sim.idle();

@@ -64,6 +64,7 @@ export const STATE = {
   takeTicket: 'Take Ticket',
   pollAgain: 'Poll For Permit Again',
   leaveQueue: 'Leave Queue',
+  redrivenAtLeaveQueue: 'Redriven At Leave Queue?',
   ticketLeftInQueue: 'Ticket Left In Queue',
   waitInQueue: 'Wait In Queue',
   waitInQueueAgain: 'Wait In Queue Again',

@@ -611,7 +611,15 @@ function renderQueueWait(
   // result is `{ fencingToken }` alone, so the acquire's goes aside until the ticket is left.
   const polledPermitPath = ownPermitPath ? POLLED_PERMIT_PATH : undefined;
   const leaveQueue = acquired(leaveQueueTask(scope, STATE.leaveQueue, waiter, polledPermitPath));
-  leaveQueue.addCatch(acquired(new sfn.Pass(scope, STATE.ticketLeftInQueue, { outputPath: polledPermitPath })), {
+  // Refused (served meanwhile) or failing: the ticket stays, and the execution goes in with the permit
+  // it polled. Unless this is a redriven run (resumed at Leave Queue, whose ticket is the run before's:
+  // always refused): that run took the entry, which a cleanup may have freed since, so this one claims
+  // it first (Check Handed-Off Permit Again stamps it with this run, or queues again if it is gone).
+  const ticketLeft = acquired(new sfn.Pass(scope, STATE.ticketLeftInQueue, { outputPath: polledPermitPath }));
+  const leaveRefused = new sfn.Choice(scope, STATE.redrivenAtLeaveQueue)
+    .when(sfn.Condition.numberGreaterThan('$$.Execution.RedriveCount', 0), checkAgain)
+    .otherwise(ticketLeft);
+  leaveQueue.addCatch(leaveRefused, {
     errors: [CONDITIONAL_CHECK_FAILED, ...THROTTLING_ERRORS, ...SERVER_ERRORS],
     resultPath: sfn.JsonPath.DISCARD,
   });
