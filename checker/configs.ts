@@ -65,6 +65,14 @@ export const CONFIGS: CheckerConfig[] = [
     ticketWindow: 2, // the queue's own races: an orphan or a skipped ticket beside a waiting one
   },
   {
+    name: 'queue-timeouts-redrive',
+    shard: 1,
+    description: 'queue, limit 1: a wait that times out (a poll then finds a free permit and leaves the queue), a stop, a redrive',
+    workflow: { ...QUEUE, concurrencyLimit: 1 },
+    executions: 2,
+    budget: { ...NO_FAULTS, timeouts: 1, stops: 1, redrives: 1 },
+  },
+  {
     name: 'queue-server-errors',
     shard: 1,
     description: 'queue, limit 1: writes whose response is lost (landed) or that fail before landing, a failing body, a timeout',

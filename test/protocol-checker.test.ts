@@ -190,6 +190,23 @@ describe('the checker finds the races of issues 14 and 15 when they are planted 
     expect(result.counterexample!.trace.some((s) => /Take Back Permit/.test(s.label))).toBe(true);
   });
 
+  test('Leave Queue: a redriven run that goes in on the entry of the run before, without claiming it, is found', () => {
+    // The real definition sends a run redriven at Leave Queue (always refused: its ticket is the run
+    // before's) to Check Handed-Off Permit Again. Planted: it goes in as a first run does.
+    const config = configNamed('queue-timeouts-redrive');
+    let planted = 0;
+    const result = checkConfig(config, {
+      mutate: mutateWorkflow((state, name) => {
+        if (name !== STATE.leaveQueue) return;
+        for (const c of state.Catch) (c.Next = STATE.ticketLeftInQueue), planted++;
+      }),
+    });
+    console.log(report(config, result));
+    expect(planted).toBe(1);
+    expect(result.counterexample?.violation).toMatch(/OwnEntry: B is in the body \(run 1\) without an entry stamped with its run/);
+    expect(result.counterexample!.trace.some((s) => /Leave Queue/.test(s.label))).toBe(true);
+  });
+
   test('the claim is what the model runs: the planted change above touched the real definition', () => {
     // Guards the mutations against going stale: the expressions they look for are in the definition.
     const system = configNamed('queue-stops');
