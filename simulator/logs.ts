@@ -26,7 +26,9 @@ export interface ExecutionLogEvent {
 export function logEventsOf(execution: Execution): ExecutionLogEvent[] {
   return execution.history.map((h, i) => {
     const details: Record<string, unknown> = {};
-    if (h.name !== undefined) {Object.assign(details, { input: JSON.stringify(h.input ?? null), inputDetails: { truncated: false }, name: h.name });} else if (h.type.endsWith('StateExited') && h.state !== undefined) {
+    if (h.name !== undefined) {
+      Object.assign(details, { input: JSON.stringify(h.input ?? null), inputDetails: { truncated: false }, name: h.name });
+    } else if (h.type.endsWith('StateExited') && h.state !== undefined) {
       Object.assign(details, { name: h.state, output: JSON.stringify(h.output ?? null), outputDetails: { truncated: false } });
     }
     if (h.error !== undefined) details.error = h.error;

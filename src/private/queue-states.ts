@@ -666,9 +666,10 @@ export function leaveQueueTask(scope: Construct, id: string, props: WaiterProps,
     },
     resultPath: sfn.JsonPath.DISCARD,
     outputPath,
+  })
     // Two retries, not ten: the execution holds its permit meanwhile, and without the delete it still
     // goes in (the ticket stays, as before this state).
-  }).addRetry({ ...transientRetry([...THROTTLING_ERRORS, ...SERVER_ERRORS]), maxAttempts: 2 });
+    .addRetry({ ...transientRetry([...THROTTLING_ERRORS, ...SERVER_ERRORS]), maxAttempts: 2 });
 }
 
 /** Where "Poll For Permit Again" keeps the `{ fencingToken }` it took until "Leave Queue" makes it the branch's result. */
