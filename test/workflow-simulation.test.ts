@@ -571,6 +571,29 @@ describe('history budget: a wait gives up with SemaphoreAcquireTimeout well befo
   }, 300_000);
 });
 
+/**
+ * A holder in its body (100 s) and a waiter in the queue; then the holder's permit is freed behind the
+ * queue's back (as an operator's force-release would), so the waiter finds it by polling once its wait
+ * times out.
+ */
+async function queueBesideFreedPermit(sim: Simulator, workflow: ConcurrencyControlledWorkflow): Promise<{ holder: Execution; waiter: Execution }> {
+  const sm = sim.stateMachine(stateMachineLogicalId(workflow.stateMachine));
+  const holder = sim.startExecution(sm, { seconds: 100 }, { name: 'holder' });
+  await waitUntil(() => holder.stateTransitions.has('Do Work'), 'the holder in its body');
+  const waiter = sim.startExecution(sm, { seconds: 5 }, { name: 'waiter' });
+  await waitUntil(() => waiter.stateTransitions.get('Wait In Queue') === 1, 'the waiter in the queue');
+  await localDynamoDb(sim).send(
+    new UpdateItemCommand({
+      TableName: sim.tableName('WorkflowLockTable'),
+      Key: { lockName: { S: 'TestStack/Workflow' } },
+      UpdateExpression: 'SET permitsInUse = permitsInUse - :one REMOVE #holder',
+      ExpressionAttributeNames: { '#holder': holder.arn },
+      ExpressionAttributeValues: { ':one': { N: '1' } },
+    }),
+  );
+  return { holder, waiter };
+}
+
 describe('the queue', () => {
   test('waiters are admitted in arrival order, each woken with a fencing token that strictly increases', async () => {
     const { stack, workflow, workFunctionId } = workflowStack({ concurrencyLimit: 1, waitStrategy: WaitStrategy.QUEUE, permitPath: '$.permit' });
@@ -949,22 +972,7 @@ describe('the queue', () => {
       },
     };
     await simulate(stack, { lambdaHandlers: { [workFunctionId]: body }, ...(throttled ? { taskHandlers } : {}) }, async (sim) => {
-      const sm = sim.stateMachine(stateMachineLogicalId(workflow.stateMachine));
-      const holder = sim.startExecution(sm, { seconds: 100 }, { name: 'holder' });
-      await waitUntil(() => holder.stateTransitions.has('Do Work'), 'the holder in its body');
-      const waiter = sim.startExecution(sm, { seconds: 5 }, { name: 'waiter' });
-      await waitUntil(() => waiter.stateTransitions.get('Wait In Queue') === 1, 'the waiter in the queue');
-      // The holder's permit is freed behind the queue's back (as an operator's force-release would),
-      // so the waiter finds it by polling once its wait times out.
-      await localDynamoDb(sim).send(
-        new UpdateItemCommand({
-          TableName: sim.tableName('WorkflowLockTable'),
-          Key: { lockName: { S: 'TestStack/Workflow' } },
-          UpdateExpression: 'SET permitsInUse = permitsInUse - :one REMOVE #holder',
-          ExpressionAttributeNames: { '#holder': holder.arn },
-          ExpressionAttributeValues: { ':one': { N: '1' } },
-        }),
-      );
+      const { holder, waiter } = await queueBesideFreedPermit(sim, workflow);
       await waiter.done;
 
       expect([waiter.status, waiter.error, waiter.cause]).toEqual(['SUCCEEDED', undefined, undefined]);
@@ -1022,20 +1030,7 @@ describe('the queue', () => {
       },
     };
     await simulate(stack, { lambdaHandlers: { [workFunctionId]: body }, taskHandlers }, async (sim) => {
-      const sm = sim.stateMachine(stateMachineLogicalId(workflow.stateMachine));
-      const holder = sim.startExecution(sm, { seconds: 100 }, { name: 'holder' });
-      await waitUntil(() => holder.stateTransitions.has('Do Work'), 'the holder in its body');
-      const waiter = sim.startExecution(sm, { seconds: 5 }, { name: 'waiter' });
-      await waitUntil(() => waiter.stateTransitions.get('Wait In Queue') === 1, 'the waiter in the queue');
-      await localDynamoDb(sim).send(
-        new UpdateItemCommand({
-          TableName: sim.tableName('WorkflowLockTable'),
-          Key: { lockName: { S: 'TestStack/Workflow' } },
-          UpdateExpression: 'SET permitsInUse = permitsInUse - :one REMOVE #holder',
-          ExpressionAttributeNames: { '#holder': holder.arn },
-          ExpressionAttributeValues: { ':one': { N: '1' } },
-        }),
-      );
+      const { holder, waiter } = await queueBesideFreedPermit(sim, workflow);
       await waitUntil(() => waiter.stateTransitions.has('Leave Queue'), 'the waiter in Leave Queue, holding the permit it polled');
       waiter.abort('Test.Stop', 'stopped in Leave Queue');
       await waiter.done;
