@@ -118,3 +118,21 @@ export async function until(condition: () => Promise<boolean> | boolean, what: s
     await new Promise((r) => setTimeout(r, 50));
   }
 }
+
+/** The cleanups of `execution`: runs of another state machine whose input (a status event) names it. */
+export function cleanupsOf(sim: Simulator, execution: Execution): Execution[] {
+  return [...sim.executions.values()].filter((e) => e.stateMachine !== execution.stateMachine && JSON.stringify(e.input).includes(execution.arn));
+}
+
+/**
+ * Wait, in real time, until at least `count` cleanups of `execution` have started and every one has
+ * ended: for the effect of its status events, which a fixed simulated sleep can miss on a busy machine.
+ */
+export async function cleanupsEnded(sim: Simulator, execution: Execution, count: number): Promise<Execution[]> {
+  const ended = () => {
+    const cleanups = cleanupsOf(sim, execution);
+    return cleanups.length >= count && cleanups.every((e) => e.status !== 'RUNNING');
+  };
+  await until(ended, `${count} cleanup(s) of ${execution.name} to end`);
+  return cleanupsOf(sim, execution);
+}

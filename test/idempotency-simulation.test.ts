@@ -226,7 +226,10 @@ describe('dead first executions', () => {
     const work: WorkTracker = new WorkTracker((_input, run): number => (work.runs === 1 && run === 1 ? 1000 : 1));
     await simulate(stack, { lambdaHandlers: { [workFunctionId]: work.handler } }, async (sim) => {
       const sm = sim.stateMachine(stateMachineId);
-      const first = sim.startExecution(sm, { job: 'j' }, { abortAfterSeconds: 5 });
+      // Stopped once inside its body (waited for, not timed: a busy machine stretches the simulated seconds its states take).
+      const first = sim.startExecution(sm, { job: 'j' });
+      await inBody(first);
+      first.abort();
       await first.done;
       expect(first.status).toBe('ABORTED');
       expect((await records(sim)).map((r) => r.status)).toEqual(['IN_PROGRESS']);
@@ -244,9 +247,12 @@ describe('dead first executions', () => {
     const work = new WorkTracker(() => 60);
     await simulate(stack, { lambdaHandlers: { [workFunctionId]: work.handler } }, async (sim) => {
       const sm = sim.stateMachine(stateMachineId);
-      const first = sim.startExecution(sm, { job: 'j' }, { abortAfterSeconds: 20 });
+      const first = sim.startExecution(sm, { job: 'j' });
       await inBody(first);
       const duplicate = sim.startExecution(sm, { job: 'j' });
+      // Stopped once the duplicate has waited for it twice (waited for, not timed).
+      await until(() => (duplicate.stateTransitions.get('Wait For Duplicate') ?? 0) >= 2, 'the duplicate to wait twice');
+      first.abort();
       await Promise.all([first.done, duplicate.done]);
       expect(first.status).toBe('ABORTED');
       expect(duplicate.status).toBe('SUCCEEDED');
@@ -269,6 +275,8 @@ describe('records of running executions', () => {
       // Waits for the first, takes over when it is stopped (its record's expiry, from its start, is 62 s).
       const second = sim.startExecution(sm, { job: 'j' });
       await sim.sleep(68);
+      // Taken over (waited for, not timed: a busy machine stretches the simulated seconds its polls take).
+      await inBody(second);
       // Past both expiries, while the second still runs its 100 s body.
       const third = sim.startExecution(sm, { job: 'j' });
       await Promise.all([first.done, second.done, third.done]);
@@ -287,7 +295,10 @@ describe('records of running executions', () => {
     const work: WorkTracker = new WorkTracker((_input, run) => (work.runs === 1 && run === 1 ? 1000 : 1));
     await simulate(stack, { lambdaHandlers: { [workFunctionId]: work.handler } }, async (sim) => {
       const sm = sim.stateMachine(stateMachineId);
-      const wrong = sim.startExecution(sm, { paymentId: 'p', amount: 5 }, { abortAfterSeconds: 5 });
+      // Stopped once inside its body (waited for, not timed).
+      const wrong = sim.startExecution(sm, { paymentId: 'p', amount: 5 });
+      await inBody(wrong);
+      wrong.abort();
       await wrong.done;
       const corrected = await sim.startExecution(sm, { paymentId: 'p', amount: 6 }).done;
       expect(corrected.status).toBe('SUCCEEDED');
@@ -327,7 +338,10 @@ describe('owners DescribeExecution does not know', () => {
     const work: WorkTracker = new WorkTracker((_input, run) => (work.runs === 1 && run === 1 ? 1000 : 1));
     await simulate(stack, { lambdaHandlers: { [workFunctionId]: work.handler } }, async (sim) => {
       const sm = sim.stateMachine(stateMachineId);
-      const first = sim.startExecution(sm, { job: 'j' }, { abortAfterSeconds: 5 });
+      // Stopped once inside its body (waited for, not timed).
+      const first = sim.startExecution(sm, { job: 'j' });
+      await inBody(first);
+      first.abort();
       await first.done;
       // The record now names an execution of this state machine that Step Functions has never heard of
       // (its history deleted 90 days after it ended, say).
@@ -365,7 +379,8 @@ describe('owners DescribeExecution does not know', () => {
         }
         return describe(arn);
       };
-      await sim.sleep(2);
+      // The first's record written (waited for, not timed), so that the duplicate finds it.
+      await until(async () => (await records(sim)).some((r) => r.owner === first.arn), "the first execution's record");
       const duplicate = sim.startExecution(sm, { job: 'j' });
       await Promise.all([first.done, duplicate.done]);
 

@@ -7,7 +7,7 @@ import { demoSubject } from '../demo/run';
 import { brokenInvariants, metricFilterSums, mostInAnyWindow, runScenario, Simulator, TaskError } from '../simulator';
 import { CleanFromIncomplete, IdempotencyKey, RateLimit, SemaphoreReconciler, SemaphoreTable, WaitStrategy } from '../src';
 import { lockState, simulate, stateMachineLogicalId, until, WorkTracker, workflowStack } from './helpers';
-import { BODIES_RUNNING, BODY_LIMIT, HOLDER_IN_BODY, LOCK_KEY } from '../src/private/lock-schema';
+import { BODIES_RUNNING, BODY_LIMIT, HOLDER_IN_BODY, HOLDER_REDRIVE_COUNT, LOCK_KEY } from '../src/private/lock-schema';
 import { RELEASE_AT_INTERVAL_FAILED, RELEASE_AT_INTERVAL_SUFFIX, STATE } from '../src/private/state-names';
 
 /*
@@ -437,12 +437,20 @@ test.each([
     const sm = sim.stateMachine(stateMachineLogicalId(workflow.stateMachine));
     const x = sim.startExecution(sm, { x: true }, { name: 'x' });
     await sim.sleep(stopAt);
+    // After the interval: once the Wait branch's release has ended (waited for, not timed: a busy machine
+    // stretches the simulated seconds its call takes).
+    const releasedBeside = `${STATE.release}${RELEASE_AT_INTERVAL_SUFFIX}`;
+    if (stopAt >= 60) await until(() => x.history.some((h) => h.type.endsWith('StateExited') && h.state === releasedBeside), "X's Wait branch to end");
     x.abort();
     await x.done;
     expect(x.stateTransitions.get(STATE.rateIntervalReleased)).toBeUndefined();
     await sim.sleep(2);
     const redriven = sim.redriveExecution(x.arn);
     await until(() => work.starts.length === 2, "X's body to start again");
+    // The guard (run by the redrive's status event) has taken a permit for the new run, or claimed X's
+    // entry for it, before Y starts: waited for, not timed, since a busy machine can delay it.
+    const entryOfNewRun = async () => (await sim.scan('WorkflowLockTable')).find((i) => i[LOCK_KEY]?.S === LOCK)?.[x.arn]?.M?.[HOLDER_REDRIVE_COUNT]?.N === '1';
+    await until(entryOfNewRun, 'the redrive guard to take a permit for the new run');
     const y = sim.startExecution(sm, { y: true }, { name: 'y' });
     const [xAgain, yDone] = await Promise.all([redriven, y.done]);
 
@@ -532,7 +540,8 @@ test.each([false, true])('a rate alone (idempotent: %s): a body that fails after
     const x = sim.startExecution(sm, { name: 'x', seconds: 90, fail: true }, { name: 'x' });
     await until(() => work.starts.length === 1, "X's body to start");
     const y = sim.startExecution(sm, { name: 'y', seconds: 5, fail: true }, { name: 'y' });
-    await sim.sleep(10);
+    // Y queued before Z starts (waited for, not timed), so that the permit goes to Y first.
+    await until(() => y.stateTransitions.has(STATE.waitInQueue), 'Y queued');
     const z = sim.startExecution(sm, { name: 'z', seconds: 1 }, { name: 'z' });
     await Promise.all([x.done, y.done, z.done]);
 

@@ -3,7 +3,7 @@ import { CfnElement, Duration } from 'aws-cdk-lib';
 import { GRACE_MS } from '../lambda/reconciler-flows';
 import { Execution, LockMonitor, seededRandom, Simulator } from '../simulator';
 import { WaitStrategy } from '../src';
-import { lockState, logicalId, queuedWaiters, stateMachineLogicalId, statuses, until, WorkTracker, workflowStack } from './helpers';
+import { cleanupsEnded, cleanupsOf, lockState, logicalId, queuedWaiters, stateMachineLogicalId, statuses, until, WorkTracker, workflowStack } from './helpers';
 import { COLLECTING, ACQUIRE_CONDITION, ACQUIRE_UPDATE, CONCURRENCY_LIMIT, FENCING_TOKEN, LOCK_KEY, NAMES, PERMITS_IN_USE, VALUES } from '../src/private/lock-schema';
 
 /*
@@ -61,6 +61,7 @@ test('DescribeExecution eventually consistent: a sweep that sees a stopped holde
     const sm = sim.stateMachine(stateMachineLogicalId(workflow.stateMachine));
     // Holds its permit past the grace period, then is stopped.
     const holder = sim.startExecution(sm, { seconds: 10_000 });
+    await until(() => work.byExecution.has(holder.arn), 'the holder in its body');
     await sim.sleep(GRACE_MS / 1000 + 5);
     holder.abort();
     await holder.done;
@@ -172,15 +173,18 @@ test('the queue: the sweep drops a waiter stopped while queued and hands the per
       }),
     );
     const waiters: Execution[] = [];
+    // One after the other: each queued before the next starts (waited for, not timed), so that their tickets are in this order.
     for (const name of ['a', 'b', 'c']) {
-      waiters.push(sim.startExecution(sm, {}, { name }));
-      await sim.sleep(2);
+      const waiter = sim.startExecution(sm, {}, { name });
+      waiters.push(waiter);
+      await until(() => waiter.stateTransitions.get('Wait In Queue') === 1, `${name} queued`);
     }
     const [a, b, c] = waiters;
     await until(() => waiters.every((e) => e.stateTransitions.get('Wait In Queue') === 1), 'the three waiters queued');
     expect(waiters.every((e) => e.status === 'RUNNING' && e.stateTransitions.get('Wait In Queue') === 1)).toBe(true);
     b.abort('Test.Stop', 'stopped while queued');
-    await sim.sleep(5);
+    await b.done;
+    await cleanupsEnded(sim, b, 1);
     const queued = async () => (await queuedWaiters(sim, 'TestStack/Workflow')).map(([waiter]) => waiter);
     expect(await queued()).toEqual([a.arn, b.arn, c.arn]); // its cleanup found nothing held; its ticket stays
     await sim.sleep(GRACE_MS / 1000); // the sweep leaves an entry younger than its grace period
@@ -241,7 +245,7 @@ test('an expired lease stops the execution before its permit is reused', async (
   try {
     const sm = sim.stateMachine(stateMachineLogicalId(workflow.stateMachine));
     const hog = sim.startExecution(sm, { seconds: 10_000 }, { name: 'hog' });
-    await sim.sleep(5);
+    await until(() => work.byExecution.has(hog.arn), 'the hog in its body');
     const next = sim.startExecution(sm, { seconds: 10 }, { name: 'next' });
     await Promise.all([hog.done, next.done]);
 
@@ -268,19 +272,22 @@ test('an expired lease stops the execution before its permit is reused', async (
 describe('redrive guard', () => {
   test('a redriven execution resumes inside the body with a permit taken again for it', async () => {
     const { stack, workflow, workFunctionId } = workflowStack({ concurrencyLimit: 2 });
-    const work = new WorkTracker((input) => input.seconds);
+    // Redriven, the work runs long enough that the permit taken again shows while it runs, however slow
+    // the machine (the guard's first call loads its code, and its calls take real time, which the
+    // simulator multiplies).
+    const work = new WorkTracker((input, run) => (run === 1 ? input.seconds : 300));
     const sim = await Simulator.start(stack, { lambdaHandlers: { [workFunctionId]: work.handler } });
     try {
       const sm = sim.stateMachine(stateMachineLogicalId(workflow.stateMachine));
-      // Work long enough that the permit taken again on the redrive shows while it runs, however slow
-      // the machine (the reconciler's calls take real time, which the simulator multiplies).
       const stopped = await sim.startExecution(sm, { seconds: 30, abortInside: true }, { name: 'stopped' }).done;
       await sim.idle();
       expect(await lockState(sim)).toEqual([{ lockName: 'TestStack/Workflow', permitsInUse: 0, holders: [] }]); // freed by the cleanup
 
       const redriven = sim.redriveExecution(stopped.arn);
-      await sim.sleep(10);
-      expect(await lockState(sim)).toEqual([{ lockName: 'TestStack/Workflow', permitsInUse: 1, holders: [stopped.arn] }]);
+      // The redrive guard takes it (waited for, not timed: the guard runs on the redrive's status event).
+      let taken = await lockState(sim);
+      await until(async () => (taken = await lockState(sim))[0]?.permitsInUse !== 0, 'the permit taken again for the redriven run');
+      expect(taken).toEqual([{ lockName: 'TestStack/Workflow', permitsInUse: 1, holders: [stopped.arn] }]);
       // Redriven inside the body, the work runs again, holding its permit, and the permit comes back.
       const [again] = await Promise.all([redriven, sim.idle()]);
 
@@ -304,8 +311,9 @@ describe('redrive guard', () => {
       expect(abortedEvent.detail.redriveCount).toBe(0);
 
       const redriven = sim.redriveExecution(stopped.arn);
-      await sim.sleep(5);
-      expect(await lockState(sim)).toEqual([{ lockName: 'TestStack/Workflow', permitsInUse: 1, holders: [stopped.arn] }]);
+      let taken = await lockState(sim);
+      await until(async () => (taken = await lockState(sim))[0]?.permitsInUse !== 0, 'the permit taken again for the redriven run');
+      expect(taken).toEqual([{ lockName: 'TestStack/Workflow', permitsInUse: 1, holders: [stopped.arn] }]);
       // EventBridge delivers at least once: the old run's ABORTED event arrives again, now.
       sim.putEvent(abortedEvent);
       // Its cleanup runs (waited for, not timed: a loaded machine stretches the simulated seconds its
@@ -337,7 +345,7 @@ describe('redrive guard', () => {
       const stopped = await sim.startExecution(sm, { seconds: 30, abortInside: true }, { name: 'stopped' }).done;
       await sim.idle();
       const holder = sim.startExecution(sm, { seconds: 300 }, { name: 'holder' });
-      await sim.sleep(10);
+      await until(() => work.byExecution.has(holder.arn), 'the holder in its body');
 
       const again = await sim.redriveExecution(stopped.arn);
 
@@ -362,11 +370,13 @@ describe('redrive guard', () => {
     let lateWriteLanded = false;
     const sim = await Simulator.start(stack, {
       lambdaHandlers: { [workFunctionId]: work.handler },
-      // The first acquire's write lands 60 s late: after its execution was stopped and cleaned up.
+      // The first acquire's write lands 60 s late: after its execution was stopped and cleaned up (its
+      // cleanup's end waited for, not timed: on a busy machine the cleanup can start late).
       taskHandlers: {
-        'Acquire Permit': async (input, { simulator }) => {
+        'Acquire Permit': async (input, { simulator, execution }) => {
           if (!slow) return simulator.dynamo.run('arn:aws:states:::dynamodb:updateItem', input);
           await simulator.sleep(60);
+          await until(() => cleanupsOf(simulator, execution).some((e) => e.status !== 'RUNNING'), 'the cleanup of the stopped execution to end');
           try {
             return await simulator.dynamo.run('arn:aws:states:::dynamodb:updateItem', input);
           } finally {
@@ -421,12 +431,12 @@ describe('redrive guard', () => {
     try {
       const sm = sim.stateMachine(stateMachineLogicalId(workflow.stateMachine));
       const holder = sim.startExecution(sm, { seconds: 240 }, { name: 'holder' });
-      await sim.sleep(2);
+      await until(() => work.byExecution.has(holder.arn), 'the holder in its body');
       const waiter = sim.startExecution(sm, { seconds: 5, name: 'waiter' }, { name: 'waiter' });
       await until(() => waiter.stateTransitions.get('Wait In Queue') === 1, 'the waiter to queue');
       waiter.abort('Test.Stop', 'stopped while queued');
       await waiter.done;
-      await sim.sleep(5);
+      await cleanupsEnded(sim, waiter, 1);
       const queue = () => queuedWaiters(sim, 'TestStack/Workflow');
       expect(await queue()).toEqual([[waiter.arn, '0']]); // its cleanup found nothing held; the ticket stays
 
@@ -457,7 +467,7 @@ describe('redrive guard', () => {
     try {
       const sm = sim.stateMachine(stateMachineLogicalId(workflow.stateMachine));
       const holder = sim.startExecution(sm, { seconds: 60 }, { name: 'holder' });
-      await sim.sleep(2);
+      await until(() => work.byExecution.has(holder.arn), 'the holder in its body');
       const timedOut = await sim.startExecution(sm, { seconds: 1 }, { name: 'late' }).done;
       expect(timedOut.error).toBe('SemaphoreAcquireTimeout');
       await holder.done;

@@ -1,7 +1,7 @@
 import { Duration } from 'aws-cdk-lib';
 import { ApiError, Simulator, TaskContext, TaskError } from '../simulator';
 import { WaitStrategy } from '../src';
-import { lockState, stateMachineLogicalId, until, WorkTracker, workflowStack } from './helpers';
+import { cleanupsEnded, lockState, stateMachineLogicalId, until, WorkTracker, workflowStack } from './helpers';
 import { HOLDER_REDRIVE_COUNT, isTicketKey, LOCK_KEY } from '../src/private/lock-schema';
 import { STATE } from '../src/private/state-names';
 
@@ -90,11 +90,13 @@ test('F1: a run redriven before the body claims the entry its stopped run left, 
 
     slow = false;
     void sim.redriveExecution(x.arn);
-    await sim.sleep(20);
+    // Waited for, not timed (a busy machine stretches the simulated seconds the states take).
+    await until(() => work.byExecution.has(x.arn), "x's new run in the body");
     expect(work.byExecution.get(x.arn)).toBe(1); // in the body, on the permit its run 0 took
-    // The ABORTED event of run 0, delivered again (EventBridge delivers at least once, in any order).
+    // The ABORTED event of run 0, delivered again (EventBridge delivers at least once, in any order):
+    // its second cleanup runs to its end.
     sim.putEvent(aborted);
-    await sim.sleep(20);
+    await cleanupsEnded(sim, x, 2);
     const y = sim.startExecution(sm, { seconds: 5 }, { name: 'y' });
     await sim.sleep(30);
 
@@ -123,21 +125,22 @@ test('F2: a waiter redriven while queued waits under its new run; the permit han
     loseRedriveEvents(sim);
     const sm = sim.stateMachine(stateMachineLogicalId(workflow.stateMachine));
     const h = sim.startExecution(sm, { seconds: 40 }, { name: 'h' });
-    for (let i = 0; i < 30 && !work.byExecution.has(h.arn); i++) await sim.sleep(1);
+    await until(() => work.byExecution.has(h.arn), 'h in the body');
     const w = sim.startExecution(sm, { seconds: 200 }, { name: 'w' });
     // Until it sleeps in the queue (a few simulated seconds; more on a cold machine).
-    for (let i = 0; i < 30 && !w.stateTransitions.has(STATE.waitInQueue); i++) await sim.sleep(1);
+    await until(() => w.stateTransitions.has(STATE.waitInQueue), 'w in the queue');
     expect(w.stateTransitions.get(STATE.waitInQueue)).toBe(1);
     w.abort('Test.Stop', 'stopped while queued');
-    await sim.sleep(5);
+    await w.done;
+    await cleanupsEnded(sim, w, 1);
     const aborted = sim.events.find((e) => e.detail.executionArn === w.arn && e.detail.status === 'ABORTED')!;
 
     void sim.redriveExecution(w.arn);
-    // h releases at 40 s and hands its permit to w's run 1.
-    await sim.sleep(60);
+    // h releases at 40 s and hands its permit to w's run 1 (waited for, not timed).
+    await until(() => work.byExecution.has(w.arn), "w's new run in the body");
     expect(work.byExecution.get(w.arn)).toBe(1);
     sim.putEvent(aborted);
-    await sim.sleep(20);
+    await cleanupsEnded(sim, w, 2);
     const y = sim.startExecution(sm, { seconds: 5 }, { name: 'y' });
     await sim.sleep(30);
 
@@ -180,16 +183,18 @@ test('F3: a releaser redriven after its wake-up was delivered does not take back
     const sm = sim.stateMachine(stateMachineLogicalId(workflow.stateMachine));
     const r = sim.startExecution(sm, { seconds: 10 }, { name: 'r' });
     // Waits on states, not fixed times: a cold, busy machine runs the states slower against the compressed clock.
-    for (let i = 0; i < 30 && !work.byExecution.has(r.arn); i++) await sim.sleep(1);
+    await until(() => work.byExecution.has(r.arn), 'r in the body');
     const b = sim.startExecution(sm, { seconds: 200 }, { name: 'b' });
     await r.done;
-    for (let i = 0; i < 30 && !work.byExecution.has(b.arn); i++) await sim.sleep(1);
+    await until(() => work.byExecution.has(b.arn), 'b in the body');
     expect(r.status).toBe('ABORTED');
     expect(work.byExecution.get(b.arn)).toBe(1); // woken, in the body
 
     // Redriven at Wake Next Waiter: the call again hears that the token is closed.
-    void sim.redriveExecution(r.arn);
+    const redriven = sim.redriveExecution(r.arn);
     await sim.sleep(10);
+    // Its new run has ended (waited for, not timed), whatever it did to the lock.
+    await redriven;
     const n = sim.startExecution(sm, { seconds: 5 }, { name: 'n' });
     await sim.sleep(30);
 
@@ -225,8 +230,8 @@ test('F4: the redrive guard does not trust a history that does not show the redr
     };
 
     void sim.redriveExecution(x.arn);
-    // Lambda retries the failed invocation after a minute.
-    await sim.sleep(100);
+    // Lambda retries the failed invocation after a minute: waited for, not timed.
+    await until(async () => (await lockState(sim))[0]?.holders.includes(x.arn) === true, 'the guard to take the permit for x');
     const y = sim.startExecution(sm, { seconds: 5 }, { name: 'y' });
     await sim.sleep(10);
 
@@ -247,7 +252,7 @@ test('F5: the sweep leaves the entry of an execution too young to be seen: a sta
   try {
     const sm = sim.stateMachine(stateMachineLogicalId(workflow.stateMachine));
     const x = sim.startExecution(sm, { seconds: 100 }, { name: 'x' });
-    for (let i = 0; i < 30 && !work.byExecution.has(x.arn); i++) await sim.sleep(1);
+    await until(() => work.byExecution.has(x.arn), 'x in the body');
     expect(work.byExecution.get(x.arn)).toBe(1);
     // DescribeExecution is eventually consistent: an execution a moment old may not be found yet.
     const describe = sim.describeExecution.bind(sim);
@@ -298,9 +303,11 @@ test('F6: polling, a run redriven before the body finds the entry its stopped ru
 
     slow = false;
     const again = sim.redriveExecution(x.arn);
-    await sim.sleep(60);
+    // Waited for, not timed (a busy machine stretches the simulated seconds the polls take); a run that
+    // polled forever would never get there.
+    await until(() => work.byExecution.has(x.arn), "x's new run in the body");
 
-    // Twenty polls' worth of time: it got into the body on its own permit, and gave it back.
+    // It got into the body on its own permit, and gave it back.
     expect(work.byExecution.get(x.arn)).toBe(1);
     expect((await again).status).toBe('SUCCEEDED');
     expect(await lockState(sim)).toEqual([{ lockName: LOCK, permitsInUse: 0, holders: [] }]);

@@ -1094,7 +1094,8 @@ test('a stopped execution\'s status event goes out at once, while its call is st
     expect(ended).toEqual([]);
     expect(landWrite).toBeDefined();
     execution.abort('Test.Stop', 'stopped while acquiring');
-    await sim.sleep(1);
+    // Stopped while the call still hangs (waited for, not timed: the run ends a moment after the stop).
+    await until(() => execution.status !== 'RUNNING', 'the execution to stop');
 
     expect(execution.status).toBe('ABORTED');
     expect(sim.events.filter((e) => e.detail.executionArn === execution.arn).map((e) => e.detail.status)).toEqual(['RUNNING', 'ABORTED']);

@@ -4,7 +4,7 @@ import * as lambda from 'aws-cdk-lib/aws-lambda';
 import * as sfn from 'aws-cdk-lib/aws-stepfunctions';
 import * as tasks from 'aws-cdk-lib/aws-stepfunctions-tasks';
 import { ConcurrencyControlledWorkflow, RateLimit, SemaphoreTable, WaitStrategy } from '../src';
-import { lockState, logicalId, simulate, stateMachineLogicalId, statuses, until as waitUntil, WORK_FUNCTION_TIMEOUT, WorkTracker, workflowStack } from './helpers';
+import { cleanupsEnded, lockState, logicalId, simulate, stateMachineLogicalId, statuses, until as waitUntil, WORK_FUNCTION_TIMEOUT, WorkTracker, workflowStack } from './helpers';
 import { Execution, LockMonitor, seededRandom, Simulator, TaskContext, TaskError } from '../simulator';
 import { isTicketKey, ticketKey } from '../src/private/lock-schema';
 
@@ -455,10 +455,12 @@ test('a duplicated status-change event never frees a permit twice', async () => 
 
     // Two other executions now hold both permits; the stale event arrives again, twice more.
     const holders = [sim.startExecution(sm, { seconds: 50 }), sim.startExecution(sm, { seconds: 50 })];
-    await sim.sleep(10);
+    // Waited for, not timed (a busy machine stretches the simulated seconds the states and the cleanups take).
+    await waitUntil(() => holders.every((h) => work.byExecution.has(h.arn)), 'both holders in their body');
     const abortEvent = sim.events.find((ev) => ev.detail.executionArn === aborted.arn && ev.detail.status === 'ABORTED')!;
     sim.putEvent(abortEvent);
-    await sim.sleep(10);
+    // Delivered twice again: two more cleanups, run to their end.
+    await cleanupsEnded(sim, aborted, 4);
 
     const state = await lockState(sim);
     expect(state).toEqual([{ lockName: 'TestStack/Workflow', permitsInUse: 2, holders: expect.arrayContaining(holders.map((h) => h.arn)) }]);
@@ -486,8 +488,13 @@ function lockProbes(sim: () => Simulator) {
     holds: async (name: string) => (await item())?.[`${ARN_PREFIX}${name}`] !== undefined,
     // Waiting on a ticket: its ticket item names it and is not served yet.
     queued: async (name: string) => (await items()).some((i) => isTicketKey(i.lockName.S!) && i.waiter?.S === `${ARN_PREFIX}${name}` && i.servedBy === undefined),
+    // Bounded in real time, and failing past it (as the helpers' until): a busy machine makes the condition slower to hold.
     until: async (condition: () => Promise<boolean>) => {
-      for (let i = 0; i < 600 && !(await condition()); i++) await sim().sleep(0.5);
+      const end = Date.now() + 20_000;
+      while (!(await condition())) {
+        if (Date.now() > end) throw new Error('timed out waiting for a lock probe');
+        await sim().sleep(0.5);
+      }
     },
   };
 }
