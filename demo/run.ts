@@ -75,8 +75,9 @@ export function parseOptions(argv: string[]): DemoOptions {
 export function demoSubject(limit: number, props: Partial<ConcurrencyControlledWorkflowProps> = {}): Subject {
   const { stack, workflow } = demoApp(limit, props);
   const id = (c: CfnElement) => stack.getLogicalId(c);
-  // A rate above the limit: the limit counts the bodies in their slots, and the rate's permits are held longer.
-  const slots = props.rateLimit !== undefined && limit < props.rateLimit.count;
+  // A rate's count other than the limit: the limit counts the bodies in their slots, and the rate's permits
+  // are held for another span (longer below the count, shorter above it).
+  const slots = props.rateLimit !== undefined && limit !== props.rateLimit.count;
   return {
     name: 'cdk-sfn-semaphore',
     stack,

@@ -7,7 +7,7 @@ import {
   ACQUIRE_WITH_BODY_SLOT_CONDITION,
   ACQUIRE_WITH_BODY_SLOT_UPDATE,
   BODIES_RUNNING,
-  BODY_SLOT_HELD_CONDITION,
+  BODY_SLOT_AND_PERMIT_HELD_CONDITION,
   CLAIM_WITH_BODY_SLOT_CONDITION,
   CLAIM_WITH_BODY_SLOT_UPDATE,
   BODY_LIMIT,
@@ -635,12 +635,21 @@ function* guardRun(
         // Inside its body, the run needs a body slot with its permit: its entry holds one (it was
         // stopped in the body), or it takes one now (an entry a stale ticket handed it, or one taken
         // back after a lost wake-up, has none). Neither while the slots are all taken: try again.
-        if (yield* conditionalUpdate(config, lockName, executionArn, CLAIM_UPDATE, BODY_SLOT_HELD_CONDITION, claim)) {
+        if (yield* conditionalUpdate(config, lockName, executionArn, CLAIM_UPDATE, BODY_SLOT_AND_PERMIT_HELD_CONDITION, claim)) {
           return { executionArn, resumedAt, action: 'still holds its permit' };
         }
         if (yield* conditionalUpdate(config, lockName, executionArn, CLAIM_WITH_BODY_SLOT_UPDATE, CLAIM_WITH_BODY_SLOT_CONDITION, claim)) {
           return { executionArn, resumedAt, action: 'still holds its permit' };
         }
+        // An entry that holds a slot and no permit (a concurrency limit above the rate's count: the run
+        // before gave its permit back at the interval): it goes, and the next try takes a permit and a
+        // slot again, since a redrive counts as an acquisition.
+        yield* conditionalUpdate(config, lockName, executionArn, RELEASE_UPDATE, RELEASE_PARTIAL_CONDITION, {
+          [VALUES.zero]: 0,
+          [VALUES.one]: 1,
+          [VALUES.weight]: 1,
+          [VALUES.redriveCount]: redriveCount,
+        });
         continue;
       }
       // A weighted entry only while it holds all its permits (WEIGHTED_CLAIM_CONDITION).

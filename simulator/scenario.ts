@@ -150,6 +150,7 @@ export interface ScenarioResult {
   /** Failed with an error other than the work's own (for example throttling). */
   readonly failedUnexplained: number;
   readonly maxInside: number;
+  /** Permits still held once every execution stopped, or holder entries if more (an entry of no permit keeps a body slot). */
   readonly permitsLeftHeld: number;
   readonly invariantViolations: string[];
   readonly transitionsPerExecution: number;
@@ -376,7 +377,7 @@ export async function runScenario(subject: Subject, options: ScenarioOptions): P
       failedUnexplained: executions.filter((e) => e.status === 'FAILED' && e.error !== 'WorkFailed').length,
       maxInside: tracker.maxInside,
       maxPermitsInside: tracker.maxPermitsInside,
-      permitsLeftHeld: locks.reduce((n, l) => n + l.permitsInUse, 0),
+      permitsLeftHeld: locks.reduce((n, l) => n + Math.max(l.permitsInUse, l.holders.length), 0),
       invariantViolations: [...new Set(monitor.violations)],
       transitionsPerExecution: mean((e) => e.transitions),
       overheadTransitionsPerExecution: overhead,

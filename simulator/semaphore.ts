@@ -209,8 +209,16 @@ export class InsideTracker {
 /** Where our workflow's protected section starts and ends. */
 export const BODY_ENTER: string[] = [STATE.runBody];
 export const BODY_LEAVE: string[] = [STATE.release, STATE.releaseAfterFailure];
-/** Where the body runs when it takes a body slot (a rate above the concurrency limit): the bodies the limit counts. */
+/**
+ * Where the body runs when it takes a body slot (a rate's count other than the concurrency limit): the
+ * bodies the limit counts, until the slot goes (above the count, with the entry, after the release at the interval).
+ */
 export const BODY_SLOT_ENTER: string[] = [STATE.runBodyInSlot];
-export const BODY_SLOT_LEAVE: string[] = [STATE.releaseBodySlot, STATE.releaseBodySlotAfterFailure];
+export const BODY_SLOT_LEAVE: string[] = [
+  STATE.releaseBodySlot,
+  STATE.releaseBodySlotAfterFailure,
+  STATE.releaseBodySlotAndEntry,
+  STATE.releaseBodySlotAndEntryAfterFailure,
+];
 /** The states of our workflow that write a permit. */
 export const ACQUIRE_STATES: string[] = [STATE.acquire, STATE.poll];

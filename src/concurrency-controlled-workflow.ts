@@ -69,8 +69,10 @@ export interface ConcurrencyControlledWorkflowProps {
    *
    * Beside a `rateLimit` whose count is higher, each body also takes one of `concurrencyLimit` body
    * slots, which it gives back as soon as it ends (its permit stays held for the rate's interval).
-   * Beside a `rateLimit` whose count is lower or the same, the rate's count bounds the bodies at once
-   * (each holds its permit for the longer of the body and the interval).
+   * Beside a `rateLimit` whose count is lower, each body takes a slot too, and its permit goes back (or
+   * to the next waiter) once the interval has passed while the body runs on in its slot: up to
+   * `concurrencyLimit` bodies run at once, however long. The same as the count: each body holds its
+   * permit for the longer of the body and the interval.
    *
    * @default 1, or with a `rateLimit`, none: only the rate bounds the bodies, whose permits go back once the
    * interval has passed, while the bodies may still run
@@ -209,7 +211,7 @@ export interface ConcurrencyControlledWorkflowProps {
    * by the reconciler (error `SemaphoreLeaseExpired`), and only then is its permit released. The
    * lease is enforced when the reconciler runs, so up to `reconcileEvery` late. With a `rateLimit` and
    * no `concurrencyLimit`, the permit goes back once the interval has passed, so a lease never stops
-   * a long body there.
+   * a long body there (with a `concurrencyLimit` above the rate's count, the body's slot keeps the lease).
    *
    * @default - no lease: an execution holds its permit for as long as it runs
    */
@@ -447,8 +449,9 @@ export class ConcurrencyControlledWorkflow extends Construct {
         '`permits` and `rateLimit` cannot be combined yet: the rate counts acquisitions, and a weighted acquisition takes several permits at once. Set one of them',
       );
     }
-    // A concurrency limit below the rate's count: the lock's permits are the rate's, and each body takes a
-    // slot beside its permit, up to the concurrency limit (docs/design-rates-and-weights.md, "The body slot").
+    // A concurrency limit other than the rate's count: the lock's permits are the rate's, and each body takes a
+    // slot beside its permit, up to the concurrency limit (docs/design-rates-and-weights.md, "The body slot";
+    // above the count, the permit goes back at the interval and the slot stays until the body ends).
     const { limit, bodyLimit } = lockLimits(props.concurrencyLimit, rate);
     const pollSeconds = validateWholeSeconds('pollInterval', props.pollInterval ?? Duration.seconds(3), 1);
     const leaseSeconds = props.leaseDuration && validateWholeSeconds('leaseDuration', props.leaseDuration, 1);
@@ -469,13 +472,6 @@ export class ConcurrencyControlledWorkflow extends Construct {
     validateWholeSeconds('queueCheckInterval', queueCheckInterval, 1);
     if (props.queueCheckInterval && waitStrategy !== WaitStrategy.QUEUE) {
       Annotations.of(this).addWarning('queueCheckInterval is set but waitStrategy is not QUEUE: it has no effect');
-    }
-    if (rate && bodyLimit === undefined && props.concurrencyLimit !== undefined && props.concurrencyLimit > rate.count) {
-      Annotations.of(this).addWarningV2(
-        'cdk-sfn-semaphore:rateBoundsBodies',
-        `concurrencyLimit ${props.concurrencyLimit} is above the rateLimit count ${rate.count}: at most ${rate.count} bodies run at once, ` +
-          'since each holds its permit until it ends and the interval has passed. Leave concurrencyLimit out to bound only the starts',
-      );
     }
     const highLimit = waitStrategy === WaitStrategy.QUEUE ? highQueueLimitWarning(limit) : undefined;
     if (highLimit) {
@@ -538,7 +534,8 @@ export class ConcurrencyControlledWorkflow extends Construct {
       queueCheckInterval,
       permitPath: props.permitPath,
       holdSeconds: rate?.intervalSeconds,
-      releaseAtInterval: rate !== undefined && props.concurrencyLimit === undefined,
+      // A rate alone, or a concurrency limit above its count: the permit goes back at the interval, beside the body.
+      releaseAtInterval: rate !== undefined && (props.concurrencyLimit === undefined || props.concurrencyLimit > rate.count),
       permits: weighted ? permits : undefined,
       bodyLimit,
       bodySlotRounds: bodyLimit === undefined ? undefined : Math.floor(slotEvents / BODY_SLOT_ROUND_EVENTS),
@@ -819,16 +816,17 @@ function defaultLockName(scope: Construct): string {
 
 /**
  * The lock's permits, and its body slots: under a rate limit the permits are the rate's count (each
- * held for at least the rate's interval), and a concurrency limit below it becomes body slots.
+ * held for at least the rate's interval), and a concurrency limit other than the count becomes body slots
+ * (below it, a body holds its permit and a slot; above it, its slot, and its permit for the interval).
  */
 function lockLimits(concurrencyLimit: number | undefined, rate: RateLimit | undefined): { limit: number; bodyLimit?: number } {
   if (!rate) return { limit: concurrencyLimit ?? 1 };
   if (concurrencyLimit === undefined) return { limit: rate.count };
   if (Token.isUnresolved(concurrencyLimit) || Token.isUnresolved(rate.count)) {
     throw new Error(
-      '`concurrencyLimit` and `rateLimit` must both be known at synth when both are set (a concurrency limit below the rate\'s count becomes body slots), ' +
+      '`concurrencyLimit` and `rateLimit` must both be known at synth when both are set (a concurrency limit other than the rate\'s count becomes body slots), ' +
         `got: ${Token.isUnresolved(concurrencyLimit) ? 'a concurrencyLimit read at run time' : 'a rateLimit count that is a token'}`,
     );
   }
-  return { limit: rate.count, bodyLimit: concurrencyLimit < rate.count ? concurrencyLimit : undefined };
+  return { limit: rate.count, bodyLimit: concurrencyLimit !== rate.count ? concurrencyLimit : undefined };
 }

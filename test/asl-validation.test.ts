@@ -57,7 +57,12 @@ const configurations: Array<[string, Partial<ConcurrencyControlledWorkflowProps>
     'idempotent, with validation and a limit from the input',
     { concurrencyLimit: sfn.JsonPath.numberAt('$.limit'), acquireTimeout: Duration.minutes(5), idempotency: { key: IdempotencyKey.fromJmesPath('[a, b]'), validateFields: ['$.c'] } },
   ],
-  ['a rate limit beside a concurrency limit', { rateLimit: RateLimit.perSecond(10), concurrencyLimit: 4 }],
+  ['a rate limit beside the same concurrency limit', { rateLimit: RateLimit.perSecond(4), concurrencyLimit: 4 }],
+  ['a rate limit beside a higher concurrency limit (the permit back at the interval, the slot kept)', { rateLimit: RateLimit.perSecond(2), concurrencyLimit: 8 }],
+  [
+    'a rate limit beside a higher concurrency limit, polling, idempotent',
+    { rateLimit: RateLimit.perSecond(2), concurrencyLimit: 8, waitStrategy: WaitStrategy.POLLING, idempotency: { key: IdempotencyKey.fromFields('$.id') } },
+  ],
   ['a rate limit alone, the queue (the release beside the body)', { rateLimit: RateLimit.perSecond(10) }],
   ['a rate limit beside a lower concurrency limit (body slots)', { rateLimit: RateLimit.perSecond(10), concurrencyLimit: 2 }],
   [

@@ -63,6 +63,7 @@ describe('validation at synth', () => {
     };
     expect(bodyLimitOf({ rateLimit: RateLimit.perSecond(7), concurrencyLimit: 3 })).toBe('3');
     expect(bodyLimitOf({ rateLimit: RateLimit.perSecond(7), concurrencyLimit: 7 })).toBeUndefined();
+    expect(bodyLimitOf({ rateLimit: RateLimit.perSecond(7), concurrencyLimit: 12 })).toBe('12');
     expect(bodyLimitOf({ rateLimit: RateLimit.perSecond(7) })).toBeUndefined();
 
     const { stack } = workflowStack({ rateLimit: RateLimit.of(4, Duration.seconds(30)) });
@@ -74,18 +75,23 @@ describe('validation at synth', () => {
     expect(JSON.stringify(cleanup)).toContain('\\"Hold Permit For Rate Interval\\":{\\"Type\\":\\"Wait\\",\\"Seconds\\":30');
   });
 
-  test('a concurrencyLimit above the rate\'s count warns that the count bounds the bodies; a rate alone releases beside the body', () => {
-    const warning = Match.stringLikeRegexp('concurrencyLimit 20 is above the rateLimit count 10: at most 10 bodies run at once.*cdk-sfn-semaphore:rateBoundsBodies');
-    Annotations.fromStack(workflowStack({ rateLimit: RateLimit.perSecond(10), concurrencyLimit: 20 }).stack).hasWarning('/TestStack/Workflow', warning);
-    for (const quiet of [{ concurrencyLimit: 10 }, { concurrencyLimit: 5 }, {}]) {
-      Annotations.fromStack(workflowStack({ rateLimit: RateLimit.perSecond(10), ...quiet }).stack).hasNoWarning('/TestStack/Workflow', warning);
+  test('a rate alone, or a concurrencyLimit above its count, releases beside the body; above the count the body keeps a slot; no warning', () => {
+    for (const concurrencyLimit of [20, 10, 5, undefined]) {
+      const annotations = Annotations.fromStack(workflowStack({ rateLimit: RateLimit.perSecond(10), concurrencyLimit }).stack);
+      annotations.hasNoWarning('/TestStack/Workflow', Match.stringLikeRegexp('rateLimit'));
     }
     const states = (props: Parameters<typeof workflowStack>[0]) => {
       const { workflow } = workflowStack(props);
       return JSON.stringify(Stack.of(workflow).resolve((workflow.stateMachine.node.defaultChild as sfn.CfnStateMachine).definitionString));
     };
     expect(states({ rateLimit: RateLimit.perSecond(10) })).toContain(`${STATE.release}${RELEASE_AT_INTERVAL_SUFFIX}`);
+    expect(states({ rateLimit: RateLimit.perSecond(10) })).not.toContain(STATE.keepBodySlot);
     expect(states({ rateLimit: RateLimit.perSecond(10), concurrencyLimit: 10 })).not.toContain(RELEASE_AT_INTERVAL_SUFFIX);
+    expect(states({ rateLimit: RateLimit.perSecond(10), concurrencyLimit: 5 })).not.toContain(RELEASE_AT_INTERVAL_SUFFIX);
+    const above = states({ rateLimit: RateLimit.perSecond(10), concurrencyLimit: 20 });
+    for (const state of [STATE.keepBodySlot, STATE.handOffKeepingSlot, STATE.takeBackIntoSlot]) expect(above).toContain(`${state}${RELEASE_AT_INTERVAL_SUFFIX}`);
+    expect(above).toContain(STATE.releaseBodySlotAndEntry);
+    expect(above).toContain(STATE.takeBodySlot);
   });
 
   test('holdAfterStop of the cleanup and the reconciler must be whole seconds', () => {
@@ -290,6 +296,48 @@ describe('beside a lower concurrency limit: the rate\'s permits, and a body slot
         expect(mostInAnyWindow(work.starts, 10_000)).toBeLessThanOrEqual(4);
         expect(await lockState(sim)).toEqual([{ lockName: LOCK, permitsInUse: 0, holders: [] }]);
         expect(await bodySlots(sim)).toEqual({ bodiesRunning: 0, marked: 0, bodyLimit: 2 });
+      });
+    },
+  );
+});
+
+describe('beside a higher concurrency limit: the permit goes back at the interval, the body keeps a slot', () => {
+  test.each([WaitStrategy.QUEUE, WaitStrategy.POLLING])(
+    '%s: 3 per 10 s and 5 at once with 25 s bodies: both bounds reached, never passed; failing and stopped bodies free their slot',
+    async (waitStrategy) => {
+      const { stack, workflow, workFunctionId } = workflowStack({
+        rateLimit: RateLimit.of(3, Duration.seconds(10)),
+        concurrencyLimit: 5,
+        waitStrategy,
+        pollInterval: Duration.seconds(1),
+        reconcilerScheduleEnabled: false,
+      });
+      const work = new WorkTracker(() => 25);
+      // A tenth of real time: the 25 s bodies overlap, and the interval stays far above a hand-off.
+      await simulate(stack, { timeScale: 0.1, lambdaHandlers: { [workFunctionId]: work.handler } }, async (sim) => {
+        const sm = sim.stateMachine(stateMachineLogicalId(workflow.stateMachine));
+        const inputs = Array.from({ length: 14 }, (_, i) => ({ i, fail: i === 4 || i === 9, abortInside: i === 6 || i === 11 }));
+        const executions = inputs.map((input) => sim.startExecution(sm, input));
+        await Promise.all(executions.map((e) => e.done));
+
+        expect(executions.map((e) => e.status)).toEqual(inputs.map((i) => (i.fail ? 'FAILED' : i.abortInside ? 'ABORTED' : 'SUCCEEDED')));
+        expect(work.starts).toHaveLength(14);
+        // Never 4 starts in any 10 s, never 6 bodies at once; but more than the rate's 3 run at once:
+        // each permit went back while its body ran on in its slot.
+        expect(mostInAnyWindow(work.starts, 10_000)).toBeLessThanOrEqual(3);
+        expect(work.maxInside).toBe(5);
+        const kept = executions.filter((e) => e.stateTransitions.get(`${STATE.keepBodySlot}${RELEASE_AT_INTERVAL_SUFFIX}`) === 1);
+        const handedKeeping = executions.filter((e) => e.stateTransitions.get(`${STATE.handOffKeepingSlot}${RELEASE_AT_INTERVAL_SUFFIX}`) === 1);
+        expect(kept.length + handedKeeping.length).toBeGreaterThanOrEqual(10);
+        // With the queue, a permit goes to the next waiter at the interval, the body keeping its slot.
+        if (waitStrategy === WaitStrategy.QUEUE) expect(handedKeeping.length).toBeGreaterThan(0);
+        // Five 25 s bodies at once: some held a permit and waited for a slot.
+        expect(executions.some((e) => (e.stateTransitions.get(STATE.waitForBodySlot) ?? 0) > 0)).toBe(true);
+        // The entry of no permit went with the slot when the body ended.
+        for (const e of executions.filter((x) => x.status === 'SUCCEEDED')) expect(e.stateTransitions.get(STATE.releaseBodySlotAndEntry)).toBe(1);
+        await sim.idle();
+        expect(await lockState(sim)).toEqual([{ lockName: LOCK, permitsInUse: 0, holders: [] }]);
+        expect(await bodySlots(sim)).toEqual({ bodiesRunning: 0, marked: 0, bodyLimit: 5 });
       });
     },
   );
@@ -682,6 +730,31 @@ describe('scenarios, under DynamoDB\'s capacity rules', () => {
       expectFaultsStruck(result, 40);
     },
   );
+
+  test.each([WaitStrategy.QUEUE, WaitStrategy.POLLING])(
+    '%s: a concurrency limit above the rate, with failing and stopped bodies, duplicated and delayed events, throttling: every invariant',
+    async (waitStrategy) => {
+      const rate = { count: 3, intervalSeconds: 10 };
+      const result = await runScenario(
+        demoSubject(4, { rateLimit: RateLimit.of(3, Duration.seconds(10)), pollInterval: Duration.seconds(2), ...strategyProps(waitStrategy) }),
+        {
+          executions: 40,
+          limit: 4,
+          workSeconds: 20,
+          timeScale: 0.02,
+          rate,
+          seed: 5,
+          ...FAULTS,
+        },
+      );
+
+      // 20 s bodies at 3 starts per 10 s would need 6 at once: never more than 4 (no entry of a body slot
+      // is left behind either: the slot of an entry of no permit counts as held), nor 4 starts in 10 s.
+      expect(brokenInvariants(result, 4)).toEqual([]);
+      expect(result.maxInside).toBe(4);
+      expectFaultsStruck(result, 40);
+    },
+  );
 });
 
 test('the CLI and the client on a rate-limited lock: a lease at least the interval, a release that holds the permit until it has passed', async () => {
@@ -784,14 +857,57 @@ test('the CLI and the client on a lock with body slots: a lease takes a slot too
   });
 });
 
-test('idempotent and rate-limited: a repeat returns the stored result without an acquisition; the others keep the rate', async () => {
+test('the CLI and the client beside a concurrency limit above the rate: a body past its interval holds a slot and no permit', async () => {
+  const { stack, workflow, workFunctionId } = workflowStack({
+    rateLimit: RateLimit.of(1, Duration.seconds(2)),
+    concurrencyLimit: 2,
+    pollInterval: Duration.seconds(1),
+    reconcilerScheduleEnabled: false,
+  });
+  const work = new WorkTracker((input) => input.seconds);
+  // In real time: the client's clock and the simulation's agree.
+  await simulate(stack, { timeScale: 1, schedules: false, lambdaHandlers: { [workFunctionId]: work.handler } }, async (sim) => {
+    const sm = sim.stateMachine(stateMachineLogicalId(workflow.stateMachine));
+    const tableName = sim.tableName('WorkflowLockTable');
+    const client = new SemaphoreClient({ tableName, dynamodb: sim.db.client });
+    const running = sim.startExecution(sm, { seconds: 8 });
+    // Once the interval has passed, the permit is back and the body runs on in its slot.
+    await until(async () => (await client.status(LOCK)).holders[0]?.permits === 0, 'the permit to go back at the interval');
+    expect(work.inside).toBe(1);
+    expect(await client.status(LOCK)).toMatchObject({ permitsInUse: 0, bodyLimit: 2, bodiesRunning: 1, holders: [{ id: running.arn, permits: 0 }] });
+    const env = { AWS_ENDPOINT_URL_DYNAMODB: sim.db.endpoint, AWS_REGION: 'us-east-1', AWS_ACCESS_KEY_ID: 'local', AWS_SECRET_ACCESS_KEY: 'local' };
+    const out: string[] = [];
+    const io = { stdout: (l: string) => out.push(l), stderr: () => undefined, env: { ...env, CDK_SFN_SEMAPHORE_TABLE: tableName } };
+    expect(await main(['status', LOCK], io)).toBe(0);
+    expect(out[0]).toMatch(/^TestStack\/Workflow: 0 of 1 permits in use.*; 1 of 2 body slots taken$/);
+    expect(out.find((l) => l.includes(running.arn))).toMatch(/^execution\s+\S+\s+0\s/);
+
+    // The free permit and the second slot go to a lease; the rate then refuses another.
+    const lease = await client.acquire(LOCK, { leaseSeconds: 60 });
+    expect(lease).toBeDefined();
+    expect(await client.status(LOCK)).toMatchObject({ permitsInUse: 1, bodiesRunning: 2 });
+    expect(await client.acquire(LOCK, { waitSeconds: 0 })).toBeUndefined();
+    expect(await client.release(LOCK, lease!.leaseId)).toBe(true);
+    expect((await running.done).status).toBe('SUCCEEDED');
+    // The body's end removed the entry of no permit with its slot.
+    expect(running.stateTransitions.get(STATE.releaseBodySlotAndEntry)).toBe(1);
+    await sim.idle();
+    expect(await bodySlots(sim)).toEqual({ bodiesRunning: 0, marked: 0, bodyLimit: 2 });
+    expect(await lockState(sim)).toEqual([{ lockName: LOCK, permitsInUse: 0, holders: [] }]);
+  });
+});
+
+test.each([undefined, 3])('idempotent and rate-limited (concurrencyLimit %s): a repeat returns the stored result without an acquisition; the others keep the rate', async (concurrencyLimit) => {
   const { stack, workflow, workFunctionId } = workflowStack({
     rateLimit: RateLimit.of(2, Duration.seconds(5)),
+    concurrencyLimit,
     idempotency: { key: IdempotencyKey.fromFields('$.id') },
     reconcilerScheduleEnabled: false,
   });
-  const work = new WorkTracker(() => 0.5);
-  await simulate(stack, { lambdaHandlers: { [workFunctionId]: work.handler } }, async (sim) => {
+  // Above the count, bodies four times the interval: three run at once, more than the rate's two (at a
+  // tenth of real time, so that the hand-offs' CPU time stays far below the interval).
+  const work = new WorkTracker(() => (concurrencyLimit === undefined ? 0.5 : 20));
+  await simulate(stack, { timeScale: concurrencyLimit === undefined ? 0.01 : 0.1, lambdaHandlers: { [workFunctionId]: work.handler } }, async (sim) => {
     const sm = sim.stateMachine(stateMachineLogicalId(workflow.stateMachine));
     const first = await Promise.all(Array.from({ length: 6 }, (_, id) => sim.startExecution(sm, { id }).done));
     const repeat = await sim.startExecution(sm, { id: 3 }).done;
@@ -802,6 +918,11 @@ test('idempotent and rate-limited: a repeat returns the stored result without an
     expect(work.starts).toHaveLength(6);
     expect(mostInAnyWindow(work.starts, 5_000)).toBe(2);
     expect(first.every((e) => e.stateTransitions.get(STATE.holdForRate) === 1)).toBe(true);
+    if (concurrencyLimit !== undefined) {
+      expect(work.maxInside).toBe(3);
+      expect(first.every((e) => e.stateTransitions.get(STATE.releaseBodySlotAndEntry) === 1)).toBe(true);
+      expect(await bodySlots(sim)).toEqual({ bodiesRunning: 0, marked: 0, bodyLimit: 3 });
+    }
     await sim.idle();
     expect(await lockState(sim)).toEqual([{ lockName: LOCK, permitsInUse: 0, holders: [] }]);
   });

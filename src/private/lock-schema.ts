@@ -46,7 +46,9 @@ export const HOLDER_ACQUIRED_AT = 'acquiredAt';
 /**
  * Field of a holder entry that holds more than one of the lock's permits (a weighted acquisition,
  * `permits`): how many it holds (type N). An entry without it holds one. Every release gives back
- * exactly this many in the same write (RELEASE_UPDATE), whoever releases it.
+ * exactly this many in the same write (RELEASE_UPDATE), whoever releases it. 0 on an entry that keeps
+ * only its body slot: a rate's permit given back (or handed on) at the interval while a body that may
+ * run longer keeps its slot (a concurrency limit above the rate's count, see KEEP_SLOT_RELEASE_CONDITION).
  */
 export const HOLDER_PERMITS = 'permits';
 
@@ -418,14 +420,24 @@ export const WAIT_AGAIN_CONDITION = `attribute_not_exists(${QUEUE_NAMES.servedBy
 export const WAIT_ON_TICKET_UPDATE = `SET ${QUEUE_NAMES.waiter} = ${QUEUE_VALUES.me}, ${QUEUE_NAMES.run} = ${VALUES.redriveCount}, ${QUEUE_NAMES.lease} = ${QUEUE_VALUES.lease}, ${NAMES.limit} = ${VALUES.limit}, ${QUEUE_NAMES.token} = ${QUEUE_VALUES.token}`;
 
 /**
+ * An entry that holds a body slot and no permit (see HOLDER_PERMITS of 0, below: a rate's permit given
+ * back at its interval while the body runs on): no path hands it off, and any path may remove it.
+ */
+const HOLDS_NO_PERMIT = `${NAMES.holder}.${HOLDER_PERMITS} = ${VALUES.zero}`;
+/** The entry holds at least one permit: no HOLDER_PERMITS (one), or more than 0. */
+const HOLDS_A_PERMIT = `(attribute_not_exists(${NAMES.holder}.${HOLDER_PERMITS}) OR ${NAMES.holder}.${HOLDER_PERMITS} > ${VALUES.zero})`;
+
+/**
  * Release when nobody waits: RELEASE_STOPPED_RUN_CONDITION and no ticket waiting. Every release that
  * frees a permit checks the queue in the same write, so that a waiter that took a ticket meanwhile is
  * never left asleep beside a free permit (its ticket needed the lock full, and the lock stays full).
  * Also while a collector is short of permits (they go to it: nobody else may take them), and always for
  * the collector's own entry, which must leave through RELEASE_UPDATE (never by a hand-off) to take the
- * lock's mark with it.
+ * lock's mark with it; and always for an entry that holds no permit (HOLDS_NO_PERMIT), which frees a
+ * body slot and no permit, so the queue's invariant holds whatever waits.
  */
-export const RELEASE_IF_NO_WAITERS_CONDITION = `${RELEASE_STOPPED_RUN_CONDITION} AND (${NO_WAITERS} OR ${COLLECTOR_SHORT} OR attribute_exists(${NAMES.holder}.${HOLDER_COLLECTING}))`;
+export const RELEASE_IF_NO_WAITERS_CONDITION =
+  `${RELEASE_STOPPED_RUN_CONDITION} AND (${NO_WAITERS} OR ${COLLECTOR_SHORT} OR attribute_exists(${NAMES.holder}.${HOLDER_COLLECTING}) OR ${HOLDS_NO_PERMIT})`;
 
 /**
  * Is the permit still held (by the run)? A no-op write that fails when it is not: after a release and
@@ -437,14 +449,14 @@ export const STILL_HELD_UPDATE = `SET ${NAMES.permits} = ${NAMES.permits}`;
 
 /**
  * Claim the next ticket (UPDATED_NEW: the new head is the ticket claimed) while still holding the
- * permit to hand, not the collector's own entry, and not while a collector is short of permits: every releaser claims a ticket of its own, so that releasers that give back
+ * permit to hand (an entry of no permit has none: HOLDS_NO_PERMIT), not the collector's own entry, and not while a collector is short of permits: every releaser claims a ticket of its own, so that releasers that give back
  * permits at once serve different waiters instead of racing for the same one. A releaser that
  * stops before it serves its ticket leaves that waiter asleep: the sweep marks such a ticket, and
  * its waiter takes a new one when its wait next times out.
  */
 export const PEEK_CONDITION =
   `${RELEASE_STOPPED_RUN_CONDITION} AND ${QUEUE_NAMES.head} < ${QUEUE_NAMES.tail} AND attribute_not_exists(${NAMES.holder}.${HOLDER_COLLECTING}) ` +
-  `AND (${NOT_COLLECTING} OR ${NAMES.permits} <= ${NAMES.collectGate})`;
+  `AND (${NOT_COLLECTING} OR ${NAMES.permits} <= ${NAMES.collectGate}) AND ${HOLDS_A_PERMIT}`;
 export const PEEK_UPDATE = `SET ${QUEUE_NAMES.head} = ${QUEUE_NAMES.head} + ${VALUES.one}`;
 
 /**
@@ -474,9 +486,10 @@ export const DELETE_SERVED_CONDITION = `${QUEUE_NAMES.servedBy} = ${QUEUE_VALUES
  * Hand off: the holder entry moves from the releaser to the waiter of the ticket it claimed; the count
  * stays (less a weighted entry's HOLDER_EXTRA_PERMITS, given back: the waiter takes one). The same write draws the waiter's fencing token, so that tokens follow the order in which
  * permits are granted (UPDATED_OLD: the counter before the draw). Refused when the waiter holds a
- * permit already (it found one by polling): the releaser then claims the next ticket.
+ * permit already (it found one by polling), or the releaser's entry holds none (its permit went back at
+ * the rate's interval since the peek, see HOLDS_NO_PERMIT): the releaser then claims the next ticket.
  */
-export const HAND_OFF_CONDITION = `${RELEASE_STOPPED_RUN_CONDITION} AND attribute_not_exists(${QUEUE_NAMES.next})`;
+export const HAND_OFF_CONDITION = `${RELEASE_STOPPED_RUN_CONDITION} AND attribute_not_exists(${QUEUE_NAMES.next}) AND ${HOLDS_A_PERMIT}`;
 export const HAND_OFF_UPDATE =
   `SET ${QUEUE_NAMES.next} = ${VALUES.entry}, ${NAMES.fence} = ${NAMES.fence} + ${VALUES.one}, ` +
   `${NAMES.permits} = ${NAMES.permits} - if_not_exists(${NAMES.holder}.${HOLDER_EXTRA_PERMITS}, ${VALUES.zero}), ${TAKE_OFF_BODY} REMOVE ${NAMES.holder}`;
@@ -624,3 +637,69 @@ export const ACQUIRE_WITH_BODY_SLOT_UPDATE = `${ACQUIRE_UPDATE}, ${COUNT_BODY}`;
  */
 export const CLIENT_BODY_SLOT_CONDITION = BODY_SLOT_FREE;
 export const CLIENT_BODY_SLOT_UPDATE = COUNT_BODY;
+
+/*
+ * A concurrency limit above the rate's count (docs/design-rates-and-weights.md, "A concurrency limit
+ * above the rate's count"): the rate's permit goes back at the interval, as with a rate alone, while the
+ * body keeps its slot until it ends. The entry stays, with HOLDER_PERMITS 0 and its HOLDER_IN_BODY mark,
+ * so that every release path (the cleanup, the sweep, force-release) still finds the slot to free: they
+ * remove it with RELEASE_UPDATE (which gives back its 0 permits), whatever waits (RELEASE_IF_NO_WAITERS),
+ * and never hand it off (PEEK refuses it). The release at the interval uses the writes below.
+ */
+
+/**
+ * Give the rate's permit back at the interval and keep the body slot: the entry of this run (or an
+ * earlier one), holding one permit and a slot, while nobody waits (a waiter would sleep beside the
+ * freed permit). Refused, the release hands the permit to the next waiter (KEEP_SLOT_HAND_OFF), or, when
+ * the body has ended (no slot), releases as a rate alone does, with the conditions OUTSIDE_BODY.
+ */
+export const KEEP_SLOT_RELEASE_CONDITION =
+  `${RELEASE_STOPPED_RUN_CONDITION} AND attribute_exists(${NAMES.holder}.${HOLDER_IN_BODY}) AND ` +
+  `attribute_not_exists(${NAMES.holder}.${HOLDER_PERMITS}) AND ${NO_WAITERS}`;
+export const KEEP_SLOT_RELEASE_UPDATE = `SET ${NAMES.permits} = ${NAMES.permits} - ${VALUES.one}, ${NAMES.holder}.${HOLDER_PERMITS} = ${VALUES.zero}`;
+
+/**
+ * The release at the interval, for an entry whose body has ended meanwhile (its slot given back): the
+ * give-back and the hand-off of a whole entry, refused while the entry holds a slot, whose body runs:
+ * moving or removing that entry would take its slot with it.
+ */
+export const OUTSIDE_BODY = `attribute_not_exists(${NAMES.holder}.${HOLDER_IN_BODY})`;
+
+/**
+ * Hand the rate's permit to the waiter of the ticket claimed, keeping the body slot: as HAND_OFF, but the
+ * releaser's entry stays, with no permit (the count stays: the permit moves). Refused when the body has
+ * ended (the whole entry then moves, HAND_OFF with OUTSIDE_BODY), or the waiter holds a permit already.
+ */
+export const KEEP_SLOT_HAND_OFF_CONDITION =
+  `${HAND_OFF_CONDITION} AND attribute_exists(${NAMES.holder}.${HOLDER_IN_BODY}) AND attribute_not_exists(${NAMES.holder}.${HOLDER_PERMITS})`;
+export const KEEP_SLOT_HAND_OFF_UPDATE =
+  `SET ${QUEUE_NAMES.next} = ${VALUES.entry}, ${NAMES.fence} = ${NAMES.fence} + ${VALUES.one}, ${NAMES.holder}.${HOLDER_PERMITS} = ${VALUES.zero}`;
+
+/**
+ * Take back a permit handed off by KEEP_SLOT_HAND_OFF to a waiter that could not be woken: into the
+ * releaser's entry of no permit, which holds one again. Refused when the waiter claimed it, or the
+ * releaser's entry is gone (its body ended and removed it: RELEASE_BODY_SLOT_AND_ENTRY), when TAKE_BACK
+ * moves the waiter's entry to the releaser as a whole.
+ */
+export const TAKE_BACK_INTO_SLOT_CONDITION =
+  `${QUEUE_NAMES.next}.${HOLDER_HANDOFF_ID} = ${QUEUE_VALUES.handoffId} AND attribute_not_exists(${QUEUE_NAMES.next}.${HOLDER_CLAIMED}) ` +
+  `AND ${HOLDS_NO_PERMIT} AND ${STAMPED_AT_MOST}`;
+export const TAKE_BACK_INTO_SLOT_UPDATE = `REMOVE ${QUEUE_NAMES.next}, ${NAMES.holder}.${HOLDER_PERMITS}`;
+
+/** STILL_HELD for the release at the interval: the entry holds a permit (not only a slot). */
+export const STILL_HOLDS_PERMIT_CONDITION = `${STILL_HELD_CONDITION} AND ${HOLDS_A_PERMIT}`;
+
+/**
+ * The body's end, when its entry holds no permit (given back at the interval): the slot and the entry
+ * go in one write. Refused, the entry still holds its permit: RELEASE_BODY_SLOT gives back the slot only.
+ */
+export const RELEASE_BODY_SLOT_AND_ENTRY_CONDITION = `attribute_exists(${NAMES.holder}.${HOLDER_IN_BODY}) AND ${HOLDS_NO_PERMIT}`;
+export const RELEASE_BODY_SLOT_AND_ENTRY_UPDATE = `SET ${NAMES.bodies} = ${NAMES.bodies} - ${VALUES.one} REMOVE ${NAMES.holder}`;
+
+/**
+ * The redrive guard's claim of an entry that holds a body slot (BODY_SLOT_HELD) and a permit: a run
+ * redriven in its body after its interval finds an entry of no permit, which it removes (as
+ * RELEASE_PARTIAL: fewer than its one permit) before it takes a permit and a slot again (a redrive counts
+ * as an acquisition).
+ */
+export const BODY_SLOT_AND_PERMIT_HELD_CONDITION = `${BODY_SLOT_HELD_CONDITION} AND ${HOLDS_A_PERMIT}`;

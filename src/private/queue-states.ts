@@ -19,6 +19,14 @@ import {
   FENCING_TOKEN,
   HAND_OFF_CONDITION,
   HAND_OFF_UPDATE,
+  KEEP_SLOT_HAND_OFF_CONDITION,
+  KEEP_SLOT_HAND_OFF_UPDATE,
+  KEEP_SLOT_RELEASE_CONDITION,
+  KEEP_SLOT_RELEASE_UPDATE,
+  OUTSIDE_BODY,
+  STILL_HOLDS_PERMIT_CONDITION,
+  TAKE_BACK_INTO_SLOT_CONDITION,
+  TAKE_BACK_INTO_SLOT_UPDATE,
   HOLDER_ACQUIRED_AT,
   HOLDER_HANDOFF_ID,
   HOLDER_LEASE_SECONDS,
@@ -139,6 +147,10 @@ export function releaseStateNames(suffix: string) {
     wakeWaiterOfOneAgain: `${STATE.wakeWaiterOfOneAgain}${suffix}`,
     deleteTicketOfOne: `${STATE.deleteTicketOfOne}${suffix}`,
     takeBackOne: `${STATE.takeBackOne}${suffix}`,
+    keepBodySlot: `${STATE.keepBodySlot}${suffix}`,
+    keepBodySlotWithoutHandOff: `${STATE.keepBodySlotWithoutHandOff}${suffix}`,
+    handOffKeepingSlot: `${STATE.handOffKeepingSlot}${suffix}`,
+    takeBackIntoSlot: `${STATE.takeBackIntoSlot}${suffix}`,
   };
 }
 
@@ -164,6 +176,13 @@ export interface HandOffProps {
    * which moves as a whole. @default false
    */
   readonly weighted?: boolean;
+  /**
+   * Whether the holder's body may still run in its body slot (the release at the interval beside the
+   * body, under a concurrency limit above the rate's count): the permit is given back or handed on and
+   * the entry stays with no permit, keeping the slot (KEEP_SLOT_RELEASE, KEEP_SLOT_HAND_OFF); once the
+   * body has ended, the entry goes as a whole. Not with `weighted`. @default false
+   */
+  readonly keepSlot?: boolean;
 }
 
 /** The key of a lock's ticket item, for a lock name (literal or JSONPath string) and a JSONPath to the ticket. */
@@ -197,12 +216,13 @@ export function handOffChain(scope: Construct, props: HandOffProps): sfn.State {
   // Give the permit back if nobody waits: the release's first write, and again after a peek found no
   // waiter, since a waiter can take a ticket between the two writes (the lock was full) and would then
   // sleep beside a free permit.
-  const giveBack = (id: string) =>
+  const plainGiveBack = (id: string) =>
     end(
       new tasks.DynamoUpdateItem(scope, id, {
         table,
         key,
-        conditionExpression: RELEASE_IF_NO_WAITERS_CONDITION,
+        // Beside a body that keeps its slot, the whole entry goes only once the body has ended.
+        conditionExpression: props.keepSlot ? `${RELEASE_IF_NO_WAITERS_CONDITION} AND ${OUTSIDE_BODY}` : RELEASE_IF_NO_WAITERS_CONDITION,
         updateExpression: RELEASE_UPDATE,
         expressionAttributeNames: {
           [NAMES.permits]: PERMITS_IN_USE,
@@ -222,22 +242,56 @@ export function handOffChain(scope: Construct, props: HandOffProps): sfn.State {
         ...endProps,
       }).addRetry(retry),
     );
-  const releaseWithoutHandOff = giveBack(names.releaseWithoutHandOff);
+  // Beside a body that keeps its slot: first the permit alone (the body runs on), then, refused, the
+  // whole entry (the body has ended); both refused, the caller's catch follows the second.
+  const giveBack = (id: string, keepSlotId: string): { first: sfn.State; last: sfn.TaskStateBase } => {
+    const last = plainGiveBack(id);
+    if (!props.keepSlot) return { first: last, last };
+    const keep = end(
+      new tasks.DynamoUpdateItem(scope, keepSlotId, {
+        table,
+        key,
+        conditionExpression: KEEP_SLOT_RELEASE_CONDITION,
+        updateExpression: KEEP_SLOT_RELEASE_UPDATE,
+        expressionAttributeNames: {
+          [NAMES.permits]: PERMITS_IN_USE,
+          [NAMES.holder]: holder,
+          [QUEUE_NAMES.tail]: QUEUE_TAIL,
+          [QUEUE_NAMES.head]: QUEUE_HEAD,
+        },
+        expressionAttributeValues: {
+          [VALUES.zero]: tasks.DynamoAttributeValue.fromNumber(0),
+          [VALUES.one]: tasks.DynamoAttributeValue.fromNumber(1),
+          [VALUES.redriveCount]: redriveCount,
+        },
+        resultPath: sfn.JsonPath.DISCARD,
+        ...endProps,
+      }).addRetry(retry),
+    ).addCatch(last, { errors: [CONDITIONAL_CHECK_FAILED], resultPath: sfn.JsonPath.DISCARD });
+    return { first: keep, last };
+  };
+  const withoutHandOff = giveBack(names.releaseWithoutHandOff, names.keepBodySlotWithoutHandOff);
+  const releaseWithoutHandOff = withoutHandOff.last;
   // Refused: not held (any more), or a waiter came. Which? A no-op write conditional on the holder.
+  // (Beside a body that keeps its slot: a permit, not only the slot, given back or handed on already.)
   const stillHeld = new tasks.DynamoUpdateItem(scope, names.stillHeld, {
     table,
     key,
-    conditionExpression: STILL_HELD_CONDITION,
+    conditionExpression: props.keepSlot ? STILL_HOLDS_PERMIT_CONDITION : STILL_HELD_CONDITION,
     updateExpression: STILL_HELD_UPDATE,
     expressionAttributeNames: { [NAMES.permits]: PERMITS_IN_USE, [NAMES.holder]: holder },
-    expressionAttributeValues: { [VALUES.redriveCount]: redriveCount },
+    expressionAttributeValues: {
+      [VALUES.redriveCount]: redriveCount,
+      ...(props.keepSlot ? { [VALUES.zero]: tasks.DynamoAttributeValue.fromNumber(0) } : {}),
+    },
     resultPath: sfn.JsonPath.DISCARD,
   })
     .addRetry(retry)
     .addCatch(alreadyReleased, { errors: [CONDITIONAL_CHECK_FAILED], resultPath: sfn.JsonPath.DISCARD });
   releaseWithoutHandOff.addCatch(stillHeld, { errors: [CONDITIONAL_CHECK_FAILED], resultPath: sfn.JsonPath.DISCARD });
 
-  const release = giveBack(names.release);
+  const releaseStates = giveBack(names.release, names.keepBodySlot);
+  const release = releaseStates.first;
 
   // Claim the next ticket: the new head (a number).
   const peek = new tasks.DynamoUpdateItem(scope, names.peek, {
@@ -267,8 +321,8 @@ export function handOffChain(scope: Construct, props: HandOffProps): sfn.State {
   })
     .addRetry(retry)
     // No permit to hand (released by someone else), or no waiter left (served by another releaser).
-    .addCatch(releaseWithoutHandOff, { errors: [CONDITIONAL_CHECK_FAILED], resultPath: sfn.JsonPath.DISCARD });
-  release.addCatch(peek, { errors: [CONDITIONAL_CHECK_FAILED], resultPath: sfn.JsonPath.DISCARD });
+    .addCatch(withoutHandOff.first, { errors: [CONDITIONAL_CHECK_FAILED], resultPath: sfn.JsonPath.DISCARD });
+  releaseStates.last.addCatch(peek, { errors: [CONDITIONAL_CHECK_FAILED], resultPath: sfn.JsonPath.DISCARD });
   stillHeld.next(peek);
 
   const ticketKeyValue = ticketItemKey(props.lockNameText, `${HANDOFF_PATH}.next.ticket`);
@@ -332,7 +386,8 @@ export function handOffChain(scope: Construct, props: HandOffProps): sfn.State {
   const handOff = new tasks.DynamoUpdateItem(scope, names.handOff, {
     table,
     key,
-    conditionExpression: HAND_OFF_CONDITION,
+    // Beside a body that keeps its slot, the whole entry moves only once the body has ended.
+    conditionExpression: props.keepSlot ? `${HAND_OFF_CONDITION} AND ${OUTSIDE_BODY}` : HAND_OFF_CONDITION,
     updateExpression: HAND_OFF_UPDATE,
     expressionAttributeNames: {
       [NAMES.holder]: holder,
@@ -471,7 +526,27 @@ export function handOffChain(scope: Construct, props: HandOffProps): sfn.State {
     // landed already. Only in that last case is there still a permit to give back, which the release
     // finds out by itself.
     takeBack.addCatch(release, { errors: [CONDITIONAL_CHECK_FAILED], resultPath: sfn.JsonPath.DISCARD });
-    return takeBack;
+    if (!props.keepSlot) return takeBack;
+    // Beside a body that keeps its slot, the permit was handed on from an entry that stays (KEEP_SLOT_HAND_OFF):
+    // it goes back into that entry. Refused, that entry is gone (the body ended and removed it), or this was
+    // a whole entry's hand-off (the body had ended), or the waiter claimed it: Take Back Permit tells.
+    const takeBackIntoSlot = new tasks.DynamoUpdateItem(scope, names.takeBackIntoSlot, {
+      table,
+      key,
+      conditionExpression: TAKE_BACK_INTO_SLOT_CONDITION,
+      updateExpression: TAKE_BACK_INTO_SLOT_UPDATE,
+      expressionAttributeNames: { [NAMES.holder]: holder, [QUEUE_NAMES.next]: waiterId },
+      expressionAttributeValues: {
+        [QUEUE_VALUES.handoffId]: handoffId,
+        [VALUES.zero]: tasks.DynamoAttributeValue.fromNumber(0),
+        [VALUES.redriveCount]: redriveCount,
+      },
+      resultPath: sfn.JsonPath.DISCARD,
+    })
+      .addRetry(retry)
+      .addCatch(takeBack, { errors: [CONDITIONAL_CHECK_FAILED], resultPath: sfn.JsonPath.DISCARD });
+    takeBackIntoSlot.next(release);
+    return takeBackIntoSlot;
   };
 
   const unit = wakeChain(
@@ -544,6 +619,32 @@ export function handOffChain(scope: Construct, props: HandOffProps): sfn.State {
     handOffOne.addCatch(one.confirm, { errors: SERVER_ERRORS, resultPath: sfn.JsonPath.DISCARD });
     handOffOne.next(one.wake);
     firstHandOff = handOffOne;
+  }
+  if (props.keepSlot) {
+    // The body may run on in its slot: hand on the permit alone, the entry stays with none. Refused (the
+    // body has ended, or the waiter holds a permit, or ours is gone), as any holder's hand-off.
+    const handOffKeepingSlot = new tasks.DynamoUpdateItem(scope, names.handOffKeepingSlot, {
+      table,
+      key,
+      conditionExpression: KEEP_SLOT_HAND_OFF_CONDITION,
+      updateExpression: KEEP_SLOT_HAND_OFF_UPDATE,
+      expressionAttributeNames: { [NAMES.holder]: holder, [QUEUE_NAMES.next]: waiterId, [NAMES.fence]: FENCING_TOKEN },
+      expressionAttributeValues: {
+        [VALUES.redriveCount]: redriveCount,
+        [VALUES.zero]: tasks.DynamoAttributeValue.fromNumber(0),
+        [VALUES.one]: tasks.DynamoAttributeValue.fromNumber(1),
+        [VALUES.entry]: waiterEntry,
+      },
+      returnValues: tasks.DynamoReturnValues.UPDATED_OLD,
+      resultSelector: handOffSelector,
+      resultPath: `${HANDOFF_PATH}.wake`,
+    })
+      .addRetry(transientRetry(THROTTLING_ERRORS))
+      .addCatch(handOff, { errors: [CONDITIONAL_CHECK_FAILED, VALIDATION_ERROR], resultPath: sfn.JsonPath.DISCARD });
+    // The same confirm, wake-up and take-back as the whole entry's hand-off: the take-back tells the two apart.
+    handOffKeepingSlot.addCatch(unit.confirm, { errors: SERVER_ERRORS, resultPath: sfn.JsonPath.DISCARD });
+    handOffKeepingSlot.next(unit.wake);
+    firstHandOff = handOffKeepingSlot;
   }
   serveTicket.next(firstHandOff);
   const checkTicket = new sfn.Choice(scope, names.checkTicket)

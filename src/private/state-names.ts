@@ -59,6 +59,14 @@ export const STATE = {
   bodySlotReleased: 'Body Slot Released',
   releaseBodySlotAfterFailure: 'Release Body Slot After Failure',
   bodySlotReleasedAfterFailure: 'Body Slot Released After Failure',
+  // A concurrency limit above the rate's count: the permit goes back at the interval, the body keeps its
+  // slot in an entry of no permit, which its end removes.
+  releaseBodySlotAndEntry: 'Release Body Slot And Entry',
+  releaseBodySlotAndEntryAfterFailure: 'Release Body Slot And Entry After Failure',
+  keepBodySlot: 'Keep Body Slot',
+  keepBodySlotWithoutHandOff: 'Keep Body Slot Without Hand-Off',
+  handOffKeepingSlot: 'Hand Off Keeping Body Slot',
+  takeBackIntoSlot: 'Take Back Into Body Slot',
 
   // The queue (wait strategy QUEUE).
   takeTicket: 'Take Ticket',
@@ -189,6 +197,8 @@ export const RATE_HOLD_STATES: string[] = [
   STATE.bodySlotReleased,
   STATE.releaseBodySlotAfterFailure,
   STATE.bodySlotReleasedAfterFailure,
+  STATE.releaseBodySlotAndEntry,
+  STATE.releaseBodySlotAndEntryAfterFailure,
 ];
 
 /**

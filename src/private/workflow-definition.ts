@@ -14,6 +14,8 @@ import {
   BODIES_RUNNING,
   BODY_LIMIT,
   BODY_SLOT_HELD_CONDITION,
+  RELEASE_BODY_SLOT_AND_ENTRY_CONDITION,
+  RELEASE_BODY_SLOT_AND_ENTRY_UPDATE,
   CLAIM_HANDED_CONDITION,
   COLLECT_GATE,
   COLLECTING,
@@ -110,6 +112,9 @@ export function renderDefinition(scope: Construct, table: ISemaphoreTable, spec:
   const prepareReleaseAfterFailure = new sfn.Pass(scope, STATE.prepareReleaseAfterFailure, { parameters: holderOfThisRun, resultPath: HANDOFF_PATH });
   const weight = permitWeight(spec);
   const weighted = weight !== undefined;
+  // A concurrency limit above the rate's count: the permit goes back at the interval and the body keeps
+  // its slot in an entry of no permit (KEEP_SLOT_RELEASE), which the end of the body removes.
+  const keepSlot = spec.bodyLimit !== undefined && spec.releaseAtInterval === true;
   prepareReleaseAfterFailure.next(handOffChain(scope, { table: table, lockName, lockNameText, suffix: ' After Failure', next: failWithError, weighted }));
   let releaseAfterFailure: sfn.State = prepareReleaseAfterFailure;
   if (spec.holdSeconds !== undefined) {
@@ -123,11 +128,15 @@ export function renderDefinition(scope: Construct, table: ISemaphoreTable, spec:
     // A failed body gives its slot back at once (its permit stays held for the interval); refused, it
     // held none (the failure came before the body, or after its release). Whatever the answer, the
     // release of the entry takes off what is left.
-    const ids = { release: STATE.releaseBodySlotAfterFailure, released: STATE.bodySlotReleasedAfterFailure };
-    const { release, released } = releaseBodySlot(scope, table, lockName, ids, [sfn.Errors.ALL]);
+    const ids = {
+      release: STATE.releaseBodySlotAfterFailure,
+      released: STATE.bodySlotReleasedAfterFailure,
+      andEntry: STATE.releaseBodySlotAndEntryAfterFailure,
+    };
+    const { first, release, released } = releaseBodySlot(scope, table, lockName, ids, [sfn.Errors.ALL], keepSlot);
     release.next(releaseAfterFailure);
     released.next(releaseAfterFailure);
-    releaseAfterFailure = release;
+    releaseAfterFailure = first;
   }
 
   // Success path. The Parallel wraps the body's output in an array: `$[0]` unwraps it.
@@ -152,7 +161,7 @@ export function renderDefinition(scope: Construct, table: ISemaphoreTable, spec:
     release = handOffChain(scope, { table: table, lockName, lockNameText, suffix: '', outputPath: '$.output', weighted });
   }
   runBody
-    .branch(spec.bodyLimit === undefined ? spec.body : bodyInSlot(scope, table, lockName, spec.body))
+    .branch(spec.bodyLimit === undefined ? spec.body : bodyInSlot(scope, table, lockName, spec.body, keepSlot))
     // resultPath '$': the failure path needs only the error, and the lock name comes from the context.
     .addCatch(releaseAfterFailure, { errors: [sfn.Errors.ALL], resultPath: errorPath });
   if (spec.holdSeconds === undefined) {
@@ -174,7 +183,7 @@ export function renderDefinition(scope: Construct, table: ISemaphoreTable, spec:
       // guard took for the new run (its stamp is newer), which the Wait after the Parallel then holds
       // for the interval and gives back. A run that was not redriven has nothing left to give back.
       const suffix = RELEASE_AT_INTERVAL_SUFFIX;
-      const releaseBeside = handOffChain(scope, { table: table, lockName, lockNameText, suffix, outputPath: sfn.JsonPath.DISCARD, weighted });
+      const releaseBeside = handOffChain(scope, { table, lockName, lockNameText, suffix, outputPath: sfn.JsonPath.DISCARD, weighted, keepSlot });
       // A write of that release throttled past its retries (or failing with server errors that long)
       // must not fail the branch, which would stop the body: the branch ends with the error as its
       // output, and the release after the body gives the permit back (or finds it handed on, if the
@@ -196,7 +205,21 @@ export function renderDefinition(scope: Construct, table: ISemaphoreTable, spec:
     const redriven = new sfn.Choice(scope, STATE.redrivenRun).when(sfn.Condition.numberGreaterThan('$$.Execution.RedriveCount', 0), holdAfterRedrive);
     // The same Choice (no transition more) sends a run whose release beside the body failed to the release.
     if (releaseBesideFailed) redriven.when(sfn.Condition.isPresent(releaseBesideFailed), release);
-    runBody.next(redriven.otherwise(notRedriven));
+    redriven.otherwise(notRedriven);
+    if (!keepSlot) {
+      runBody.next(redriven);
+    } else {
+      // The body's slot goes once both branches have ended (the body, and the release of the permit at
+      // the interval), so that no two states of the execution change its entry at once: with its entry
+      // if the permit went back at the interval, else the slot alone (the release beside the body
+      // failed, or the run was redriven), before the release after the body. A body shorter than the
+      // interval keeps its slot until then: at most the rate's count of them, below the concurrency limit.
+      const ids = { release: STATE.releaseBodySlot, released: STATE.bodySlotReleased, andEntry: STATE.releaseBodySlotAndEntry };
+      const slot = releaseBodySlot(scope, table, lockName, ids, [CONDITIONAL_CHECK_FAILED], true);
+      slot.release.next(slot.released);
+      slot.released.next(redriven);
+      runBody.next(slot.first);
+    }
   }
 
   // With a body slot, every way into the body takes one first.
@@ -978,14 +1001,17 @@ function bodySlotGate(
 /**
  * Give back the body slot (RELEASE_BODY_SLOT), keeping the permit. Refused (`refusals`), the slot was
  * given back already, or never taken: the Pass `releasedId` goes on instead. The caller chains both.
+ * With `keepSlot`, an entry that gave its permit back at the interval goes with its slot, first
+ * (RELEASE_BODY_SLOT_AND_ENTRY, then the Pass); refused, the entry holds its permit, and the slot alone goes.
  */
 function releaseBodySlot(
   scope: Construct,
   table: ISemaphoreTable,
   lockName: tasks.DynamoAttributeValue,
-  ids: { release: string; released: string },
+  ids: { release: string; released: string; andEntry: string },
   refusals: string[],
-): { release: sfn.TaskStateBase; released: sfn.Pass } {
+  keepSlot: boolean,
+): { first: sfn.TaskStateBase; release: sfn.TaskStateBase; released: sfn.Pass } {
   const released = new sfn.Pass(scope, ids.released);
   const release = new tasks.DynamoUpdateItem(scope, ids.release, {
     table: table.table,
@@ -998,21 +1024,45 @@ function releaseBodySlot(
   })
     .addRetry(transientRetry([...THROTTLING_ERRORS, ...SERVER_ERRORS]))
     .addCatch(released, { errors: refusals, resultPath: sfn.JsonPath.DISCARD });
-  return { release, released };
+  if (!keepSlot) return { first: release, release, released };
+  const andEntry = new tasks.DynamoUpdateItem(scope, ids.andEntry, {
+    table: table.table,
+    key: { [LOCK_KEY]: lockName },
+    conditionExpression: RELEASE_BODY_SLOT_AND_ENTRY_CONDITION,
+    updateExpression: RELEASE_BODY_SLOT_AND_ENTRY_UPDATE,
+    expressionAttributeNames: { [NAMES.holder]: sfn.JsonPath.stringAt('$$.Execution.Id'), [NAMES.bodies]: BODIES_RUNNING },
+    expressionAttributeValues: { [VALUES.zero]: tasks.DynamoAttributeValue.fromNumber(0), [VALUES.one]: tasks.DynamoAttributeValue.fromNumber(1) },
+    resultPath: sfn.JsonPath.DISCARD,
+  })
+    .addRetry(transientRetry([...THROTTLING_ERRORS, ...SERVER_ERRORS]))
+    // Refused, the entry holds its permit (or is gone): the slot alone. Any other error (a failure
+    // path's `refusals`) goes the same way, which then tells.
+    .addCatch(release, { errors: refusals.includes(sfn.Errors.ALL) ? refusals : [CONDITIONAL_CHECK_FAILED], resultPath: sfn.JsonPath.DISCARD });
+  andEntry.next(released);
+  return { first: andEntry, release, released };
 }
 
 /**
  * The body of a workflow with a body slot: inside a Parallel of its own (so that a `Succeed` in it
  * cannot skip what follows), then the slot goes back while the permit stays held for the rest of the
- * rate's interval by the other branch.
+ * rate's interval by the other branch. With `keepSlot` (a concurrency limit above the rate's count),
+ * the other branch gives the permit back at the interval and the slot goes after both (renderDefinition).
  */
-function bodyInSlot(scope: Construct, table: ISemaphoreTable, lockName: tasks.DynamoAttributeValue, body: sfn.IChainable): sfn.IChainable {
-  const { release, released } = releaseBodySlot(scope, table, lockName, { release: STATE.releaseBodySlot, released: STATE.bodySlotReleased }, [
-    CONDITIONAL_CHECK_FAILED,
-  ]);
-  release.next(released);
+function bodyInSlot(
+  scope: Construct,
+  table: ISemaphoreTable,
+  lockName: tasks.DynamoAttributeValue,
+  body: sfn.IChainable,
+  keepSlot: boolean,
+): sfn.IChainable {
+  const ids = { release: STATE.releaseBodySlot, released: STATE.bodySlotReleased, andEntry: STATE.releaseBodySlotAndEntry };
   // The Parallel wraps the body's output in an array: `$[0]` unwraps it.
-  return new sfn.Parallel(scope, STATE.runBodyInSlot, { outputPath: '$[0]' }).branch(body).next(release);
+  const inSlot = new sfn.Parallel(scope, STATE.runBodyInSlot, { outputPath: '$[0]' }).branch(body);
+  // Beside a release at the interval that keeps the slot, the slot goes after the outer Parallel.
+  if (keepSlot) return inSlot;
+  const { release, released } = releaseBodySlot(scope, table, lockName, ids, [CONDITIONAL_CHECK_FAILED], false);
+  release.next(released);
+  return inSlot.next(release);
 }
 
 function seconds(n: number): sfn.WaitTime {
