@@ -641,7 +641,7 @@ export const CLIENT_BODY_SLOT_UPDATE = COUNT_BODY;
 /*
  * A concurrency limit above the rate's count (docs/design-rates-and-weights.md, "A concurrency limit
  * above the rate's count"): the rate's permit goes back at the interval, as with a rate alone, while the
- * body keeps its slot until it ends. The entry stays, with HOLDER_PERMITS 0 and its HOLDER_IN_BODY mark,
+ * body keeps its slot until both it and the interval have ended. The entry stays, with HOLDER_PERMITS 0 and its HOLDER_IN_BODY mark,
  * so that every release path (the cleanup, the sweep, force-release) still finds the slot to free: they
  * remove it with RELEASE_UPDATE (which gives back its 0 permits), whatever waits (RELEASE_IF_NO_WAITERS),
  * and never hand it off (PEEK refuses it). The release at the interval uses the writes below.
@@ -650,8 +650,8 @@ export const CLIENT_BODY_SLOT_UPDATE = COUNT_BODY;
 /**
  * Give the rate's permit back at the interval and keep the body slot: the entry of this run (or an
  * earlier one), holding one permit and a slot, while nobody waits (a waiter would sleep beside the
- * freed permit). Refused, the release hands the permit to the next waiter (KEEP_SLOT_HAND_OFF), or, when
- * the body has ended (no slot), releases as a rate alone does, with the conditions OUTSIDE_BODY.
+ * freed permit). Refused, the release hands the permit to the next waiter (KEEP_SLOT_HAND_OFF), or, for
+ * an entry without a slot, releases as a rate alone does, with the conditions OUTSIDE_BODY.
  */
 export const KEEP_SLOT_RELEASE_CONDITION =
   `${RELEASE_STOPPED_RUN_CONDITION} AND attribute_exists(${NAMES.holder}.${HOLDER_IN_BODY}) AND ` +
@@ -659,16 +659,18 @@ export const KEEP_SLOT_RELEASE_CONDITION =
 export const KEEP_SLOT_RELEASE_UPDATE = `SET ${NAMES.permits} = ${NAMES.permits} - ${VALUES.one}, ${NAMES.holder}.${HOLDER_PERMITS} = ${VALUES.zero}`;
 
 /**
- * The release at the interval, for an entry whose body has ended meanwhile (its slot given back): the
- * give-back and the hand-off of a whole entry, refused while the entry holds a slot, whose body runs:
- * moving or removing that entry would take its slot with it.
+ * The release at the interval, for an entry without a slot: the give-back and the hand-off of a whole
+ * entry, refused while the entry holds a slot (moving or removing it would take the slot from a body
+ * that may run on). The slot goes only after this release has ended, so the entry lacks one only when
+ * TAKE_BACK moved a waiter's entry to the releaser (its own was removed meanwhile: a `force-release`).
  */
 export const OUTSIDE_BODY = `attribute_not_exists(${NAMES.holder}.${HOLDER_IN_BODY})`;
 
 /**
  * Hand the rate's permit to the waiter of the ticket claimed, keeping the body slot: as HAND_OFF, but the
- * releaser's entry stays, with no permit (the count stays: the permit moves). Refused when the body has
- * ended (the whole entry then moves, HAND_OFF with OUTSIDE_BODY), or the waiter holds a permit already.
+ * releaser's entry stays, with no permit (the count stays: the permit moves). Refused for an entry
+ * without a slot (the whole entry then moves, HAND_OFF with OUTSIDE_BODY), or when the waiter holds a
+ * permit already.
  */
 export const KEEP_SLOT_HAND_OFF_CONDITION =
   `${HAND_OFF_CONDITION} AND attribute_exists(${NAMES.holder}.${HOLDER_IN_BODY}) AND attribute_not_exists(${NAMES.holder}.${HOLDER_PERMITS})`;
@@ -678,8 +680,8 @@ export const KEEP_SLOT_HAND_OFF_UPDATE =
 /**
  * Take back a permit handed off by KEEP_SLOT_HAND_OFF to a waiter that could not be woken: into the
  * releaser's entry of no permit, which holds one again. Refused when the waiter claimed it, or the
- * releaser's entry is gone (its body ended and removed it: RELEASE_BODY_SLOT_AND_ENTRY), when TAKE_BACK
- * moves the waiter's entry to the releaser as a whole.
+ * releaser's entry is gone (a `force-release`, an expired lease), when TAKE_BACK moves the waiter's entry
+ * to the releaser as a whole.
  */
 export const TAKE_BACK_INTO_SLOT_CONDITION =
   `${QUEUE_NAMES.next}.${HOLDER_HANDOFF_ID} = ${QUEUE_VALUES.handoffId} AND attribute_not_exists(${QUEUE_NAMES.next}.${HOLDER_CLAIMED}) ` +
@@ -690,8 +692,9 @@ export const TAKE_BACK_INTO_SLOT_UPDATE = `REMOVE ${QUEUE_NAMES.next}, ${NAMES.h
 export const STILL_HOLDS_PERMIT_CONDITION = `${STILL_HELD_CONDITION} AND ${HOLDS_A_PERMIT}`;
 
 /**
- * The body's end, when its entry holds no permit (given back at the interval): the slot and the entry
- * go in one write. Refused, the entry still holds its permit: RELEASE_BODY_SLOT gives back the slot only.
+ * Once the body and the release at the interval have both ended (after the Parallel), an entry of no
+ * permit goes with its slot in one write. Refused, the entry still holds its permit (the release at the
+ * interval failed, or the run was redriven): RELEASE_BODY_SLOT gives back the slot only.
  */
 export const RELEASE_BODY_SLOT_AND_ENTRY_CONDITION = `attribute_exists(${NAMES.holder}.${HOLDER_IN_BODY}) AND ${HOLDS_NO_PERMIT}`;
 export const RELEASE_BODY_SLOT_AND_ENTRY_UPDATE = `SET ${NAMES.bodies} = ${NAMES.bodies} - ${VALUES.one} REMOVE ${NAMES.holder}`;

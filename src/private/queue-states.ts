@@ -179,8 +179,8 @@ export interface HandOffProps {
   /**
    * Whether the holder's body may still run in its body slot (the release at the interval beside the
    * body, under a concurrency limit above the rate's count): the permit is given back or handed on and
-   * the entry stays with no permit, keeping the slot (KEEP_SLOT_RELEASE, KEEP_SLOT_HAND_OFF); once the
-   * body has ended, the entry goes as a whole. Not with `weighted`. @default false
+   * the entry stays with no permit, keeping the slot (KEEP_SLOT_RELEASE, KEEP_SLOT_HAND_OFF); an entry
+   * without a slot goes as a whole. Not with `weighted`. @default false
    */
   readonly keepSlot?: boolean;
 }
@@ -221,7 +221,7 @@ export function handOffChain(scope: Construct, props: HandOffProps): sfn.State {
       new tasks.DynamoUpdateItem(scope, id, {
         table,
         key,
-        // Beside a body that keeps its slot, the whole entry goes only once the body has ended.
+        // Beside a body that keeps its slot, only an entry without one goes as a whole.
         conditionExpression: props.keepSlot ? `${RELEASE_IF_NO_WAITERS_CONDITION} AND ${OUTSIDE_BODY}` : RELEASE_IF_NO_WAITERS_CONDITION,
         updateExpression: RELEASE_UPDATE,
         expressionAttributeNames: {
@@ -243,7 +243,7 @@ export function handOffChain(scope: Construct, props: HandOffProps): sfn.State {
       }).addRetry(retry),
     );
   // Beside a body that keeps its slot: first the permit alone (the body runs on), then, refused, the
-  // whole entry (the body has ended); both refused, the caller's catch follows the second.
+  // whole entry (one without a slot); both refused, the caller's catch follows the second.
   const giveBack = (id: string, keepSlotId: string): { first: sfn.State; last: sfn.TaskStateBase } => {
     const last = plainGiveBack(id);
     if (!props.keepSlot) return { first: last, last };
@@ -386,7 +386,7 @@ export function handOffChain(scope: Construct, props: HandOffProps): sfn.State {
   const handOff = new tasks.DynamoUpdateItem(scope, names.handOff, {
     table,
     key,
-    // Beside a body that keeps its slot, the whole entry moves only once the body has ended.
+    // Beside a body that keeps its slot, only an entry without one moves as a whole.
     conditionExpression: props.keepSlot ? `${HAND_OFF_CONDITION} AND ${OUTSIDE_BODY}` : HAND_OFF_CONDITION,
     updateExpression: HAND_OFF_UPDATE,
     expressionAttributeNames: {
@@ -528,8 +528,8 @@ export function handOffChain(scope: Construct, props: HandOffProps): sfn.State {
     takeBack.addCatch(release, { errors: [CONDITIONAL_CHECK_FAILED], resultPath: sfn.JsonPath.DISCARD });
     if (!props.keepSlot) return takeBack;
     // Beside a body that keeps its slot, the permit was handed on from an entry that stays (KEEP_SLOT_HAND_OFF):
-    // it goes back into that entry. Refused, that entry is gone (the body ended and removed it), or this was
-    // a whole entry's hand-off (the body had ended), or the waiter claimed it: Take Back Permit tells.
+    // it goes back into that entry. Refused, that entry is gone (a force-release), or this was a whole
+    // entry's hand-off (an entry without a slot), or the waiter claimed it: Take Back Permit tells.
     const takeBackIntoSlot = new tasks.DynamoUpdateItem(scope, names.takeBackIntoSlot, {
       table,
       key,
@@ -621,8 +621,8 @@ export function handOffChain(scope: Construct, props: HandOffProps): sfn.State {
     firstHandOff = handOffOne;
   }
   if (props.keepSlot) {
-    // The body may run on in its slot: hand on the permit alone, the entry stays with none. Refused (the
-    // body has ended, or the waiter holds a permit, or ours is gone), as any holder's hand-off.
+    // The body may run on in its slot: hand on the permit alone, the entry stays with none. Refused (an
+    // entry without a slot, or the waiter holds a permit, or ours is gone), as any holder's hand-off.
     const handOffKeepingSlot = new tasks.DynamoUpdateItem(scope, names.handOffKeepingSlot, {
       table,
       key,

@@ -7,11 +7,12 @@ import { handler, ReconcilerResult, RedriveGuardResult } from '../../lambda/reco
 import {
   ACQUIRE_CONDITION,
   ACQUIRE_WITH_BODY_SLOT_CONDITION,
-  BODY_SLOT_HELD_CONDITION,
+  BODY_SLOT_AND_PERMIT_HELD_CONDITION,
   CLAIM_CONDITION,
   CLAIM_WITH_BODY_SLOT_CONDITION,
   CLAIM_WITH_BODY_SLOT_UPDATE,
   CLAIM_UPDATE,
+  RELEASE_PARTIAL_CONDITION,
   RELEASE_SEEN_HOLDER_CONDITION,
   RELEASE_UPDATE,
 } from '../../src/private/lock-schema';
@@ -476,18 +477,40 @@ describe('redrive guard', () => {
   test('claims an entry without a body slot (a stale ticket handed it one) only with a free slot, taken in the same write', async () => {
     history('r4', 'Do Work');
     ddb.on(UpdateCommand, { ConditionExpression: ACQUIRE_WITH_BODY_SLOT_CONDITION }).rejects(ownEntry());
-    ddb.on(UpdateCommand, { ConditionExpression: BODY_SLOT_HELD_CONDITION }).rejects(conditionFailed());
+    ddb.on(UpdateCommand, { ConditionExpression: BODY_SLOT_AND_PERMIT_HELD_CONDITION }).rejects(conditionFailed());
     ddb.on(UpdateCommand, { ConditionExpression: CLAIM_WITH_BODY_SLOT_CONDITION }).resolves({});
 
     expect((await guard(redriven('r4'))).action).toBe('still holds its permit');
     const calls = ddb.commandCalls(UpdateCommand).map((c) => c.args[0].input);
     const conditions = calls.map((c) => c.ConditionExpression);
-    expect(conditions).toEqual([ACQUIRE_WITH_BODY_SLOT_CONDITION, BODY_SLOT_HELD_CONDITION, CLAIM_WITH_BODY_SLOT_CONDITION]);
+    expect(conditions).toEqual([ACQUIRE_WITH_BODY_SLOT_CONDITION, BODY_SLOT_AND_PERMIT_HELD_CONDITION, CLAIM_WITH_BODY_SLOT_CONDITION]);
     expect(calls[2]).toMatchObject({
       UpdateExpression: CLAIM_WITH_BODY_SLOT_UPDATE,
       ExpressionAttributeNames: { '#holder': exec('r4'), '#bodies': 'bodiesRunning', '#bodyLimit': 'bodyLimit' },
       ExpressionAttributeValues: { ':redriveCount': 1, ':claimed': true },
     });
+  });
+
+  test('removes an entry that keeps a body slot and no permit (its interval passed), then takes a permit and a slot again', async () => {
+    // A concurrency limit above the rate's count: the run before gave its permit back at the interval.
+    history('r5', 'Do Work');
+    ddb.on(UpdateCommand, { ConditionExpression: ACQUIRE_WITH_BODY_SLOT_CONDITION }).rejectsOnce(ownEntry()).resolves({});
+    ddb.on(UpdateCommand, { ConditionExpression: BODY_SLOT_AND_PERMIT_HELD_CONDITION }).rejects(conditionFailed());
+    ddb.on(UpdateCommand, { ConditionExpression: CLAIM_WITH_BODY_SLOT_CONDITION }).rejects(conditionFailed());
+    ddb.on(UpdateCommand, { ConditionExpression: RELEASE_PARTIAL_CONDITION }).resolves({});
+
+    expect((await guard(redriven('r5'))).action).toBe('permit taken again');
+    const calls = ddb.commandCalls(UpdateCommand).map((c) => c.args[0].input);
+    expect(calls.map((c) => c.ConditionExpression)).toEqual([
+      ACQUIRE_WITH_BODY_SLOT_CONDITION,
+      BODY_SLOT_AND_PERMIT_HELD_CONDITION,
+      CLAIM_WITH_BODY_SLOT_CONDITION,
+      RELEASE_PARTIAL_CONDITION,
+      ACQUIRE_WITH_BODY_SLOT_CONDITION,
+    ]);
+    // The entry goes only if it holds fewer than one permit, and was taken by this run or an earlier one.
+    expect(calls[3]).toMatchObject({ UpdateExpression: RELEASE_UPDATE, ExpressionAttributeValues: { ':weight': 1, ':redriveCount': 1 } });
+    expect(sfn.commandCalls(StopExecutionCommand)).toHaveLength(0);
   });
 
   test('leaves an execution redriven outside the body to the workflow (before it, its acquire claims a late entry itself)', async () => {
