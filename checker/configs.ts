@@ -260,6 +260,41 @@ export const CONFIGS: CheckerConfig[] = [
     budget: { ...NO_FAULTS, stops: 1, sweeps: 1, ticks: 1 },
   },
   {
+    name: 'rate-above-limit',
+    shard: 1,
+    description:
+      'queue, a rate of 1 per 10 s beside a concurrency limit of 2 (the permit goes back at the interval, the body keeps its slot): a stop anywhere',
+    workflow: { ...QUEUE, concurrencyLimit: 2, rateLimit: RATE_ALONE.rateLimit },
+    executions: 2,
+    budget: { ...NO_FAULTS, stops: 1 },
+  },
+  {
+    name: 'rate-above-limit-redrive',
+    shard: 2,
+    description: 'queue, a rate of 1 per 10 s beside a concurrency limit of 2, 1 execution: a stop anywhere, then a redrive, beside the cleanup and the guard; a failing body',
+    workflow: { ...QUEUE, concurrencyLimit: 2, rateLimit: RATE_ALONE.rateLimit },
+    executions: 1,
+    budget: { ...NO_FAULTS, stops: 1, redrives: 1, bodyFailures: 1 },
+  },
+  {
+    name: 'rate-above-limit-3',
+    shard: 2,
+    description: 'queue, a rate of 1 per 10 s beside a concurrency limit of 2, 3 executions (the third waits for a permit, then for a slot), no fault',
+    workflow: { ...QUEUE, concurrencyLimit: 2, rateLimit: RATE_ALONE.rateLimit },
+    executions: 3,
+    // With a stop, 315,231 states (590 s): the stops have the configurations of two executions.
+    budget: NO_FAULTS,
+  },
+  {
+    name: 'rate-above-limit-faults',
+    shard: 2,
+    description: 'queue, a rate of 1 per 10 s beside a concurrency limit of 2: a stop with a late write, a server error (landed or not)',
+    workflow: { ...QUEUE, concurrencyLimit: 2, rateLimit: RATE_ALONE.rateLimit },
+    executions: 2,
+    // With a failing body too, 893,836 states (760 s): the failing body has rate-above-limit-redrive.
+    budget: { ...NO_FAULTS, stops: 1, inFlight: 1, serverErrors: 1 },
+  },
+  {
     name: 'weighted',
     shard: 2,
     description: 'polling, limit 3, each execution taking 2 permits: stops with late writes, redrive, a sweep',

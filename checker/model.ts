@@ -1139,13 +1139,15 @@ export class Model {
     if (item) {
       const holders = Object.entries(item).filter(([, v]) => 'M' in v && v.M[HOLDER_ACQUIRED_AT] !== undefined);
       const permits = item[PERMITS_IN_USE] && 'N' in item[PERMITS_IN_USE] ? Number((item[PERMITS_IN_USE] as { N: string }).N) : 0;
-      // Each entry holds one permit, or a weighted entry its `permits` (and `extra`, one less).
+      // Each entry holds one permit, or a weighted entry its `permits` (and `extra`, one less), or an entry of a body slot none.
       const held = holders.reduce((n, [, v]) => n + weightOf(v), 0);
       if (permits !== held) result.push(`permitsInUse is ${permits} but ${holders.length} holders have entries holding ${held}`);
       for (const [holder, v] of holders) {
         const m = (v as { M: Record<string, AttributeValue> }).M;
         const extra = m[HOLDER_EXTRA_PERMITS];
-        if (m[HOLDER_PERMITS] !== undefined && !(extra && 'N' in extra && Number(extra.N) === weightOf(v) - 1)) {
+        // (An entry of no permit keeps a body slot: its permit went back at the rate's interval.)
+        const slotOnly = weightOf(v) === 0 && m[HOLDER_IN_BODY] !== undefined && extra === undefined;
+        if (m[HOLDER_PERMITS] !== undefined && !slotOnly && !(extra && 'N' in extra && Number(extra.N) === weightOf(v) - 1)) {
           result.push(`the entry of ${holder} holds ${weightOf(v)} permits but records ${JSON.stringify(extra)} extra`);
         }
       }

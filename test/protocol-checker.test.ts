@@ -7,6 +7,7 @@ import {
   CLAIM_CONDITION,
   CLAIM_UPDATE,
   HAND_OFF_CONDITION,
+  HAND_OFF_UPDATE,
   PEEK_UPDATE,
   RELEASE_CONDITION,
   RELEASE_IF_NO_WAITERS_CONDITION,
@@ -205,6 +206,41 @@ describe('the checker finds the races of issues 14 and 15 when they are planted 
     expect(planted).toBe(1);
     expect(result.counterexample?.violation).toMatch(/OwnEntry: B is in the body \(run 1\) without an entry stamped with its run/);
     expect(result.counterexample!.trace.some((s) => /Leave Queue/.test(s.label))).toBe(true);
+  });
+
+  test('a concurrency limit above the rate: a release at the interval that hands off the whole entry moves the body\'s slot with it', () => {
+    // The real release hands on the permit alone and keeps the slot (Hand Off Keeping Body Slot).
+    // Planted: it hands off the entry as a whole, slot and all, while the body runs on.
+    const config = configNamed('rate-above-limit');
+    let planted = 0;
+    const result = checkConfig(config, {
+      mutate: mutateWorkflow((state, name) => {
+        if (name !== `${STATE.handOffKeepingSlot}${RELEASE_AT_INTERVAL_SUFFIX}`) return;
+        state.Parameters.ConditionExpression = HAND_OFF_CONDITION;
+        state.Parameters.UpdateExpression = HAND_OFF_UPDATE;
+        state.Parameters.ExpressionAttributeNames['#permits'] = 'permitsInUse';
+        state.Parameters.ExpressionAttributeNames['#bodies'] = 'bodiesRunning';
+        planted++;
+      }),
+    });
+    console.log(report(config, result));
+    expect(planted).toBe(1);
+    expect(result.counterexample?.violation).toMatch(/BodySlot: [AB] runs its body \(run 0\) without a body slot/);
+    expect(result.counterexample!.trace.some((s) => /Hand Off Keeping Body Slot/.test(s.label))).toBe(true);
+  });
+
+  test('a concurrency limit above the rate: a hand-off that keeps the slot but forgets to take the permit off the releaser counts one permit twice', () => {
+    const config = configNamed('rate-above-limit');
+    const result = checkConfig(config, {
+      mutate: mutateWorkflow((state, name) => {
+        if (name !== `${STATE.handOffKeepingSlot}${RELEASE_AT_INTERVAL_SUFFIX}`) return;
+        state.Parameters.UpdateExpression = state.Parameters.UpdateExpression.replace(/, #holder\.permits = :zero$/, '');
+        delete state.Parameters.ExpressionAttributeValues[':zero'];
+        state.Parameters.ConditionExpression = state.Parameters.ConditionExpression.replace(/ AND \(attribute_not_exists\(#holder\.permits\) OR #holder\.permits > :zero\)/, '');
+      }),
+    });
+    console.log(report(config, result));
+    expect(result.counterexample?.violation).toMatch(/permitsInUse is 1 but 2 holders have entries holding 2/);
   });
 
   test('the claim is what the model runs: the planted change above touched the real definition', () => {
