@@ -96,6 +96,16 @@ const SCENARIOS: Scenario[] = [
     props: { rateLimit: RateLimit.perSecond(10), pollInterval: Duration.seconds(1) },
     timeScale: 0.5,
   },
+  // A concurrency limit above the rate's count (ours only, as above; the sample's column is a
+  // concurrency limit of 20): the permits go back at the interval while the bodies keep their slots,
+  // so up to 20 run at once. Ideal: the slots' 10 rounds of 5 s, 50 s (the rate alone's 40 s).
+  {
+    name: 'rate-above-limit',
+    description: '200 executions at once, at most 5 per second and 20 at once (RateLimit.perSecond(5), concurrencyLimit 20), work 5 s; polling every 1 s',
+    options: { executions: 200, limit: 20, workSeconds: 5, workJitter: 0, rate: { count: 5, intervalSeconds: 1 } },
+    props: { rateLimit: RateLimit.perSecond(5), pollInterval: Duration.seconds(1) },
+    timeScale: 0.5,
+  },
   // Weighted permits (ours only: the sample has no weights, so its column is its own run of the same
   // executions taking one permit each). The queue serves them first come, first served (collectors).
   {

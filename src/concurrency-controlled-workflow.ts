@@ -700,8 +700,8 @@ export class ConcurrencyControlledWorkflow extends Construct {
 
   /**
    * Executions that found the lock full and had to wait, from the state machine's log. With a
-   * `rateLimit` and no `concurrencyLimit`, a permit goes back when its interval ends, whatever the body
-   * does, so these are waits caused by the rate (but for permits held longer: a failed body's, a body's
+   * `rateLimit` and no `concurrencyLimit` (or one above its count), a permit goes back when its interval
+   * ends, whatever the body does, so these are waits caused by the rate (but for permits held longer: a failed body's, a body's
    * whose release beside it failed, a redriven run's, a client's lease, another workflow's on the same
    * lock with a `concurrencyLimit`). With a `concurrencyLimit` below the rate's count,
    * `metricBodySlotWaits()` counts the waits for the concurrency limit, and these the waits for one of
@@ -715,8 +715,8 @@ export class ConcurrencyControlledWorkflow extends Construct {
 
   /**
    * Executions that held a permit but found every body slot taken and had to wait for one, from the
-   * state machine's log: with a `rateLimit` and a `concurrencyLimit` below its count, the waits caused
-   * by the concurrency limit (see `metricWaits()`). No data on any other workflow, which has no body
+   * state machine's log: with a `rateLimit` and a `concurrencyLimit` other than its count, the waits
+   * caused by the concurrency limit (see `metricWaits()`). No data on any other workflow, which has no body
    * slots (and no metric filter for them).
    */
   public metricBodySlotWaits(props?: cloudwatch.MetricOptions): cloudwatch.Metric {

@@ -907,7 +907,8 @@ test.each([undefined, 3])('idempotent and rate-limited (concurrencyLimit %s): a 
   // Above the count, bodies four times the interval: three run at once, more than the rate's two (at a
   // tenth of real time, so that the hand-offs' CPU time stays far below the interval).
   const work = new WorkTracker(() => (concurrencyLimit === undefined ? 0.5 : 20));
-  await simulate(stack, { timeScale: concurrencyLimit === undefined ? 0.01 : 0.1, lambdaHandlers: { [workFunctionId]: work.handler } }, async (sim) => {
+  const timeScale = concurrencyLimit === undefined ? 0.01 : 0.1;
+  await simulate(stack, { timeScale, lambdaHandlers: { [workFunctionId]: work.handler } }, async (sim) => {
     const sm = sim.stateMachine(stateMachineLogicalId(workflow.stateMachine));
     const first = await Promise.all(Array.from({ length: 6 }, (_, id) => sim.startExecution(sm, { id }).done));
     const repeat = await sim.startExecution(sm, { id: 3 }).done;
