@@ -184,7 +184,9 @@ describe('beside a lower concurrency limit: the rate\'s permits, and a body slot
       reconcilerScheduleEnabled: false,
     });
     const work = new WorkTracker((input) => input.seconds);
-    await simulate(stack, { lambdaHandlers: { [workFunctionId]: work.handler } }, async (sim) => {
+    // A tenth of real time: at the default hundredth, a round of the slot's poll on a busy machine took
+    // longer in simulated time than a long body, and no waiter polled twice (a CI run of 2026-11-28).
+    await simulate(stack, { timeScale: 0.1, lambdaHandlers: { [workFunctionId]: work.handler } }, async (sim) => {
       const sm = sim.stateMachine(stateMachineLogicalId(workflow.stateMachine));
       // Long bodies: the concurrency limit binds; short ones: the interval does.
       const executions = Array.from({ length: 12 }, (_, i) => sim.startExecution(sm, { seconds: i < 6 ? 8 : 1 }));
