@@ -1145,8 +1145,9 @@ export class Model {
       for (const [holder, v] of holders) {
         const m = (v as { M: Record<string, AttributeValue> }).M;
         const extra = m[HOLDER_EXTRA_PERMITS];
-        // (An entry of no permit keeps a body slot: its permit went back at the rate's interval.)
-        const slotOnly = weightOf(v) === 0 && m[HOLDER_IN_BODY] !== undefined && extra === undefined;
+        // (An entry of no permit keeps a body slot, its permit gone back at the rate's interval; or, for a
+        // moment after a failed body gave its slot back, nothing, until its failure path removes it.)
+        const slotOnly = weightOf(v) === 0 && extra === undefined;
         if (m[HOLDER_PERMITS] !== undefined && !slotOnly && !(extra && 'N' in extra && Number(extra.N) === weightOf(v) - 1)) {
           result.push(`the entry of ${holder} holds ${weightOf(v)} permits but records ${JSON.stringify(extra)} extra`);
         }

@@ -20,7 +20,7 @@ import {
   WAIT_HISTORY_EVENTS,
 } from './private/history-budget';
 import { defaultStateMachineName, renderIdempotency } from './private/idempotency-config';
-import { MAX_LOCK_NAME_LENGTH } from './private/lock-schema';
+import { MAX_CONCURRENCY_LIMIT, MAX_LOCK_NAME_LENGTH } from './private/lock-schema';
 import { WAKE_ACTIONS } from './private/queue-states';
 import { numberValue, stringValue } from './private/runtime-value';
 import { stateMachineLogs } from './private/state-machine-defaults';
@@ -71,8 +71,10 @@ export interface ConcurrencyControlledWorkflowProps {
    * slots, which it gives back as soon as it ends (its permit stays held for the rate's interval).
    * Beside a `rateLimit` whose count is lower, each body takes a slot too, and its permit goes back (or
    * to the next waiter) once the interval has passed while the body runs on in its slot: up to
-   * `concurrencyLimit` bodies run at once, however long. The same as the count: each body holds its
-   * permit for the longer of the body and the interval.
+   * `concurrencyLimit` bodies run at once (with `concurrencyLimit` plus the count at most 1,000). An
+   * execution holding a permit polls for a slot every `pollInterval`, at most about 220 times, then
+   * fails with `SemaphoreAcquireTimeout`: with bodies longer than that, raise `pollInterval`. The same
+   * as the count: each body holds its permit for the longer of the body and the interval.
    *
    * @default 1, or with a `rateLimit`, none: only the rate bounds the bodies, whose permits go back once the
    * interval has passed, while the bodies may still run
@@ -826,6 +828,14 @@ function lockLimits(concurrencyLimit: number | undefined, rate: RateLimit | unde
     throw new Error(
       '`concurrencyLimit` and `rateLimit` must both be known at synth when both are set (a concurrency limit other than the rate\'s count becomes body slots), ' +
         `got: ${Token.isUnresolved(concurrencyLimit) ? 'a concurrencyLimit read at run time' : 'a rateLimit count that is a token'}`,
+    );
+  }
+  // Above the count, the lock item holds an entry per body slot (of no permit, past its interval) beside
+  // an entry per permit: they must fit in it as the concurrency limit's entries do.
+  if (concurrencyLimit > rate.count && concurrencyLimit + rate.count > MAX_CONCURRENCY_LIMIT) {
+    throw new Error(
+      `\`concurrencyLimit\` (${concurrencyLimit}) plus the \`rateLimit\` count (${rate.count}) must be at most ${MAX_CONCURRENCY_LIMIT} when the limit is above ` +
+        'the count: the lock item keeps an entry for each body in its slot and for each permit of the rate',
     );
   }
   return { limit: rate.count, bodyLimit: concurrencyLimit !== rate.count ? concurrencyLimit : undefined };

@@ -340,7 +340,8 @@ export class SemaphoreReconciler extends Construct {
 
   /**
    * Holders of a lock (executions and leases), as the last sweep saw them: below `PermitsInUse` by
-   * the extra permits of weighted holders.
+   * the extra permits of weighted holders, above it by the bodies that keep a slot and no permit (a
+   * `concurrencyLimit` above the rate's count, past their interval).
    */
   public metricHolders(lockName: string, props?: cloudwatch.MetricOptions): cloudwatch.Metric {
     return this.lockMetric('Holders', lockName, props);

@@ -42,6 +42,12 @@ describe('validation at synth', () => {
     expect(() => workflowStack({ rateLimit: RateLimit.perSecond(10), concurrencyLimit: sfn.JsonPath.numberAt('$.limit') })).toThrow(
       /`concurrencyLimit` and `rateLimit` must both be known at synth .*got: a concurrencyLimit read at run time/,
     );
+    // Above the count, the lock item keeps an entry per slot and per permit: both must fit.
+    expect(() => workflowStack({ rateLimit: RateLimit.perSecond(200), concurrencyLimit: 900 })).toThrow(
+      /`concurrencyLimit` \(900\) plus the `rateLimit` count \(200\) must be at most 1000 when the limit is above the count/,
+    );
+    expect(() => workflowStack({ rateLimit: RateLimit.perSecond(200), concurrencyLimit: 800 })).not.toThrow();
+    expect(() => workflowStack({ rateLimit: RateLimit.perSecond(1000), concurrencyLimit: 900 })).not.toThrow();
   });
 
   test('the lock\'s permits are the smaller of the limit and the count, or with a lower limit the count and a body slot each; the cleanup and the reconciler hold for the interval', () => {
@@ -335,8 +341,12 @@ describe('beside a higher concurrency limit: the permit goes back at the interva
         if (waitStrategy === WaitStrategy.QUEUE) expect(handedKeeping.length).toBeGreaterThan(0);
         // Five 25 s bodies at once: some held a permit and waited for a slot.
         expect(executions.some((e) => (e.stateTransitions.get(STATE.waitForBodySlot) ?? 0) > 0)).toBe(true);
-        // The entry of no permit went with the slot when the body ended.
-        for (const e of executions.filter((x) => x.status === 'SUCCEEDED')) expect(e.stateTransitions.get(STATE.releaseBodySlotAndEntry)).toBe(1);
+        // The entry of no permit went with its slot in one write once the body ended (the slot alone,
+        // Release Body Slot, would mean the permit was still held).
+        for (const e of executions.filter((x) => x.status === 'SUCCEEDED')) {
+          expect(e.stateTransitions.get(STATE.releaseBodySlotAndEntry)).toBe(1);
+          expect(e.stateTransitions.get(STATE.releaseBodySlot)).toBeUndefined();
+        }
         await sim.idle();
         expect(await lockState(sim)).toEqual([{ lockName: LOCK, permitsInUse: 0, holders: [] }]);
         expect(await bodySlots(sim)).toEqual({ bodiesRunning: 0, marked: 0, bodyLimit: 5 });
@@ -891,8 +901,9 @@ test('the CLI and the client beside a concurrency limit above the rate: a body p
     expect(await client.acquire(LOCK, { waitSeconds: 0 })).toBeUndefined();
     expect(await client.release(LOCK, lease!.leaseId)).toBe(true);
     expect((await running.done).status).toBe('SUCCEEDED');
-    // The body's end removed the entry of no permit with its slot.
+    // The body's end removed the entry of no permit with its slot, in one write.
     expect(running.stateTransitions.get(STATE.releaseBodySlotAndEntry)).toBe(1);
+    expect(running.stateTransitions.get(STATE.releaseBodySlot)).toBeUndefined();
     await sim.idle();
     expect(await bodySlots(sim)).toEqual({ bodiesRunning: 0, marked: 0, bodyLimit: 2 });
     expect(await lockState(sim)).toEqual([{ lockName: LOCK, permitsInUse: 0, holders: [] }]);
@@ -923,7 +934,10 @@ test.each([undefined, 3])('idempotent and rate-limited (concurrencyLimit %s): a 
     expect(first.every((e) => e.stateTransitions.get(STATE.holdForRate) === 1)).toBe(true);
     if (concurrencyLimit !== undefined) {
       expect(work.maxInside).toBe(3);
-      expect(first.every((e) => e.stateTransitions.get(STATE.releaseBodySlotAndEntry) === 1)).toBe(true);
+      // Each entry of no permit went with its slot in one write (the slot alone would mean a permit held).
+      expect(first.map((e) => [e.stateTransitions.get(STATE.releaseBodySlotAndEntry), e.stateTransitions.get(STATE.releaseBodySlot)])).toEqual(
+        first.map(() => [1, undefined]),
+      );
       expect(await bodySlots(sim)).toEqual({ bodiesRunning: 0, marked: 0, bodyLimit: 3 });
     }
     await sim.idle();

@@ -59,7 +59,7 @@ export function roundsWithin(waitEvents: number, eventsPerRound: number): number
 }
 
 /**
- * The share of WAIT_HISTORY_EVENTS that a workflow with a body slot (a concurrency limit below its
+ * The share of WAIT_HISTORY_EVENTS that a workflow with a body slot (a concurrency limit other than its
  * rate's count) keeps for the wait for a slot, after the wait for the permit: about 220 rounds.
  */
 export const BODY_SLOT_WAIT_EVENTS = 4_000;

@@ -650,12 +650,12 @@ export const CLIENT_BODY_SLOT_UPDATE = COUNT_BODY;
 /**
  * Give the rate's permit back at the interval and keep the body slot: the entry of this run (or an
  * earlier one), holding one permit and a slot, while nobody waits (a waiter would sleep beside the
- * freed permit). Refused, the release hands the permit to the next waiter (KEEP_SLOT_HAND_OFF), or, for
+ * freed permit), or while a collector is short of permits (as RELEASE_IF_NO_WAITERS: they go to it). Refused, the release hands the permit to the next waiter (KEEP_SLOT_HAND_OFF), or, for
  * an entry without a slot, releases as a rate alone does, with the conditions OUTSIDE_BODY.
  */
 export const KEEP_SLOT_RELEASE_CONDITION =
   `${RELEASE_STOPPED_RUN_CONDITION} AND attribute_exists(${NAMES.holder}.${HOLDER_IN_BODY}) AND ` +
-  `attribute_not_exists(${NAMES.holder}.${HOLDER_PERMITS}) AND ${NO_WAITERS}`;
+  `attribute_not_exists(${NAMES.holder}.${HOLDER_PERMITS}) AND (${NO_WAITERS} OR ${COLLECTOR_SHORT})`;
 export const KEEP_SLOT_RELEASE_UPDATE = `SET ${NAMES.permits} = ${NAMES.permits} - ${VALUES.one}, ${NAMES.holder}.${HOLDER_PERMITS} = ${VALUES.zero}`;
 
 /**

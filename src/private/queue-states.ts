@@ -258,6 +258,8 @@ export function handOffChain(scope: Construct, props: HandOffProps): sfn.State {
           [NAMES.holder]: holder,
           [QUEUE_NAMES.tail]: QUEUE_TAIL,
           [QUEUE_NAMES.head]: QUEUE_HEAD,
+          [NAMES.collecting]: COLLECTING,
+          [NAMES.collectGate]: COLLECT_GATE,
         },
         expressionAttributeValues: {
           [VALUES.zero]: tasks.DynamoAttributeValue.fromNumber(0),

@@ -214,8 +214,10 @@ export function renderDefinition(scope: Construct, table: ISemaphoreTable, spec:
       // if the permit went back at the interval, else the slot alone (the release beside the body
       // failed, or the run was redriven), before the release after the body. A body shorter than the
       // interval keeps its slot until then: at most the rate's count of them, below the concurrency limit.
+      // A write throttled (or failing with server errors) past its retries does not fail a body that
+      // succeeded: the slot goes on, and what the entry still holds is the sweep's (its execution ended).
       const ids = { release: STATE.releaseBodySlot, released: STATE.bodySlotReleased, andEntry: STATE.releaseBodySlotAndEntry };
-      const slot = releaseBodySlot(scope, table, lockName, ids, [CONDITIONAL_CHECK_FAILED], true);
+      const slot = releaseBodySlot(scope, table, lockName, ids, [CONDITIONAL_CHECK_FAILED, ...THROTTLING_ERRORS, ...SERVER_ERRORS], true);
       slot.release.next(slot.released);
       slot.released.next(redriven);
       runBody.next(slot.first);
@@ -1035,9 +1037,9 @@ function releaseBodySlot(
     resultPath: sfn.JsonPath.DISCARD,
   })
     .addRetry(transientRetry([...THROTTLING_ERRORS, ...SERVER_ERRORS]))
-    // Refused, the entry holds its permit (or is gone): the slot alone. Any other error (a failure
-    // path's `refusals`) goes the same way, which then tells.
-    .addCatch(release, { errors: refusals.includes(sfn.Errors.ALL) ? refusals : [CONDITIONAL_CHECK_FAILED], resultPath: sfn.JsonPath.DISCARD });
+    // Refused, the entry holds its permit (or is gone): the slot alone. The other `refusals` go the
+    // same way, which then tells.
+    .addCatch(release, { errors: refusals, resultPath: sfn.JsonPath.DISCARD });
   andEntry.next(released);
   return { first: andEntry, release, released };
 }
