@@ -113,7 +113,7 @@ export function renderDefinition(scope: Construct, table: ISemaphoreTable, spec:
   const weight = permitWeight(spec);
   const weighted = weight !== undefined;
   // A concurrency limit above the rate's count: the permit goes back at the interval and the body keeps
-  // its slot in an entry of no permit (KEEP_SLOT_RELEASE), which the end of the body removes.
+  // its slot in an entry of no permit (KEEP_SLOT_RELEASE), which goes with the slot after the Parallel.
   const keepSlot = spec.bodyLimit !== undefined && spec.releaseAtInterval === true;
   prepareReleaseAfterFailure.next(handOffChain(scope, { table: table, lockName, lockNameText, suffix: ' After Failure', next: failWithError, weighted }));
   let releaseAfterFailure: sfn.State = prepareReleaseAfterFailure;
@@ -127,7 +127,8 @@ export function renderDefinition(scope: Construct, table: ISemaphoreTable, spec:
   if (spec.bodyLimit !== undefined) {
     // A failed body gives its slot back at once (its permit stays held for the interval); refused, it
     // held none (the failure came before the body, or after its release). Whatever the answer, the
-    // release of the entry takes off what is left.
+    // release of the entry takes off what is left. (Above the rate's count, an entry whose permit went
+    // back at the interval goes with its slot, first.)
     const ids = {
       release: STATE.releaseBodySlotAfterFailure,
       released: STATE.bodySlotReleasedAfterFailure,
