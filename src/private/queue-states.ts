@@ -564,17 +564,14 @@ export function handOffChain(scope: Construct, props: HandOffProps): sfn.State {
   handOff.addCatch(unit.confirm, { errors: SERVER_ERRORS, resultPath: sfn.JsonPath.DISCARD });
   handOff.next(unit.wake);
 
-  let firstHandOff: sfn.State = handOff;
-  if (props.weighted) {
-    // A weighted holder hands one of its permits to the waiter and keeps the rest, then releases
-    // again: it gives back what is left if nobody waits, else hands on the next one. Its entry of one
-    // permit, at last, moves as a whole (Hand Off Permit). A waiter whose task is gone has the permit
-    // taken back into the entry, as after any hand-off.
-    const handOffOne = new tasks.DynamoUpdateItem(scope, names.handOffOne, {
+  // A hand-off of one permit from an entry that stays (a weighted entry's, or one that keeps its body
+  // slot): as Hand Off Permit, with its own condition and update; refused, as any holder's hand-off.
+  const handOffPart = (id: string, condition: string, update: string) =>
+    new tasks.DynamoUpdateItem(scope, id, {
       table,
       key,
-      conditionExpression: SPLIT_HAND_OFF_CONDITION,
-      updateExpression: SPLIT_HAND_OFF_UPDATE,
+      conditionExpression: condition,
+      updateExpression: update,
       expressionAttributeNames: { [NAMES.holder]: holder, [QUEUE_NAMES.next]: waiterId, [NAMES.fence]: FENCING_TOKEN },
       expressionAttributeValues: {
         [VALUES.redriveCount]: redriveCount,
@@ -587,8 +584,16 @@ export function handOffChain(scope: Construct, props: HandOffProps): sfn.State {
       resultPath: `${HANDOFF_PATH}.wake`,
     })
       .addRetry(transientRetry(THROTTLING_ERRORS))
-      // An entry of one permit (or the waiter holds one, or ours is gone): as any holder's hand-off.
       .addCatch(handOff, { errors: [CONDITIONAL_CHECK_FAILED, VALIDATION_ERROR], resultPath: sfn.JsonPath.DISCARD });
+
+  let firstHandOff: sfn.State = handOff;
+  if (props.weighted) {
+    // A weighted holder hands one of its permits to the waiter and keeps the rest, then releases
+    // again: it gives back what is left if nobody waits, else hands on the next one. Its entry of one
+    // permit, at last, moves as a whole (Hand Off Permit). A waiter whose task is gone has the permit
+    // taken back into the entry, as after any hand-off.
+    // Refused for an entry of one permit (or the waiter holds one, or ours is gone).
+    const handOffOne = handOffPart(names.handOffOne, SPLIT_HAND_OFF_CONDITION, SPLIT_HAND_OFF_UPDATE);
     // The waiter's task is gone: take its permit back into this entry (unless it claimed it), and
     // release again, which hands it on.
     const takeBackOne = new tasks.DynamoUpdateItem(scope, names.takeBackOne, {
@@ -625,24 +630,7 @@ export function handOffChain(scope: Construct, props: HandOffProps): sfn.State {
   if (props.keepSlot) {
     // The body may run on in its slot: hand on the permit alone, the entry stays with none. Refused (an
     // entry without a slot, or the waiter holds a permit, or ours is gone), as any holder's hand-off.
-    const handOffKeepingSlot = new tasks.DynamoUpdateItem(scope, names.handOffKeepingSlot, {
-      table,
-      key,
-      conditionExpression: KEEP_SLOT_HAND_OFF_CONDITION,
-      updateExpression: KEEP_SLOT_HAND_OFF_UPDATE,
-      expressionAttributeNames: { [NAMES.holder]: holder, [QUEUE_NAMES.next]: waiterId, [NAMES.fence]: FENCING_TOKEN },
-      expressionAttributeValues: {
-        [VALUES.redriveCount]: redriveCount,
-        [VALUES.zero]: tasks.DynamoAttributeValue.fromNumber(0),
-        [VALUES.one]: tasks.DynamoAttributeValue.fromNumber(1),
-        [VALUES.entry]: waiterEntry,
-      },
-      returnValues: tasks.DynamoReturnValues.UPDATED_OLD,
-      resultSelector: handOffSelector,
-      resultPath: `${HANDOFF_PATH}.wake`,
-    })
-      .addRetry(transientRetry(THROTTLING_ERRORS))
-      .addCatch(handOff, { errors: [CONDITIONAL_CHECK_FAILED, VALIDATION_ERROR], resultPath: sfn.JsonPath.DISCARD });
+    const handOffKeepingSlot = handOffPart(names.handOffKeepingSlot, KEEP_SLOT_HAND_OFF_CONDITION, KEEP_SLOT_HAND_OFF_UPDATE);
     // The same confirm, wake-up and take-back as the whole entry's hand-off: the take-back tells the two apart.
     handOffKeepingSlot.addCatch(unit.confirm, { errors: SERVER_ERRORS, resultPath: sfn.JsonPath.DISCARD });
     handOffKeepingSlot.next(unit.wake);
