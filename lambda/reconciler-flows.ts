@@ -33,6 +33,8 @@ import {
   WEIGHTED_ACQUIRE_UPDATE,
   WEIGHTED_CLAIM_CONDITION,
   RELEASE_PARTIAL_CONDITION,
+  RETAKE_PERMIT_IN_SLOT_CONDITION,
+  RETAKE_PERMIT_IN_SLOT_UPDATE,
   HOLDER_PERMITS,
   HOLDER_EXTRA_PERMITS,
   VALUES,
@@ -642,28 +644,25 @@ function* guardRun(
           return { executionArn, resumedAt, action: 'still holds its permit' };
         }
         // An entry that holds a slot and no permit (a concurrency limit above the rate's count: the run
-        // before gave its permit back at the interval): it goes, and the next try takes a permit and a
-        // slot again, since a redrive counts as an acquisition.
-        yield* conditionalUpdate(config, lockName, executionArn, RELEASE_UPDATE, RELEASE_PARTIAL_CONDITION, {
-          [VALUES.zero]: 0,
-          [VALUES.one]: 1,
-          [VALUES.weight]: 1,
-          [VALUES.redriveCount]: redriveCount,
-        });
+        // before gave its permit back at the interval): it takes a permit into it, since a redrive counts
+        // as an acquisition, keeping its slot. Refused while every permit is taken: try again.
+        const retake = { ...claim, [VALUES.limit]: limit };
+        taken = yield* conditionalUpdate(config, lockName, executionArn, RETAKE_PERMIT_IN_SLOT_UPDATE, RETAKE_PERMIT_IN_SLOT_CONDITION, retake);
+        if (!taken) continue;
+      } else {
+        // A weighted entry only while it holds all its permits (WEIGHTED_CLAIM_CONDITION).
+        const [condition, weightValue] = weight === 1 ? [CLAIM_CONDITION, {}] : [WEIGHTED_CLAIM_CONDITION, { [VALUES.weight]: weight }];
+        if (yield* conditionalUpdate(config, lockName, executionArn, CLAIM_UPDATE, condition, { ...claim, ...weightValue })) {
+          return { executionArn, resumedAt, action: 'still holds its permit' };
+        }
+        // An entry of fewer permits, which the release of the stopped run is handing on one at a time:
+        // give back what is left, then take the whole weight again.
+        if (weight > 1) {
+          const partial = { [VALUES.one]: 1, [VALUES.weight]: weight, [VALUES.redriveCount]: redriveCount };
+          yield* conditionalUpdate(config, lockName, executionArn, RELEASE_UPDATE, RELEASE_PARTIAL_CONDITION, partial);
+        }
         continue;
       }
-      // A weighted entry only while it holds all its permits (WEIGHTED_CLAIM_CONDITION).
-      const [condition, weightValue] = weight === 1 ? [CLAIM_CONDITION, {}] : [WEIGHTED_CLAIM_CONDITION, { [VALUES.weight]: weight }];
-      if (yield* conditionalUpdate(config, lockName, executionArn, CLAIM_UPDATE, condition, { ...claim, ...weightValue })) {
-        return { executionArn, resumedAt, action: 'still holds its permit' };
-      }
-      // An entry of fewer permits, which the release of the stopped run is handing on one at a time:
-      // give back what is left, then take the whole weight again.
-      if (weight > 1) {
-        const partial = { [VALUES.one]: 1, [VALUES.weight]: weight, [VALUES.redriveCount]: redriveCount };
-        yield* conditionalUpdate(config, lockName, executionArn, RELEASE_UPDATE, RELEASE_PARTIAL_CONDITION, partial);
-      }
-      continue;
     }
     if (taken) {
       // Finished meanwhile (the event was late, the body short): give it back rather than leak it.

@@ -7,7 +7,17 @@ import { demoSubject } from '../demo/run';
 import { brokenInvariants, metricFilterSums, mostInAnyWindow, runScenario, Simulator, TaskError } from '../simulator';
 import { CleanFromIncomplete, IdempotencyKey, RateLimit, SemaphoreReconciler, SemaphoreTable, WaitStrategy } from '../src';
 import { lockState, simulate, stateMachineLogicalId, until, WorkTracker, workflowStack } from './helpers';
-import { BODIES_RUNNING, BODY_LIMIT, HOLDER_IN_BODY, HOLDER_REDRIVE_COUNT, LOCK_KEY } from '../src/private/lock-schema';
+import {
+  BODIES_RUNNING,
+  BODY_LIMIT,
+  FENCING_TOKEN,
+  HOLDER_CLAIMED,
+  HOLDER_IN_BODY,
+  HOLDER_PERMITS,
+  HOLDER_REDRIVE_COUNT,
+  LOCK_KEY,
+  PERMITS_IN_USE,
+} from '../src/private/lock-schema';
 import { RELEASE_AT_INTERVAL_FAILED, RELEASE_AT_INTERVAL_SUFFIX, STATE } from '../src/private/state-names';
 
 /*
@@ -352,6 +362,51 @@ describe('beside a higher concurrency limit: the permit goes back at the interva
       });
     },
   );
+});
+
+test('above the count, a run stopped in its body after its interval and redriven: the guard takes a permit into the entry that kept its slot, in one write', async () => {
+  // X works 180 s on its first run: its permit goes back at 60 s while its body runs on in its slot (an
+  // entry of no permit). Stopped at 70 s and redriven, its body starts again: the redrive guard takes a
+  // permit into that entry (a redrive counts as an acquisition) without ever letting go of the slot. Y,
+  // started then, waits for the rate: its body never starts within 60 s of X's second start.
+  const { stack, workflow, workFunctionId } = workflowStack({
+    rateLimit: RateLimit.of(1, Duration.seconds(60)),
+    concurrencyLimit: 2,
+    reconcilerScheduleEnabled: false,
+  });
+  // X's second run works 30 s: its entry is read while that body runs.
+  const work = new WorkTracker((input, run) => (input.x ? (run === 1 ? 180 : 30) : 1));
+  await simulate(stack, { timeScale: 0.1, lambdaHandlers: { [workFunctionId]: work.handler } }, async (sim) => {
+    const sm = sim.stateMachine(stateMachineLogicalId(workflow.stateMachine));
+    const lockItem = async () => (await sim.scan('WorkflowLockTable')).find((i) => i[LOCK_KEY]?.S === LOCK)!;
+    const x = sim.startExecution(sm, { x: true }, { name: 'x' });
+    await until(async () => (await lockItem())[x.arn]?.M?.[HOLDER_PERMITS]?.N === '0', "X's permit to go back at the interval");
+    x.abort();
+    await x.done;
+    const before = await lockItem();
+    expect([before[PERMITS_IN_USE].N, before[BODIES_RUNNING].N]).toEqual(['0', '1']);
+    const redriven = sim.redriveExecution(x.arn);
+    await until(async () => (await lockItem())[x.arn]?.M?.[HOLDER_REDRIVE_COUNT]?.N === '1', 'the redrive guard to take a permit for the new run');
+    const after = await lockItem();
+    // One permit again (no `permits` field), the same slot (never given back: bodiesRunning stayed 1),
+    // the entry claimed for the new run, and a fencing token drawn for it.
+    expect(after[x.arn].M).toMatchObject({ [HOLDER_IN_BODY]: { N: '1' }, [HOLDER_CLAIMED]: { BOOL: true } });
+    expect(after[x.arn].M![HOLDER_PERMITS]).toBeUndefined();
+    expect([after[PERMITS_IN_USE].N, after[BODIES_RUNNING].N]).toEqual(['1', '1']);
+    expect(Number(after[FENCING_TOKEN].N)).toBe(Number(before[FENCING_TOKEN].N) + 1);
+    const y = sim.startExecution(sm, { y: true }, { name: 'y' });
+    const [xAgain, yDone] = await Promise.all([redriven, y.done]);
+
+    expect([xAgain.status, yDone.status]).toEqual(['SUCCEEDED', 'SUCCEEDED']);
+    expect(work.byExecution.get(x.arn)).toBe(2);
+    expect(work.startedAt.get(yDone.arn)! - work.starts[1]).toBeGreaterThanOrEqual(60_000);
+    // After the body, the entry held a permit: the slot alone went, then the permit after the interval.
+    expect(xAgain.stateTransitions.get(STATE.releaseBodySlot)).toBe(1);
+    expect(xAgain.stateTransitions.get(STATE.holdAfterRedrive)).toBe(1);
+    await sim.idle();
+    expect(await bodySlots(sim)).toEqual({ bodiesRunning: 0, marked: 0, bodyLimit: 2 });
+    expect(await lockState(sim)).toEqual([{ lockName: LOCK, permitsInUse: 0, holders: [] }]);
+  });
 });
 
 test.each([WaitStrategy.QUEUE, WaitStrategy.POLLING])(

@@ -700,9 +700,20 @@ export const RELEASE_BODY_SLOT_AND_ENTRY_CONDITION = `attribute_exists(${NAMES.h
 export const RELEASE_BODY_SLOT_AND_ENTRY_UPDATE = `SET ${NAMES.bodies} = ${NAMES.bodies} - ${VALUES.one} REMOVE ${NAMES.holder}`;
 
 /**
- * The redrive guard's claim of an entry that holds a body slot (BODY_SLOT_HELD) and a permit: a run
- * redriven in its body after its interval finds an entry of no permit, which it removes (as
- * RELEASE_PARTIAL: fewer than its one permit) before it takes a permit and a slot again (a redrive counts
- * as an acquisition).
+ * The redrive guard's claim of an entry that holds a body slot (BODY_SLOT_HELD) and a permit. A run
+ * redriven in its body after its interval finds an entry of no permit instead: it takes a permit into
+ * it (RETAKE_PERMIT_IN_SLOT), since a redrive counts as an acquisition.
  */
 export const BODY_SLOT_AND_PERMIT_HELD_CONDITION = `${BODY_SLOT_HELD_CONDITION} AND ${HOLDS_A_PERMIT}`;
+
+/**
+ * The redrive guard's take of a permit into the entry of no permit that keeps its body slot (the run
+ * before gave its permit back at the interval, then was stopped in its body): while a permit is free
+ * (as ACQUIRE_CONDITION: `permitsInUse < :limit` and nobody collects), in one write that counts the
+ * permit, draws a fencing token and claims the entry for the run (CLAIM_UPDATE). The slot stays where
+ * it is, so no other execution can take it in between. Refused while every permit is taken.
+ */
+export const RETAKE_PERMIT_IN_SLOT_CONDITION =
+  `attribute_exists(${NAMES.holder}.${HOLDER_IN_BODY}) AND ${HOLDS_NO_PERMIT} AND ${STAMPED_AT_MOST} AND ` +
+  `${NAMES.permits} < ${VALUES.limit} AND ${NOT_COLLECTING}`;
+export const RETAKE_PERMIT_IN_SLOT_UPDATE = `${CLAIM_UPDATE}, ${NAMES.permits} = ${NAMES.permits} + ${VALUES.one} REMOVE ${NAMES.holder}.${HOLDER_PERMITS}`;

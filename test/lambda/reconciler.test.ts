@@ -12,9 +12,10 @@ import {
   CLAIM_WITH_BODY_SLOT_CONDITION,
   CLAIM_WITH_BODY_SLOT_UPDATE,
   CLAIM_UPDATE,
-  RELEASE_PARTIAL_CONDITION,
   RELEASE_SEEN_HOLDER_CONDITION,
   RELEASE_UPDATE,
+  RETAKE_PERMIT_IN_SLOT_CONDITION,
+  RETAKE_PERMIT_IN_SLOT_UPDATE,
 } from '../../src/private/lock-schema';
 import { RATE_HOLD_STATES, STATE } from '../../src/private/state-names';
 
@@ -491,13 +492,13 @@ describe('redrive guard', () => {
     });
   });
 
-  test('removes an entry that keeps a body slot and no permit (its interval passed), then takes a permit and a slot again', async () => {
+  test('takes a permit into an entry that keeps a body slot and no permit (its interval passed), in one write that keeps the slot', async () => {
     // A concurrency limit above the rate's count: the run before gave its permit back at the interval.
     history('r5', 'Do Work');
-    ddb.on(UpdateCommand, { ConditionExpression: ACQUIRE_WITH_BODY_SLOT_CONDITION }).rejectsOnce(ownEntry()).resolves({});
+    ddb.on(UpdateCommand, { ConditionExpression: ACQUIRE_WITH_BODY_SLOT_CONDITION }).rejects(ownEntry());
     ddb.on(UpdateCommand, { ConditionExpression: BODY_SLOT_AND_PERMIT_HELD_CONDITION }).rejects(conditionFailed());
     ddb.on(UpdateCommand, { ConditionExpression: CLAIM_WITH_BODY_SLOT_CONDITION }).rejects(conditionFailed());
-    ddb.on(UpdateCommand, { ConditionExpression: RELEASE_PARTIAL_CONDITION }).resolves({});
+    ddb.on(UpdateCommand, { ConditionExpression: RETAKE_PERMIT_IN_SLOT_CONDITION }).resolves({});
 
     expect((await guard(redriven('r5'))).action).toBe('permit taken again');
     const calls = ddb.commandCalls(UpdateCommand).map((c) => c.args[0].input);
@@ -505,12 +506,32 @@ describe('redrive guard', () => {
       ACQUIRE_WITH_BODY_SLOT_CONDITION,
       BODY_SLOT_AND_PERMIT_HELD_CONDITION,
       CLAIM_WITH_BODY_SLOT_CONDITION,
-      RELEASE_PARTIAL_CONDITION,
-      ACQUIRE_WITH_BODY_SLOT_CONDITION,
+      RETAKE_PERMIT_IN_SLOT_CONDITION,
     ]);
-    // The entry goes only if it holds fewer than one permit, and was taken by this run or an earlier one.
-    expect(calls[3]).toMatchObject({ UpdateExpression: RELEASE_UPDATE, ExpressionAttributeValues: { ':weight': 1, ':redriveCount': 1 } });
+    // Under the limit read from the input, for this run or an earlier one's entry, claimed for this run.
+    expect(calls[3]).toMatchObject({
+      UpdateExpression: RETAKE_PERMIT_IN_SLOT_UPDATE,
+      ExpressionAttributeNames: { '#holder': exec('r5'), '#permits': 'permitsInUse', '#collecting': 'collecting' },
+      ExpressionAttributeValues: { ':limit': 2, ':redriveCount': 1, ':claimed': true, ':zero': 0, ':one': 1 },
+    });
     expect(sfn.commandCalls(StopExecutionCommand)).toHaveLength(0);
+  });
+
+  test('stops the run when every permit stays taken beside its entry of no permit, and leaves the entry (and its slot) to the cleanup', async () => {
+    history('r5b', 'Do Work');
+    ddb.on(UpdateCommand).rejects(conditionFailed());
+    ddb.on(UpdateCommand, { ConditionExpression: ACQUIRE_WITH_BODY_SLOT_CONDITION }).rejects(ownEntry());
+
+    expect((await guard(redriven('r5b'))).action).toBe('stopped');
+    const conditions = ddb.commandCalls(UpdateCommand).map((c) => c.args[0].input.ConditionExpression);
+    // Three tries of four writes, none of which removes the entry.
+    expect(conditions).toEqual(
+      Array(3)
+        .fill([ACQUIRE_WITH_BODY_SLOT_CONDITION, BODY_SLOT_AND_PERMIT_HELD_CONDITION, CLAIM_WITH_BODY_SLOT_CONDITION])
+        .map((tries) => [...tries, RETAKE_PERMIT_IN_SLOT_CONDITION])
+        .flat(),
+    );
+    expect(sfn.commandCalls(StopExecutionCommand)[0].args[0].input).toMatchObject({ executionArn: exec('r5b'), error: 'SemaphoreRedriveRejected' });
   });
 
   test('leaves an execution redriven outside the body to the workflow (before it, its acquire claims a late entry itself)', async () => {
