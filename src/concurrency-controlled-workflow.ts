@@ -72,9 +72,11 @@ export interface ConcurrencyControlledWorkflowProps {
    * Beside a `rateLimit` whose count is lower, each body takes a slot too, and its permit goes back (or
    * to the next waiter) once the interval has passed while the body runs on in its slot: up to
    * `concurrencyLimit` bodies run at once (with `concurrencyLimit` plus the count at most 1,000). An
-   * execution holding a permit polls for a slot every `pollInterval`, at most about 220 times, then
-   * fails with `SemaphoreAcquireTimeout`: with bodies longer than that, raise `pollInterval`. The same
-   * as the count: each body holds its permit for the longer of the body and the interval.
+   * execution holding a permit polls for a slot about 220 times, then fails with
+   * `SemaphoreAcquireTimeout`: below the count every `pollInterval` (slots turn over as bodies end);
+   * above it (a slot is held for a whole body) first after `pollInterval`, then 1.2 times longer each
+   * time, up to a minute apart (or `pollInterval`, if longer): about 3.5 hours in all. The same as the
+   * count: each body holds its permit for the longer of the body and the interval.
    *
    * @default 1, or with a `rateLimit`, none: only the rate bounds the bodies, whose permits go back once the
    * interval has passed, while the bodies may still run
@@ -91,7 +93,7 @@ export interface ConcurrencyControlledWorkflowProps {
   /**
    * How an execution that finds the lock full waits for a permit.
    *
-   * With `QUEUE`, it joins a first-in, first-out queue of waiters kept in the lock item and sleeps in
+   * With `QUEUE`, it joins a first-in, first-out queue of waiters (a ticket item each) and sleeps in
    * a `.waitForTaskToken` task; a release that finds waiters hands its permit straight to the oldest
    * and wakes it with `SendTaskSuccess`. Waiting then costs one transition and one write however long
    * it lasts (one more of each per `queueCheckInterval` it outlasts), a freed permit is used at once

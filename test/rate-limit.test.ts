@@ -364,6 +364,43 @@ describe('beside a higher concurrency limit: the permit goes back at the interva
   );
 });
 
+test('above the count, a wait for a slot outlasts the fixed budget: its tries back off to a minute apart, and it gets the slot a body frees after 13 minutes', async () => {
+  // Two bodies of 800 s hold both slots (their permits went back at the interval); a third execution
+  // takes the free permit and waits for a slot. Every second, its 222 tries would end after 222 s
+  // (SemaphoreAcquireTimeout); backing off by 1.2 up to 60 s apart, they last about 3.4 hours.
+  const { stack, workflow, workFunctionId } = workflowStack({
+    rateLimit: RateLimit.of(1, Duration.seconds(2)),
+    concurrencyLimit: 2,
+    pollInterval: Duration.seconds(1),
+    reconcilerScheduleEnabled: false,
+  });
+  const work = new WorkTracker((input) => input.seconds);
+  // A hundredth of real time: the 800 s bodies take 8 s.
+  await simulate(stack, { timeScale: 0.01, schedules: false, lambdaHandlers: { [workFunctionId]: work.handler } }, async (sim) => {
+    const sm = sim.stateMachine(stateMachineLogicalId(workflow.stateMachine));
+    const long = [sim.startExecution(sm, { seconds: 800 }), sim.startExecution(sm, { seconds: 800 })];
+    await until(() => work.starts.length === 2, 'both long bodies to start');
+    const waiter = sim.startExecution(sm, { seconds: 1 });
+    const [first, second, waited] = await Promise.all([...long.map((e) => e.done), waiter.done]);
+
+    expect([first.status, second.status, waited.status]).toEqual(['SUCCEEDED', 'SUCCEEDED', 'SUCCEEDED']);
+    const firstEnd = Math.min(...long.map((e) => work.startedAt.get(e.arn)!)) + 800_000;
+    const waiterStart = work.startedAt.get(waited.arn)!;
+    // It started once a slot came free, at most a pause of 60 s (and the simulation's jitter) later.
+    expect(waiterStart).toBeGreaterThanOrEqual(firstEnd);
+    expect(waiterStart - firstEnd).toBeLessThan(75_000);
+    expect(work.maxInside).toBe(2);
+    // Far fewer tries than a try a second: 13 minutes took a few dozen, within the budget.
+    const tries = waited.stateTransitions.get(STATE.waitForBodySlot)!;
+    expect(tries).toBeGreaterThan(20);
+    expect(tries).toBeLessThan(40);
+    expect(waited.historyEvents).toBeLessThan(2_000);
+    await sim.idle();
+    expect(await bodySlots(sim)).toEqual({ bodiesRunning: 0, marked: 0, bodyLimit: 2 });
+    expect(await lockState(sim)).toEqual([{ lockName: LOCK, permitsInUse: 0, holders: [] }]);
+  });
+});
+
 test('above the count, a run stopped in its body after its interval and redriven: the guard takes a permit into the entry that kept its slot, in one write', async () => {
   // X works 180 s on its first run: its permit goes back at 60 s while its body runs on in its slot (an
   // entry of no permit). Stopped at 70 s and redriven, its body starts again: the redrive guard takes a

@@ -69,3 +69,39 @@ export const BODY_SLOT_WAIT_EVENTS = 4_000;
  * retried (4), Check Body Slot (5), Take Body Slot Again (5), and Body Slots Taken (2), with a margin (2).
  */
 export const BODY_SLOT_ROUND_EVENTS = 18;
+
+/**
+ * Above the rate's count a slot is held for the whole body, so a wait for one can last as long as a
+ * body: its rounds back off from `pollInterval` by this factor each, up to BODY_SLOT_MAX_DELAY_SECONDS
+ * (or `pollInterval`, if longer), which stretches the same history budget from minutes to hours.
+ */
+export const BODY_SLOT_BACKOFF_RATE = 1.2;
+/** The longest pause between two tries of a wait for a slot above the rate's count, seconds (see BODY_SLOT_BACKOFF_RATE). */
+export const BODY_SLOT_MAX_DELAY_SECONDS = 60;
+
+/** How the rounds of a wait for a body slot are spaced: the first pause, the factor, the longest pause (seconds). */
+export interface SlotWaitPacing {
+  readonly intervalSeconds: number;
+  readonly backoffRate: number;
+  readonly maxDelaySeconds: number;
+}
+
+/** The pacing of a wait for a body slot: fixed at `pollInterval` below the rate's count, backing off above it (`keepSlot`). */
+export function slotWaitPacing(pollSeconds: number, keepSlot: boolean): SlotWaitPacing {
+  return keepSlot
+    ? { intervalSeconds: pollSeconds, backoffRate: BODY_SLOT_BACKOFF_RATE, maxDelaySeconds: Math.max(pollSeconds, BODY_SLOT_MAX_DELAY_SECONDS) }
+    : { intervalSeconds: pollSeconds, backoffRate: 1, maxDelaySeconds: pollSeconds };
+}
+
+/**
+ * How long `rounds` tries of a wait for a body slot pause in all, seconds, as Step Functions spaces a
+ * Retry's attempts: the interval times the backoff rate to the attempt's power, each capped at the
+ * longest pause (MaxDelaySeconds), without jitter.
+ */
+export function slotWaitSeconds(pacing: SlotWaitPacing, rounds: number): number {
+  let total = 0;
+  for (let attempt = 0; attempt < rounds; attempt++) {
+    total += Math.min(pacing.intervalSeconds * Math.pow(pacing.backoffRate, attempt), pacing.maxDelaySeconds);
+  }
+  return total;
+}

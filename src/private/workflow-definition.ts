@@ -3,7 +3,15 @@ import * as sfn from 'aws-cdk-lib/aws-stepfunctions';
 import * as tasks from 'aws-cdk-lib/aws-stepfunctions-tasks';
 import { Construct } from 'constructs';
 import { CONDITIONAL_CHECK_FAILED, SERVER_ERRORS, THROTTLING_ERRORS, transientRetry, VALIDATION_ERROR } from './dynamodb-errors';
-import { COLLECT_ROUND_EVENTS, HISTORY_EVENT_LIMIT, QUEUE_CHECK_ROUND_EVENTS, QUEUE_RETRY_ROUND_EVENTS, WAIT_ENTRY_EVENTS } from './history-budget';
+import {
+  COLLECT_ROUND_EVENTS,
+  HISTORY_EVENT_LIMIT,
+  QUEUE_CHECK_ROUND_EVENTS,
+  QUEUE_RETRY_ROUND_EVENTS,
+  slotWaitPacing,
+  slotWaitSeconds,
+  WAIT_ENTRY_EVENTS,
+} from './history-budget';
 import {
   ERROR_PATH as IDEMPOTENT_ERROR_PATH,
   IdempotencyStates,
@@ -928,11 +936,11 @@ export interface DefinitionSpec {
    * takes a body slot beside its permit, see BODIES_RUNNING). @default - no body slot
    */
   readonly bodyLimit?: number;
-  /** How many rounds of `pollInterval` a wait for a body slot may last (its history budget). @default - none: no body slot */
+  /** How many tries a wait for a body slot may make (its history budget; see slotWaitPacing). @default - none: no body slot */
   readonly bodySlotRounds?: number;
 }
 
-/** The body slot's way in: its first take, and the wait (a Parallel retried every `pollInterval`) after a refusal. */
+/** The body slot's way in: its first take, and the wait (a Parallel retried every `pollInterval`, or backing off from it) after a refusal. */
 interface BodySlotGate {
   readonly take: sfn.TaskStateBase;
   readonly wait: sfn.Parallel;
@@ -943,7 +951,7 @@ interface BodySlotGate {
  * execution waits in a Parallel whose every try first claims a slot it may hold already (a take whose
  * response was lost, a redrive: BODY_SLOT_HELD), then takes one; a try that finds them all taken fails
  * with SemaphoreAcquireTimeout, which the Parallel's Retry turns into the next round after
- * `pollInterval`, up to the history budget (the rounds keep no count in the state data, which the body
+ * `pollInterval` (above the rate's count, backing off: slotWaitPacing), up to the history budget (the rounds keep no count in the state data, which the body
  * would see). Past it, the error stands: the execution gives back its permit and fails. A missing entry
  * (ValidationException) is the caller's to catch: it acquires again.
  */
@@ -978,11 +986,18 @@ function bodySlotGate(
         ? { returnValues: tasks.DynamoReturnValues.UPDATED_NEW, resultSelector: fencingTokenSelector(), resultPath: permitPath }
         : { resultPath: sfn.JsonPath.DISCARD }),
     }).addRetry(transientRetry(THROTTLING_ERRORS));
+  // Below the rate's count, slots turn over as bodies end: a try every `pollInterval`. Above it, a slot is
+  // held for a whole body: the tries back off to a minute apart, so the same budget lasts hours.
+  const keepSlot = spec.releaseAtInterval === true;
+  const pacing = slotWaitPacing(spec.pollInterval.toSeconds(), keepSlot);
+  const rounds = spec.bodySlotRounds!;
   const taken = new sfn.Fail(scope, STATE.bodySlotsTaken, {
     error: ACQUIRE_TIMEOUT_ERROR,
-    cause:
-      `Every body slot of the lock (concurrencyLimit ${spec.bodyLimit}) stayed taken for ${spec.bodySlotRounds} tries, ` +
-      `one every ${spec.pollInterval.toHumanString()}`,
+    cause: keepSlot
+      ? `Every body slot of the lock (concurrencyLimit ${spec.bodyLimit}) stayed taken for ${rounds} tries over ` +
+        `${Duration.seconds(Math.round(slotWaitSeconds(pacing, rounds))).toHumanString()}, the first after ${spec.pollInterval.toHumanString()}, ` +
+        `then ${pacing.backoffRate} times longer each, up to ${Duration.seconds(pacing.maxDelaySeconds).toHumanString()}`
+      : `Every body slot of the lock (concurrencyLimit ${spec.bodyLimit}) stayed taken for ${rounds} tries, one every ${spec.pollInterval.toHumanString()}`,
   });
   const refused = { errors: [CONDITIONAL_CHECK_FAILED, ...SERVER_ERRORS], resultPath: sfn.JsonPath.DISCARD };
   const takeAgain = slotTask(STATE.takeBodySlotAgain).addCatch(taken, refused);
@@ -995,7 +1010,13 @@ function bodySlotGate(
       : { resultPath: sfn.JsonPath.DISCARD }),
   })
     .branch(check)
-    .addRetry({ errors: [ACQUIRE_TIMEOUT_ERROR], interval: spec.pollInterval, maxAttempts: spec.bodySlotRounds, backoffRate: 1 });
+    .addRetry({
+      errors: [ACQUIRE_TIMEOUT_ERROR],
+      interval: spec.pollInterval,
+      maxAttempts: rounds,
+      backoffRate: pacing.backoffRate,
+      ...(keepSlot ? { maxDelay: Duration.seconds(pacing.maxDelaySeconds) } : {}),
+    });
   wait.addCatch(releaseAfterFailure, { errors: [ACQUIRE_TIMEOUT_ERROR], resultPath: errorPath });
   const take = slotTask(STATE.takeBodySlot).addCatch(wait, refused);
   return { take, wait };
