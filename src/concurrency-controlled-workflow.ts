@@ -73,10 +73,10 @@ export interface ConcurrencyControlledWorkflowProps {
    * to the next waiter) once the interval has passed while the body runs on in its slot: up to
    * `concurrencyLimit` bodies run at once (with `concurrencyLimit` plus the count at most 1,000). An
    * execution holding a permit polls for a slot about 220 times, then fails with
-   * `SemaphoreAcquireTimeout`: below the count every `pollInterval` (slots turn over as bodies end);
-   * above it (a slot is held for a whole body) first after `pollInterval`, then 1.2 times longer each
-   * time, up to a minute apart (or `pollInterval`, if longer): about 3.5 hours in all. The same as the
-   * count: each body holds its permit for the longer of the body and the interval.
+   * `SemaphoreAcquireTimeout`: first after `pollInterval`, then 1.2 times later each try, up to a
+   * minute apart (about 3.5 hours in all; a `pollInterval` of a minute or more stays fixed, 220 times
+   * `pollInterval`), since a slot is held for a whole body. The same as the count: each body holds its
+   * permit for the longer of the body and the interval.
    *
    * @default 1, or with a `rateLimit`, none: only the rate bounds the bodies, whose permits go back once the
    * interval has passed, while the bodies may still run
@@ -274,10 +274,12 @@ export interface ConcurrencyControlledWorkflowProps {
    * (a sliding window: the worst burst is `count`, never twice that). The lock's permits are then
    * `count`. Without a `concurrencyLimit`, a permit goes back once the interval has passed since its
    * body started, while the body may still run: bodies longer than the interval do not slow the rate.
-   * With a `concurrencyLimit` of at least `count`, each permit is held for the longer of the body and
+   * With a `concurrencyLimit` of exactly `count`, each permit is held for the longer of the body and
    * the interval, so at most `count` bodies run at once. A `concurrencyLimit` below `count`
    * becomes body slots: each body takes one beside its permit and gives it back when it ends, so that
-   * both limits are reached (a holder that finds every slot taken polls for one every `pollInterval`).
+   * both limits are reached (a holder that finds every slot taken polls for one, backing off from
+   * `pollInterval`). Above `count`, each body takes a slot too, and its permit goes back once the
+   * interval has passed while the body runs on: up to `concurrencyLimit` bodies run at once.
    * Every workflow on the lock must declare the same rate; the acquire records
    * its interval on the lock item, and the CLI's and the client's permits are held as long. A lease
    * must be at least the interval.

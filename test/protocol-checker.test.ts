@@ -11,6 +11,7 @@ import {
   PEEK_UPDATE,
   RELEASE_CONDITION,
   RELEASE_IF_NO_WAITERS_CONDITION,
+  RETAKE_PERMIT_IN_SLOT_UPDATE,
   STAMPED_AT_MOST,
 } from '../src/private/lock-schema';
 import { RELEASE_AT_INTERVAL_FAILED, RELEASE_AT_INTERVAL_SUFFIX, STATE } from '../src/private/state-names';
@@ -241,6 +242,27 @@ describe('the checker finds the races of issues 14 and 15 when they are planted 
     });
     console.log(report(config, result));
     expect(result.counterexample?.violation).toMatch(/permitsInUse is 1 but 2 holders have entries holding 2/);
+  });
+
+  test('a concurrency limit above the rate: a redrive guard that takes a permit into an entry of no permit without counting it', () => {
+    // The guard's write lives in the reconciler's flow (lambda/reconciler-flows.ts), not in a definition:
+    // planted into a fresh copy of the lock schema, which the checker and the flow then load.
+    let result: ReturnType<typeof checkConfig> | undefined;
+    let planted = '';
+    jest.isolateModules(() => {
+      const schema = jest.requireActual('../src/private/lock-schema');
+      planted = schema.RETAKE_PERMIT_IN_SLOT_UPDATE.replace('#permits = #permits + :one', '#permits = #permits + :zero');
+      jest.doMock('../src/private/lock-schema', () => ({ ...schema, RETAKE_PERMIT_IN_SLOT_UPDATE: planted }));
+      // A require inside isolateModules is how Jest loads a module against the planted schema.
+      // eslint-disable-next-line @typescript-eslint/no-require-imports
+      const isolated: typeof import('../checker/run') = require('../checker/run');
+      const config = configNamed('rate-above-limit-redrive');
+      result = isolated.checkConfig(config);
+      console.log(isolated.report(config, result));
+    });
+    expect(planted).not.toBe(RETAKE_PERMIT_IN_SLOT_UPDATE);
+    expect(result!.counterexample?.violation).toMatch(/permitsInUse is 0 but 1 holders have entries holding 1/);
+    expect(result!.counterexample!.trace.some((s) => /guard-A/.test(s.label) && /#holder\.permits = :zero/.test(s.label))).toBe(true);
   });
 
   test('the claim is what the model runs: the planted change above touched the real definition', () => {

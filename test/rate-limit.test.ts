@@ -90,6 +90,25 @@ describe('validation at synth', () => {
     expect(JSON.stringify(cleanup)).toContain('\\"Hold Permit For Rate Interval\\":{\\"Type\\":\\"Wait\\",\\"Seconds\\":30');
   });
 
+  test('a wait for a body slot backs off from pollInterval to a minute apart; a pollInterval of a minute or more stays fixed', () => {
+    const slotWait = (pollInterval: Duration) => {
+      const { workflow } = workflowStack({ rateLimit: RateLimit.perSecond(7), concurrencyLimit: 3, pollInterval });
+      const cfn = workflow.stateMachine.node.defaultChild as sfn.CfnStateMachine;
+      const parts: unknown[] = Stack.of(workflow).resolve(cfn.definitionString)['Fn::Join'][1];
+      const states = JSON.parse(parts.map((p) => (typeof p === 'string' ? p : 'token')).join('')).States;
+      const wait = states[STATE.waitForBodySlot];
+      return { retry: wait.Retry, cause: wait.Branches[0].States[STATE.bodySlotsTaken].Cause };
+    };
+    const backingOff = slotWait(Duration.seconds(3));
+    expect(backingOff.retry).toEqual([
+      { ErrorEquals: ['SemaphoreAcquireTimeout'], IntervalSeconds: 3, MaxAttempts: 222, BackoffRate: 1.2, MaxDelaySeconds: 60 },
+    ]);
+    expect(backingOff.cause).toMatch(/ 222 tries over 3 hours 30 minutes, the first after 3 seconds, then 1\.2 times longer each, up to 1 minute$/);
+    const fixed = slotWait(Duration.seconds(90));
+    expect(fixed.retry).toEqual([{ ErrorEquals: ['SemaphoreAcquireTimeout'], IntervalSeconds: 90, MaxAttempts: 222, BackoffRate: 1 }]);
+    expect(fixed.cause).toMatch(/ 222 tries, one every 1 minute 30 seconds$/);
+  });
+
   test('a rate alone, or a concurrencyLimit above its count, releases beside the body; above the count the body keeps a slot; no warning', () => {
     for (const concurrencyLimit of [20, 10, 5, undefined]) {
       const annotations = Annotations.fromStack(workflowStack({ rateLimit: RateLimit.perSecond(10), concurrencyLimit }).stack);
@@ -239,17 +258,23 @@ describe('beside a lower concurrency limit: the rate\'s permits, and a body slot
       reconcilerScheduleEnabled: false,
     });
     const work = new WorkTracker(() => 1);
-    await simulate(stack, { schedules: false, lambdaHandlers: { [workFunctionId]: work.handler } }, async (sim) => {
+    // The tries back off to a minute apart: 3.4 hours of simulated time, 6 s of real time.
+    await simulate(stack, { timeScale: 0.0005, schedules: false, lambdaHandlers: { [workFunctionId]: work.handler } }, async (sim) => {
       const sm = sim.stateMachine(stateMachineLogicalId(workflow.stateMachine));
       // A client lease holds the one slot (and one of the two permits) for as long as the test runs.
       const client = new SemaphoreClient({ tableName: sim.tableName('WorkflowLockTable'), dynamodb: sim.db.client });
-      const lease = await client.acquire(LOCK, { leaseSeconds: 3600 });
+      const lease = await client.acquire(LOCK, { leaseSeconds: 6 * 3600 });
       expect(lease).toBeDefined();
       const waiter = await sim.startExecution(sm, {}).done;
 
       expect(waiter.status).toBe('FAILED');
       expect(waiter.error).toBe('SemaphoreAcquireTimeout');
-      expect(waiter.cause).toMatch(/^Every body slot of the lock \(concurrencyLimit 1\) stayed taken for 222 tries, one every 1 second$/);
+      expect(waiter.cause).toBe(
+        'Every body slot of the lock (concurrencyLimit 1) stayed taken for 222 tries over 3 hours 24 minutes, ' +
+          'the first after 1 second, then 1.2 times longer each, up to 1 minute',
+      );
+      // It waited that long (the last try's own time aside).
+      expect(waiter.stopDate! - waiter.startDate).toBeGreaterThanOrEqual(3.4 * 3600_000);
       expect(waiter.stateTransitions.get(STATE.waitForBodySlot)).toBe(223);
       expect(work.starts).toHaveLength(0);
       // It gave its permit back (after the rate's hold), within its history budget.

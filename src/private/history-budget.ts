@@ -71,25 +71,25 @@ export const BODY_SLOT_WAIT_EVENTS = 4_000;
 export const BODY_SLOT_ROUND_EVENTS = 18;
 
 /**
- * Above the rate's count a slot is held for the whole body, so a wait for one can last as long as a
- * body: its rounds back off from `pollInterval` by this factor each, up to BODY_SLOT_MAX_DELAY_SECONDS
- * (or `pollInterval`, if longer), which stretches the same history budget from minutes to hours.
+ * A slot is held for its whole body, so a wait for one can last as long as a body: its tries back off
+ * from `pollInterval` by this factor each, up to BODY_SLOT_MAX_DELAY_SECONDS apart, which stretches the
+ * same history budget from minutes to hours (a `pollInterval` of a minute or more stays fixed).
  */
 export const BODY_SLOT_BACKOFF_RATE = 1.2;
-/** The longest pause between two tries of a wait for a slot above the rate's count, seconds (see BODY_SLOT_BACKOFF_RATE). */
+/** The longest pause between two tries of a wait for a body slot, seconds (see BODY_SLOT_BACKOFF_RATE). */
 export const BODY_SLOT_MAX_DELAY_SECONDS = 60;
 
-/** How the rounds of a wait for a body slot are spaced: the first pause, the factor, the longest pause (seconds). */
+/** How the tries of a wait for a body slot are spaced: the first pause, the factor, the longest pause (seconds). */
 export interface SlotWaitPacing {
   readonly intervalSeconds: number;
   readonly backoffRate: number;
   readonly maxDelaySeconds: number;
 }
 
-/** The pacing of a wait for a body slot: fixed at `pollInterval` below the rate's count, backing off above it (`keepSlot`). */
-export function slotWaitPacing(pollSeconds: number, keepSlot: boolean): SlotWaitPacing {
-  return keepSlot
-    ? { intervalSeconds: pollSeconds, backoffRate: BODY_SLOT_BACKOFF_RATE, maxDelaySeconds: Math.max(pollSeconds, BODY_SLOT_MAX_DELAY_SECONDS) }
+/** The pacing of a wait for a body slot: from `pollInterval`, backing off to a minute apart; a `pollInterval` of a minute or more stays fixed. */
+export function slotWaitPacing(pollSeconds: number): SlotWaitPacing {
+  return pollSeconds < BODY_SLOT_MAX_DELAY_SECONDS
+    ? { intervalSeconds: pollSeconds, backoffRate: BODY_SLOT_BACKOFF_RATE, maxDelaySeconds: BODY_SLOT_MAX_DELAY_SECONDS }
     : { intervalSeconds: pollSeconds, backoffRate: 1, maxDelaySeconds: pollSeconds };
 }
 

@@ -940,7 +940,7 @@ export interface DefinitionSpec {
   readonly bodySlotRounds?: number;
 }
 
-/** The body slot's way in: its first take, and the wait (a Parallel retried every `pollInterval`, or backing off from it) after a refusal. */
+/** The body slot's way in: its first take, and the wait (a Parallel retried from `pollInterval`, backing off) after a refusal. */
 interface BodySlotGate {
   readonly take: sfn.TaskStateBase;
   readonly wait: sfn.Parallel;
@@ -951,7 +951,7 @@ interface BodySlotGate {
  * execution waits in a Parallel whose every try first claims a slot it may hold already (a take whose
  * response was lost, a redrive: BODY_SLOT_HELD), then takes one; a try that finds them all taken fails
  * with SemaphoreAcquireTimeout, which the Parallel's Retry turns into the next round after
- * `pollInterval` (above the rate's count, backing off: slotWaitPacing), up to the history budget (the rounds keep no count in the state data, which the body
+ * `pollInterval`, backing off (slotWaitPacing), up to the history budget (the rounds keep no count in the state data, which the body
  * would see). Past it, the error stands: the execution gives back its permit and fails. A missing entry
  * (ValidationException) is the caller's to catch: it acquires again.
  */
@@ -986,14 +986,13 @@ function bodySlotGate(
         ? { returnValues: tasks.DynamoReturnValues.UPDATED_NEW, resultSelector: fencingTokenSelector(), resultPath: permitPath }
         : { resultPath: sfn.JsonPath.DISCARD }),
     }).addRetry(transientRetry(THROTTLING_ERRORS));
-  // Below the rate's count, slots turn over as bodies end: a try every `pollInterval`. Above it, a slot is
-  // held for a whole body: the tries back off to a minute apart, so the same budget lasts hours.
-  const keepSlot = spec.releaseAtInterval === true;
-  const pacing = slotWaitPacing(spec.pollInterval.toSeconds(), keepSlot);
+  // A slot is held for a whole body: the tries back off to a minute apart, so that the budget lasts hours.
+  const pacing = slotWaitPacing(spec.pollInterval.toSeconds());
   const rounds = spec.bodySlotRounds!;
+  const backsOff = pacing.backoffRate > 1;
   const taken = new sfn.Fail(scope, STATE.bodySlotsTaken, {
     error: ACQUIRE_TIMEOUT_ERROR,
-    cause: keepSlot
+    cause: backsOff
       ? `Every body slot of the lock (concurrencyLimit ${spec.bodyLimit}) stayed taken for ${rounds} tries over ` +
         `${Duration.seconds(Math.round(slotWaitSeconds(pacing, rounds))).toHumanString()}, the first after ${spec.pollInterval.toHumanString()}, ` +
         `then ${pacing.backoffRate} times longer each, up to ${Duration.seconds(pacing.maxDelaySeconds).toHumanString()}`
@@ -1015,7 +1014,7 @@ function bodySlotGate(
       interval: spec.pollInterval,
       maxAttempts: rounds,
       backoffRate: pacing.backoffRate,
-      ...(keepSlot ? { maxDelay: Duration.seconds(pacing.maxDelaySeconds) } : {}),
+      ...(backsOff ? { maxDelay: Duration.seconds(pacing.maxDelaySeconds) } : {}),
     });
   wait.addCatch(releaseAfterFailure, { errors: [ACQUIRE_TIMEOUT_ERROR], resultPath: errorPath });
   const take = slotTask(STATE.takeBodySlot).addCatch(wait, refused);

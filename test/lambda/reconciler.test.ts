@@ -509,10 +509,16 @@ describe('redrive guard', () => {
       RETAKE_PERMIT_IN_SLOT_CONDITION,
     ]);
     // Under the limit read from the input, for this run or an earlier one's entry, claimed for this run.
-    expect(calls[3]).toMatchObject({
-      UpdateExpression: RETAKE_PERMIT_IN_SLOT_UPDATE,
-      ExpressionAttributeNames: { '#holder': exec('r5'), '#permits': 'permitsInUse', '#collecting': 'collecting' },
-      ExpressionAttributeValues: { ':limit': 2, ':redriveCount': 1, ':claimed': true, ':zero': 0, ':one': 1 },
+    // Exactly the names and values the two expressions use: DynamoDB rejects any other.
+    expect(calls[3].UpdateExpression).toBe(RETAKE_PERMIT_IN_SLOT_UPDATE);
+    expect(calls[3].ExpressionAttributeNames).toEqual({ '#holder': exec('r5'), '#permits': 'permitsInUse', '#fence': 'fencingToken', '#collecting': 'collecting' });
+    expect(calls[3].ExpressionAttributeValues).toEqual({
+      ':limit': 2,
+      ':redriveCount': 1,
+      ':claimed': true,
+      ':acquiredAt': expect.stringMatching(/^\d{4}-\d\d-\d\dT/),
+      ':zero': 0,
+      ':one': 1,
     });
     expect(sfn.commandCalls(StopExecutionCommand)).toHaveLength(0);
   });
