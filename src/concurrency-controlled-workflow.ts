@@ -135,6 +135,9 @@ export interface ConcurrencyControlledWorkflowProps {
    * `pollInterval`. Each poll costs two state transitions and one DynamoDB write. Whole seconds, at
    * least 1 second.
    *
+   * A wait for a body slot (a `rateLimit` beside a `concurrencyLimit` other than its count) tries first
+   * after `pollInterval`, then 1.2 times later each try, up to a minute apart.
+   *
    * @default Duration.seconds(3)
    */
   readonly pollInterval?: Duration;

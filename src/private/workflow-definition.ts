@@ -951,9 +951,9 @@ interface BodySlotGate {
  * execution waits in a Parallel whose every try first claims a slot it may hold already (a take whose
  * response was lost, a redrive: BODY_SLOT_HELD), then takes one; a try that finds them all taken fails
  * with SemaphoreAcquireTimeout, which the Parallel's Retry turns into the next round after
- * `pollInterval`, backing off (slotWaitPacing), up to the history budget (the rounds keep no count in the state data, which the body
- * would see). Past it, the error stands: the execution gives back its permit and fails. A missing entry
- * (ValidationException) is the caller's to catch: it acquires again.
+ * `pollInterval`, backing off (slotWaitPacing), up to the history budget (the rounds keep no count in
+ * the state data, which the body would see). Past it, the error stands: the execution gives back its
+ * permit and fails. A missing entry (ValidationException) is the caller's to catch: it acquires again.
  */
 function bodySlotGate(
   scope: Construct,
