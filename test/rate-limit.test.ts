@@ -172,9 +172,14 @@ describe.each([WaitStrategy.QUEUE, WaitStrategy.POLLING])('%s', (waitStrategy) =
   });
 });
 
+/** The lock item as the table holds it (undefined before the first acquire). */
+async function lockItem(sim: Simulator) {
+  return (await sim.scan('WorkflowLockTable')).find((i) => i[LOCK_KEY]?.S === LOCK);
+}
+
 /** The lock item's count of bodies holding a slot (BODIES_RUNNING), and how many entries carry the mark. */
 async function bodySlots(sim: Simulator): Promise<{ bodiesRunning: number; marked: number; bodyLimit?: number }> {
-  const item = (await sim.scan('WorkflowLockTable')).find((i) => i[LOCK_KEY]?.S === LOCK)!;
+  const item = (await lockItem(sim))!;
   const marked = Object.values(item).filter((v) => v.M?.[HOLDER_IN_BODY] !== undefined).length;
   return { bodiesRunning: Number(item[BODIES_RUNNING]?.N ?? 0), marked, bodyLimit: item[BODY_LIMIT] ? Number(item[BODY_LIMIT].N) : undefined };
 }
@@ -440,16 +445,15 @@ test('above the count, a run stopped in its body after its interval and redriven
   const work = new WorkTracker((input, run) => (input.x ? (run === 1 ? 180 : 30) : 1));
   await simulate(stack, { timeScale: 0.1, lambdaHandlers: { [workFunctionId]: work.handler } }, async (sim) => {
     const sm = sim.stateMachine(stateMachineLogicalId(workflow.stateMachine));
-    const lockItem = async () => (await sim.scan('WorkflowLockTable')).find((i) => i[LOCK_KEY]?.S === LOCK)!;
     const x = sim.startExecution(sm, { x: true }, { name: 'x' });
-    await until(async () => (await lockItem())[x.arn]?.M?.[HOLDER_PERMITS]?.N === '0', "X's permit to go back at the interval");
+    await until(async () => (await lockItem(sim))?.[x.arn]?.M?.[HOLDER_PERMITS]?.N === '0', "X's permit to go back at the interval");
     x.abort();
     await x.done;
-    const before = await lockItem();
+    const before = (await lockItem(sim))!;
     expect([before[PERMITS_IN_USE].N, before[BODIES_RUNNING].N]).toEqual(['0', '1']);
     const redriven = sim.redriveExecution(x.arn);
-    await until(async () => (await lockItem())[x.arn]?.M?.[HOLDER_REDRIVE_COUNT]?.N === '1', 'the redrive guard to take a permit for the new run');
-    const after = await lockItem();
+    await until(async () => (await lockItem(sim))?.[x.arn]?.M?.[HOLDER_REDRIVE_COUNT]?.N === '1', 'the redrive guard to take a permit for the new run');
+    const after = (await lockItem(sim))!;
     // One permit again (no `permits` field), the same slot (never given back: bodiesRunning stayed 1),
     // the entry claimed for the new run, and a fencing token drawn for it.
     expect(after[x.arn].M).toMatchObject({ [HOLDER_IN_BODY]: { N: '1' }, [HOLDER_CLAIMED]: { BOOL: true } });
@@ -625,7 +629,7 @@ test.each([
     await until(() => work.starts.length === 2, "X's body to start again");
     // The guard (run by the redrive's status event) has taken a permit for the new run, or claimed X's
     // entry for it, before Y starts: waited for, not timed, since a busy machine can delay it.
-    const entryOfNewRun = async () => (await sim.scan('WorkflowLockTable')).find((i) => i[LOCK_KEY]?.S === LOCK)?.[x.arn]?.M?.[HOLDER_REDRIVE_COUNT]?.N === '1';
+    const entryOfNewRun = async () => (await lockItem(sim))?.[x.arn]?.M?.[HOLDER_REDRIVE_COUNT]?.N === '1';
     await until(entryOfNewRun, 'the redrive guard to take a permit for the new run');
     const y = sim.startExecution(sm, { y: true }, { name: 'y' });
     const [xAgain, yDone] = await Promise.all([redriven, y.done]);
