@@ -1,6 +1,6 @@
 import { HistoryEvent } from '@aws-sdk/client-sfn';
 import { clock, document, errorName, Flow, stepFunctions } from '../client/effects';
-import { serveQueue } from '../client/queue-service';
+import { QueueServiceResult, serveQueue } from '../client/queue-service';
 import { deleteServedTicket, serveTicket } from '../client/ticket-queue';
 import {
   ACQUIRE_CONDITION,
@@ -304,7 +304,7 @@ export function* sweep(
       }
       if (!dryRun && Number(item[QUEUE_TAIL] ?? 0) > Number(item[QUEUE_HEAD] ?? 0) && !outOfTime()) {
         try {
-          const served = yield* serveQueue({ tableName: config.tableName, isGone: (arn, run) => isGone(config, arn, run) }, lockName);
+          const served = yield* serveWaiters(config, lockName);
           result.waitersRemoved += served.removed;
           result.waitersAdmitted += served.admitted;
         } catch (e) {
@@ -384,6 +384,15 @@ function* isGone(config: ReconcilerConfig, executionArn: string, run: number): F
   const described = yield* describe(executionArn);
   if (described.status === 'DOES_NOT_EXIST') return false;
   return described.redriveCount > run || RELEASABLE_STATUSES.includes(described.status);
+}
+
+/**
+ * Hand the permits the guard gave back to the lock's waiters, as the workflows' releases do (the
+ * guard's conditional releases ignore the queue): else a waiter sleeps beside a free permit until its
+ * `queueCheckInterval` or the next sweep. One consistent read when nobody waits.
+ */
+function* serveWaiters(config: ReconcilerConfig, lockName: string): Flow<QueueServiceResult> {
+  return yield* serveQueue({ tableName: config.tableName, isGone: (arn, run) => isGone(config, arn, run) }, lockName);
 }
 
 /** What DescribeExecution says: status (DOES_NOT_EXIST for one it does not find), run, input. */
@@ -540,6 +549,8 @@ function* release(
  * its RUNNING status-change event, if that run still runs inside the body: take a permit for it again
  * (or claim the one it still holds, for its new run); if every permit is taken, stop it (error
  * `SemaphoreRedriveRejected`). Redriven outside the body, the workflow takes or gives back its own.
+ * Permits it gives back (a run that finished meanwhile, what is left of an entry being handed on) go
+ * to the lock's waiters, as a release's would.
  *
  * It decides only on what it can trust: a description or a history that does not show this run yet
  * (both are eventually consistent) makes it fail (`RedriveUndecided`), so that Lambda invokes it again;
@@ -599,6 +610,7 @@ function* guardRun(
   // Take a permit for this run; if it holds one (its cleanup never ran, or a sweep or the event came
   // first), claim it for this run, so that nothing that judged the run before frees it. A release
   // between the tries makes the acquire worth another go.
+  let gaveBack = false;
   for (let attempt = 0; attempt < 3; attempt++) {
     const now = new Date(yield* clock()).toISOString();
     let taken: boolean;
@@ -659,7 +671,7 @@ function* guardRun(
         // give back what is left, then take the whole weight again.
         if (weight > 1) {
           const partial = { [VALUES.one]: 1, [VALUES.weight]: weight, [VALUES.redriveCount]: redriveCount };
-          yield* conditionalUpdate(config, lockName, executionArn, RELEASE_UPDATE, RELEASE_PARTIAL_CONDITION, partial);
+          gaveBack = (yield* conditionalUpdate(config, lockName, executionArn, RELEASE_UPDATE, RELEASE_PARTIAL_CONDITION, partial)) || gaveBack;
         }
         continue;
       }
@@ -668,7 +680,7 @@ function* guardRun(
       // Finished meanwhile (the event was late, the body short): give it back rather than leak it.
       const after = yield* describe(executionArn);
       if (after.status !== 'RUNNING' && after.redriveCount === redriveCount) {
-        yield* release(config, lockName, executionArn, { acquiredAt: now, run: redriveCount });
+        if (yield* release(config, lockName, executionArn, { acquiredAt: now, run: redriveCount })) yield* serveWaiters(config, lockName);
         return { executionArn, resumedAt, action: 'permit taken again, then given back' };
       }
       return { executionArn, resumedAt, action: 'permit taken again' };
@@ -679,6 +691,8 @@ function* guardRun(
     error: 'SemaphoreRedriveRejected',
     cause: `Redriven at '${resumedAt}', inside the protected body, while every permit (or body slot) of lock '${lockName}' was taken`,
   });
+  // Permits it gave back on the way (an entry being handed on) go to the waiters, as a release's would.
+  if (gaveBack) yield* serveWaiters(config, lockName);
   return { executionArn, resumedAt, action: 'stopped' };
 }
 

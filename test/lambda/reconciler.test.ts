@@ -1,5 +1,13 @@
-import { ConditionalCheckFailedException, DynamoDBClient, GetItemCommand } from '@aws-sdk/client-dynamodb';
-import { DescribeExecutionCommand, ExecutionDoesNotExist, GetExecutionHistoryCommand, ListExecutionsCommand, SFNClient, StopExecutionCommand } from '@aws-sdk/client-sfn';
+import { ConditionalCheckFailedException, DeleteItemCommand, DynamoDBClient, GetItemCommand, UpdateItemCommand } from '@aws-sdk/client-dynamodb';
+import {
+  DescribeExecutionCommand,
+  ExecutionDoesNotExist,
+  GetExecutionHistoryCommand,
+  ListExecutionsCommand,
+  SendTaskSuccessCommand,
+  SFNClient,
+  StopExecutionCommand,
+} from '@aws-sdk/client-sfn';
 import { DynamoDBDocumentClient, ScanCommand, UpdateCommand } from '@aws-sdk/lib-dynamodb';
 import { mockClient } from 'aws-sdk-client-mock';
 import { GRACE_MS, GUARD_PATIENCE_MS } from '../../lambda/reconciler-flows';
@@ -15,7 +23,11 @@ import {
   RELEASE_SEEN_HOLDER_CONDITION,
   RELEASE_UPDATE,
   RETAKE_PERMIT_IN_SLOT_CONDITION,
+  RELEASE_PARTIAL_CONDITION,
   RETAKE_PERMIT_IN_SLOT_UPDATE,
+  ticketKey,
+  WEIGHTED_ACQUIRE_CONDITION,
+  WEIGHTED_CLAIM_CONDITION,
 } from '../../src/private/lock-schema';
 import { RATE_HOLD_STATES, STATE } from '../../src/private/state-names';
 
@@ -570,6 +582,71 @@ describe('redrive guard', () => {
       ConditionExpression: RELEASE_SEEN_HOLDER_CONDITION,
       ExpressionAttributeValues: { ':acquiredAt': (take.ExpressionAttributeValues as any)[':entry'].acquiredAt, ':redriveCount': 1 },
     });
+  });
+
+  test('hands the permit it gave back to the oldest waiter and wakes it, as a release would', async () => {
+    history('r8', 'Do Work');
+    sfn
+      .on(DescribeExecutionCommand, { executionArn: exec('r8') })
+      .resolvesOnce({ status: 'RUNNING', redriveCount: 1 })
+      .resolves({ status: 'SUCCEEDED', redriveCount: 1 });
+    statuses({ [exec('waiter')]: 'RUNNING' });
+    sfn.on(SendTaskSuccessCommand).resolves({});
+    ddb.on(UpdateCommand).resolves({});
+    // The lock after the give-back: a permit free, ticket 4 waiting (then, once admitted, nobody).
+    const lock = { lockName: { S: 'db' }, permitsInUse: { N: '1' }, concurrencyLimit: { N: '2' }, fencingToken: { N: '7' }, queueHead: { N: '3' } };
+    raw
+      .on(GetItemCommand, { Key: { lockName: { S: 'db' } } })
+      .resolvesOnce({ Item: { ...lock, queueTail: { N: '4' } } })
+      .resolves({ Item: { ...lock, queueHead: { N: '4' }, queueTail: { N: '4' } } });
+    const ticket = { lockName: { S: ticketKey('db', 4) }, waiter: { S: exec('waiter') }, redriveCount: { N: '0' }, waitToken: { S: 'token-4' } };
+    raw.on(GetItemCommand, { Key: { lockName: { S: ticketKey('db', 4) } } }).resolves({ Item: ticket });
+    raw.on(UpdateItemCommand).callsFake((input) => (input.ReturnValues === 'ALL_NEW' ? { Attributes: { ...ticket, servedBy: input.ExpressionAttributeValues[':servedBy'] } } : {}));
+
+    expect((await guard(redriven('r8'))).action).toBe('permit taken again, then given back');
+    expect(sfn.commandCalls(SendTaskSuccessCommand).map((c) => c.args[0].input)).toEqual([{ taskToken: 'token-4', output: JSON.stringify({ fencingToken: 8 }) }]);
+    const admit = raw.commandCalls(UpdateItemCommand).map((c) => c.args[0].input).find((i) => i.Key!.lockName.S === 'db')!;
+    expect(admit.ExpressionAttributeNames!['#next']).toBe(exec('waiter'));
+    expect(admit.ExpressionAttributeValues).toMatchObject({ ':permits': { N: '1' }, ':permitsAfter': { N: '2' }, ':head': { N: '3' }, ':nextTicket': { N: '4' } });
+    expect(raw.commandCalls(DeleteItemCommand).map((c) => c.args[0].input.Key)).toEqual([{ lockName: { S: ticketKey('db', 4) } }]);
+  });
+
+  test('leaves the queue alone when it gave nothing back (the holder was gone meanwhile)', async () => {
+    history('r8', 'Do Work');
+    sfn
+      .on(DescribeExecutionCommand, { executionArn: exec('r8') })
+      .resolvesOnce({ status: 'RUNNING', redriveCount: 1 })
+      .resolves({ status: 'SUCCEEDED', redriveCount: 1 });
+    ddb.on(UpdateCommand).resolvesOnce({}).rejects(conditionFailed());
+
+    expect((await guard(redriven('r8'))).action).toBe('permit taken again, then given back');
+    expect(raw.commandCalls(GetItemCommand)).toHaveLength(0);
+  });
+
+  test('weighted: gives back what is left of an entry being handed on, and when it then cannot take the whole weight, stops the run and serves the queue', async () => {
+    process.env.PERMITS = '2';
+    try {
+      history('r9', 'Do Work');
+      ddb.on(UpdateCommand, { ConditionExpression: WEIGHTED_ACQUIRE_CONDITION }).rejectsOnce(ownEntry()).rejects(conditionFailed());
+      ddb.on(UpdateCommand, { ConditionExpression: WEIGHTED_CLAIM_CONDITION }).rejects(conditionFailed());
+      ddb.on(UpdateCommand, { ConditionExpression: RELEASE_PARTIAL_CONDITION }).resolves({});
+
+      expect((await guard(redriven('r9'))).action).toBe('stopped');
+      expect(ddb.commandCalls(UpdateCommand).map((c) => c.args[0].input.ConditionExpression)).toEqual([
+        WEIGHTED_ACQUIRE_CONDITION,
+        WEIGHTED_CLAIM_CONDITION,
+        RELEASE_PARTIAL_CONDITION,
+        WEIGHTED_ACQUIRE_CONDITION,
+        WEIGHTED_ACQUIRE_CONDITION,
+      ]);
+      expect(sfn.commandCalls(StopExecutionCommand)).toHaveLength(1);
+      // The permits it gave back: the queue's service reads the lock (nobody waits in this mock).
+      expect(raw.commandCalls(GetItemCommand).map((c) => c.args[0].input)).toEqual([
+        { TableName: 'locks', Key: { lockName: { S: 'db' } }, ConsistentRead: true },
+      ]);
+    } finally {
+      delete process.env.PERMITS;
+    }
   });
 
   test('F4: fails (so that Lambda invokes it again) on a description or a history that does not show the redrive yet', async () => {
