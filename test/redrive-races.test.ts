@@ -159,8 +159,19 @@ test('F3: a releaser redriven after its wake-up was delivered does not take back
   const { stack, workflow, workFunctionId } = workflowStack({ concurrencyLimit: 1, reconcilerScheduleEnabled: false });
   const work = new WorkTracker((input) => input.seconds);
   let stopAfterDelivery = true;
+  let rInside = false;
   const sim: Simulator = await Simulator.start(stack, {
-    lambdaHandlers: { [workFunctionId]: work.handler },
+    lambdaHandlers: {
+      // r's body stays inside until b waits on its ticket (however slow the machine), so that r's release wakes b.
+      [workFunctionId]: async (input, context) => {
+        if (input.untilQueued) {
+          rInside = true;
+          const queued = async () => (await context.simulator.scan(TABLE)).some((i) => isTicketKey(i.lockName.S!) && i.waiter !== undefined);
+          await until(queued, 'b to wait on its ticket');
+        }
+        return work.handler(input, context);
+      },
+    },
     taskHandlers: {
       // The wake-up reaches the waiter, then the releaser is stopped before its task completes.
       [STATE.wakeNextWaiter]: async (input, { simulator, execution, signal }) => {
@@ -181,9 +192,9 @@ test('F3: a releaser redriven after its wake-up was delivered does not take back
   });
   try {
     const sm = sim.stateMachine(stateMachineLogicalId(workflow.stateMachine));
-    const r = sim.startExecution(sm, { seconds: 10 }, { name: 'r' });
+    const r = sim.startExecution(sm, { seconds: 10, untilQueued: true }, { name: 'r' });
     // Waits on states, not fixed times: a cold, busy machine runs the states slower against the compressed clock.
-    await until(() => work.byExecution.has(r.arn), 'r in the body');
+    await until(() => rInside, 'r in the body');
     const b = sim.startExecution(sm, { seconds: 200 }, { name: 'b' });
     await r.done;
     await until(() => work.byExecution.has(b.arn), 'b in the body');

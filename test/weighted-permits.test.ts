@@ -7,7 +7,7 @@ import { demoSubject } from '../demo/run';
 import { brokenInvariants, LockMonitor, runScenario } from '../simulator';
 import { ConcurrencyControlledWorkflow, IdempotencyKey, RateLimit, SemaphoreTable, WaitStrategy } from '../src';
 import { lockState, logicalId, simulate, stateMachineLogicalId, until, WORK_FUNCTION_TIMEOUT, WorkTracker, workflowStack } from './helpers';
-import { HOLDER_PERMITS } from '../src/private/lock-schema';
+import { HOLDER_PERMITS, isTicketKey } from '../src/private/lock-schema';
 import { STATE } from '../src/private/state-names';
 
 /*
@@ -522,13 +522,24 @@ test('a collector whose acquireTimeout passes fails with SemaphoreAcquireTimeout
     reconcilerScheduleEnabled: false,
   });
   const work = new WorkTracker((input) => input.seconds);
-  await simulate(stack, { timeScale: 0.05, lambdaHandlers: { [workFunctionId]: work.handler } }, async (sim) => {
+  let lightInside = false;
+  // The light one's body stays inside until the heavy one waits on its ticket (however slow the
+  // machine), so that its release hands the heavy one a permit.
+  const handler: typeof work.handler = async (input, context) => {
+    if (input.untilQueued) {
+      lightInside = true;
+      const queued = async () => (await context.simulator.scan('WorkflowLockTable')).some((i) => isTicketKey(i.lockName.S!) && i.waiter !== undefined);
+      await until(queued, 'the heavy one to wait on its ticket');
+    }
+    return work.handler(input, context);
+  };
+  await simulate(stack, { timeScale: 0.05, lambdaHandlers: { [workFunctionId]: handler } }, async (sim) => {
     const sm = sim.stateMachine(stateMachineLogicalId(workflow.stateMachine));
     // The hog holds 2 of 3 for longer than the heavy one will wait; a light one holds the third.
     const hog = sim.startExecution(sm, { weight: 2, seconds: 240 }, { name: 'hog' });
     await until(() => work.inside === 1, 'the hog inside');
-    const light = sim.startExecution(sm, { weight: 1, seconds: 5 }, { name: 'light' });
-    await until(() => work.inside === 2, 'the light one inside');
+    const light = sim.startExecution(sm, { weight: 1, seconds: 5, untilQueued: true }, { name: 'light' });
+    await until(() => lightInside, 'the light one inside');
     // The heavy one queues, is handed the light one's permit, and collects: it needs the hog's.
     const heavy = sim.startExecution(sm, { weight: 2, seconds: 5 }, { name: 'heavy' });
     const failed = await heavy.done;

@@ -509,7 +509,15 @@ describe('payload edges: the release needs 4 KiB beside the body\'s output', () 
   test('an output of 252 KiB comes through a hand-off; one at 256 KiB fails with States.DataLimitExceeded, and its permit is still freed', async () => {
     const { stack, workflow, workFunctionId } = workflowStack({ concurrencyLimit: 1 });
     const work = new WorkTracker(() => 2);
+    // The first body in stays inside until the other execution waits on its ticket (however slow the
+    // machine), so that its release hands the permit over.
+    let gated = false;
     const handler = async (input: any, context: TaskContext) => {
+      if (!gated) {
+        gated = true;
+        const queued = async () => (await context.simulator.scan('WorkflowLockTable')).some((i) => isTicketKey(i.lockName.S!) && i.waiter !== undefined);
+        await waitUntil(queued, 'the second execution to wait on its ticket');
+      }
       await work.handler(input, context);
       return outputOf(input.bytes);
     };
