@@ -4,7 +4,7 @@ import * as sfn from 'aws-cdk-lib/aws-stepfunctions';
 import * as tasks from 'aws-cdk-lib/aws-stepfunctions-tasks';
 import { main } from '../client/cli';
 import { demoSubject } from '../demo/run';
-import { brokenInvariants, LockMonitor, runScenario } from '../simulator';
+import { brokenInvariants, LockMonitor, runScenario, Simulator } from '../simulator';
 import { ConcurrencyControlledWorkflow, IdempotencyKey, RateLimit, SemaphoreTable, WaitStrategy } from '../src';
 import { lockState, logicalId, simulate, stateMachineLogicalId, until, WORK_FUNCTION_TIMEOUT, WorkTracker, workflowStack } from './helpers';
 import { HOLDER_PERMITS, isTicketKey } from '../src/private/lock-schema';
@@ -186,16 +186,27 @@ test.each([false, true])(
     const { stack, heavy, light, tableId, workFunctionId } = sharedLockStack();
     const work = new WorkTracker((input) => input.seconds);
     const limitOf = () => 4;
-    await simulate(stack, { timeScale: 0.05, lambdaHandlers: { [workFunctionId]: work.handler } }, async (sim) => {
+    // The heavy body stays inside until the three waiters wait on their tickets (however slow the machine).
+    let heavyInside = false;
+    const waiting = async (sim: Simulator) => (await sim.scan(tableId)).filter((i) => isTicketKey(i.lockName.S!) && i.waiter !== undefined).length === 3;
+    const handler: typeof work.handler = async (input, context) => {
+      if (input.untilQueued) {
+        heavyInside = true;
+        await until(() => waiting(context.simulator), 'three waiters on their tickets');
+      }
+      return work.handler(input, context);
+    };
+    await simulate(stack, { timeScale: 0.05, lambdaHandlers: { [workFunctionId]: handler } }, async (sim) => {
       const monitor = new LockMonitor(sim, tableId, limitOf).start(5);
       const heavySm = sim.stateMachine(stateMachineLogicalId(heavy.stateMachine));
       const lightSm = sim.stateMachine(stateMachineLogicalId(light.stateMachine));
-      const first = sim.startExecution(heavySm, { seconds: 20 });
-      await until(async () => work.inside === 1, 'the heavy execution inside');
-      // One light execution gets the last permit; three more queue behind it.
-      const lights = Array.from({ length: 4 }, () => sim.startExecution(lightSm, { seconds: 30 }));
-      await until(async () => work.inside === 2, 'a light execution inside');
-      await until(async () => (await sim.scan(tableId)).length === 4, 'three tickets taken');
+      const first = sim.startExecution(heavySm, { seconds: 20, untilQueued: true });
+      await until(async () => heavyInside, 'the heavy execution inside');
+      // One light execution gets the last permit; three more queue behind it. Its body (120 s) outlasts
+      // their hand-offs, so that four are inside at once.
+      const lights = Array.from({ length: 4 }, () => sim.startExecution(lightSm, { seconds: 120 }));
+      await until(async () => work.inside === 1, 'a light execution inside');
+      await until(() => waiting(sim), 'three tickets taken');
       if (stopped) first.abort();
       await Promise.all([first, ...lights].map((e) => e.done));
       await sim.idle();
@@ -203,9 +214,10 @@ test.each([false, true])(
 
       expect(first.status).toBe(stopped ? 'ABORTED' : 'SUCCEEDED');
       expect(lights.map((e) => e.status)).toEqual(Array(4).fill('SUCCEEDED'));
-      // The three waiters came in together, one permit each from the heavy holder, not by polling.
+      // The three waiters came in together, one permit each from the heavy holder, not by their checks
+      // (every 10 minutes) nor one by one as bodies ended (120 s each).
       const started = [...work.startedAt.entries()].filter(([arn]) => arn !== first.arn).map(([, t]) => t).sort();
-      expect(started[3] - started[1]).toBeLessThan(5_000);
+      expect(started[3] - started[1]).toBeLessThan(60_000);
       // The releaser: the execution itself, or its cleanup.
       const handsOffOne = (e: { stateTransitions: Map<string, number> }) =>
         [...e.stateTransitions.keys()].some((n) => n.startsWith(STATE.handOffOne));
