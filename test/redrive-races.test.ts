@@ -221,7 +221,9 @@ test('F3: a releaser redriven after its wake-up was delivered does not take back
 
 test('F4: the redrive guard does not trust a history that does not show the redrive yet: it tries again and takes the permit', async () => {
   const { stack, workflow, workFunctionId } = workflowStack({ concurrencyLimit: 1 });
-  const work = new WorkTracker((input, run) => (run === 1 ? input.seconds : 120));
+  // The redriven body (600 s) outlasts the guard's retry a minute later and its first load of the
+  // reconciler's code, however slow the machine.
+  const work = new WorkTracker((input, run) => (run === 1 ? input.seconds : 600));
   const sim = await Simulator.start(stack, { lambdaHandlers: { [workFunctionId]: work.handler } });
   try {
     const sm = sim.stateMachine(stateMachineLogicalId(workflow.stateMachine));

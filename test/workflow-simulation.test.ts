@@ -453,8 +453,9 @@ test('a duplicated status-change event never frees a permit twice', async () => 
     expect(cleanupExecutions(sim, workflow)).toHaveLength(2); // delivered twice, freed once
     expect(await lockState(sim)).toEqual([{ lockName: 'TestStack/Workflow', permitsInUse: 0, holders: [] }]);
 
-    // Two other executions now hold both permits; the stale event arrives again, twice more.
-    const holders = [sim.startExecution(sm, { seconds: 50 }), sim.startExecution(sm, { seconds: 50 })];
+    // Two other executions now hold both permits (for 600 s, which outlasts two cleanups however slow
+    // the machine); the stale event arrives again, twice more.
+    const holders = [sim.startExecution(sm, { seconds: 600 }), sim.startExecution(sm, { seconds: 600 })];
     // Waited for, not timed (a busy machine stretches the simulated seconds the states and the cleanups take).
     await waitUntil(() => holders.every((h) => work.byExecution.has(h.arn)), 'both holders in their body');
     const abortEvent = sim.events.find((ev) => ev.detail.executionArn === aborted.arn && ev.detail.status === 'ABORTED')!;
