@@ -8,7 +8,7 @@ import { SendTaskSuccessCommand, SFNClient } from '@aws-sdk/client-sfn';
 import { stateMachineLogicalId, until, WorkTracker, workflowStack } from './helpers';
 import { defaultOwner, main, parseDuration } from '../client/cli';
 import { SemaphoreClient } from '../client/semaphore-client';
-import { Simulator } from '../simulator';
+import { Execution, Simulator } from '../simulator';
 import { DELETE_SERVED_CONDITION, HAND_OFF_UPDATE, PEEK_UPDATE, RELEASE_UPDATE, SERVE_TICKET_UPDATE, ticketKey } from '../src/private/lock-schema';
 
 /*
@@ -238,6 +238,11 @@ async function executionInside() {
   return execution;
 }
 
+/** Whether a wait of the execution in the queue ended because it was woken (SendTaskSuccess), rather than by its timeout. */
+function wokenInQueue(execution: Execution): boolean {
+  return execution.history.some((h) => h.type === 'TaskSucceeded' && ['Wait In Queue', 'Wait In Queue Again'].includes(h.state ?? ''));
+}
+
 async function finishExecution(execution: Awaited<ReturnType<typeof executionInside>>) {
   finishBody!();
   finishBody = undefined;
@@ -278,7 +283,8 @@ describe('CLI holders and workflow executions share one lock', () => {
     expect(execution.status).toBe('SUCCEEDED');
     expect(work.byExecution.get(execution.arn)).toBe(1);
     // Woken, not found by a timed-out wait: the permit went straight to it, and nothing else took it.
-    expect(execution.stateTransitions.has('Wait In Queue Again')).toBe(false);
+    // (A loaded machine may let a wait time out first, 3 s of real time: it then waits again, and is woken there.)
+    expect(wokenInQueue(execution)).toBe(true);
     expect(execution.stateTransitions.has('Check Handed-Off Permit Again')).toBe(false);
     expect(execution.stateTransitions.has('Acquire Permit')).toBe(true);
   });
@@ -295,12 +301,12 @@ describe('CLI holders and workflow executions share one lock', () => {
     expect(released.stderr.trim()).toMatch(
       new RegExp(`^cdk-sfn-semaphore: ${LOCK}: warning: handed the permit to the queued execution ${execution.arn} but could not wake it \\(.*\\); it finds the permit when its queueCheckInterval ends .*SemaphoreTable.grantClient\\)$`),
     );
-    // Its wait times out (5 simulated minutes); it claims the permit handed to it and goes in.
+    // Its wait times out (5 simulated minutes); it claims the permit handed to it and goes in, never woken.
     await execution.done;
     expect(execution.status).toBe('SUCCEEDED');
-    expect(execution.stateTransitions.get('Poll For Permit Again')).toBe(1);
-    expect(execution.stateTransitions.get('Check Handed-Off Permit Again')).toBe(1);
-    expect(execution.stateTransitions.has('Wait In Queue Again')).toBe(false);
+    expect(execution.stateTransitions.get('Poll For Permit Again')).toBeGreaterThanOrEqual(1);
+    expect(execution.stateTransitions.get('Check Handed-Off Permit Again')).toBeGreaterThanOrEqual(1);
+    expect(wokenInQueue(execution)).toBe(false);
   });
 
   test('an acquire whose write landed but whose response was lost finds its own lease and a fencing token', async () => {
