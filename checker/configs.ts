@@ -19,6 +19,8 @@ export interface CheckerConfig {
   readonly clients?: number;
   /** How many permits each client lease takes. @default 1 */
   readonly clientPermits?: number;
+  /** A client refused while executions queue goes next (registers as the collector), as the CLI's waiting acquire. @default false */
+  readonly clientCollects?: boolean;
   readonly budget: Budget;
   /**
    * The widest window of ticket numbers its worlds may name (see canonicalTickets in model.ts).
@@ -157,6 +159,18 @@ export const CONFIGS: CheckerConfig[] = [
     executions: 1,
     clients: 1,
     budget: { ...NO_FAULTS, stops: 1, sweeps: 1, ticks: 1 },
+  },
+  {
+    name: 'client-collects',
+    shard: 1,
+    description:
+      'queue, limit 1, 2 executions and a client lease that finds them queued and goes next (registers as the collector): ' +
+      'the client crashing while it collects or holds, or an execution stopped (the fair run sweeps)',
+    workflow: { ...QUEUE, concurrencyLimit: 1 },
+    executions: 2,
+    clients: 1,
+    clientCollects: true,
+    budget: { ...NO_FAULTS, stops: 1 },
   },
   {
     name: 'two-clients',

@@ -3,7 +3,7 @@ import { AslHost, BranchEnd, isEnd, Leaf, Thread } from './asl';
 import { AttributeValue, clone, DynamoDbError, Item, ModelDynamoDb, stableStringify, UpdateItemInput } from './dynamodb-model';
 import { BODY_TASK, MachineInfo, System } from './system';
 import { Effect, Flow } from '../client/effects';
-import { acquireAttempt, ClientProtocolOptions, releaseHolder } from '../client/semaphore-client';
+import { abandonCollecting, acquireAttempt, ClientProtocolOptions, completeCollecting, registerCollector, releaseHolder, shouldCollect } from '../client/semaphore-client';
 import { guardRedrive, sweep } from '../lambda/reconciler-flows';
 import { stepFunctionsDynamoErrorName } from '../simulator/dynamodb';
 import {
@@ -198,6 +198,12 @@ export interface ModelOptions {
   readonly clients?: number;
   /** How many permits each client lease takes (`--permits`); its release hands them on one at a time. @default 1 */
   readonly clientPermits?: number;
+  /**
+   * A client refused while executions queue goes next, as the CLI's waiting acquire does: it registers as
+   * the lock's collector, looks up to twice whether its permits are free (it may crash between looks), and
+   * gives its place up if not. @default false: it acquires once
+   */
+  readonly clientCollects?: boolean;
   readonly budget: Budget;
   /** Told of every UpdateItem the model evaluates (for the conformance test against dynalite). */
   readonly onUpdateItem?: (call: RecordedUpdate) => void;
@@ -259,6 +265,10 @@ export const TICK_MS = 15 * 60 * 1000;
 const CLIENT_LEASE_SECONDS = 60;
 /** Effect a client flow yields while it holds its permit; its next step releases. */
 const HOLDING = { service: 'model', action: 'hold' } as unknown as Effect;
+/** Effect a client flow yields between the looks of its collection; its next step looks again. */
+const COLLECTING = { service: 'model', action: 'collect' } as unknown as Effect;
+/** How many times a collecting client looks whether its permits are free before it gives its place up. */
+const CLIENT_LOOKS = 2;
 
 
 export class Model {
@@ -758,11 +768,24 @@ export class Model {
         const lockName = this.s.lockName;
         const limit = this.s.limit;
         const permits = this.options.clientPermits ?? 1;
+        const collects = this.options.clientCollects ?? false;
+        const leaseId = actor.args.leaseId;
         return (function* life(): Flow<unknown> {
-          const attempt = yield* acquireAttempt(options, lockName, actor.args.leaseId, { limit, leaseSeconds: CLIENT_LEASE_SECONDS, permits });
-          if (!attempt.lease) return 'not acquired';
+          const attempt = yield* acquireAttempt(options, lockName, leaseId, { limit, leaseSeconds: CLIENT_LEASE_SECONDS, permits });
+          let lease = attempt.lease;
+          if (!lease && collects && shouldCollect(attempt.item)) {
+            if (!(yield* registerCollector(options, lockName, leaseId, { limit, permits }))) return 'not acquired';
+            for (let look = 0; look < CLIENT_LOOKS && !lease; look++) {
+              yield COLLECTING;
+              const collected = yield* completeCollecting(options, lockName, leaseId, { limit, leaseSeconds: CLIENT_LEASE_SECONDS, permits });
+              if (collected.gone) return 'registration reclaimed';
+              lease = collected.lease;
+            }
+            if (!lease) return (yield* abandonCollecting(options, lockName, leaseId)) ? 'gave its place up' : 'registration reclaimed';
+          }
+          if (!lease) return 'not acquired';
           yield HOLDING;
-          return yield* releaseHolder(options, lockName, actor.args.leaseId, permits > 1);
+          return yield* releaseHolder(options, lockName, leaseId, permits > 1);
         })();
       }
     }
@@ -823,6 +846,13 @@ export class Model {
           this.advance(w, a);
         }),
       );
+    if ((effect as unknown) === COLLECTING) {
+      answer('looks whether its permits are free', () => ({ ok: undefined }));
+      if (world.budget.stops > 0) {
+        steps.push(this.mutate(world, `${actor.id}: crashes while it collects`, (w) => (w.budget.stops--, (w.actors = w.actors.filter((a) => a.id !== actor.id)))));
+      }
+      return steps;
+    }
     if ((effect as unknown) === HOLDING) {
       answer('gives its permit back', () => ({ ok: undefined }));
       if (world.budget.stops > 0) {

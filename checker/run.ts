@@ -31,9 +31,9 @@ export interface CheckOptions extends SearchOptions {
 export function checkConfig(config: CheckerConfig, options: CheckOptions = {}): SearchResult {
   const built = buildSystem(config.workflow);
   const system = options.mutate ? options.mutate(built) : built;
-  const { executions, clients, clientPermits, budget } = config;
+  const { executions, clients, clientPermits, clientCollects, budget } = config;
   const ticketWindow = options.ticketWindow ?? config.ticketWindow;
-  const model = new Model({ system, executions, clients, clientPermits, budget, onUpdateItem: options.onUpdateItem, ticketWindow });
+  const model = new Model({ system, executions, clients, clientPermits, clientCollects, budget, onUpdateItem: options.onUpdateItem, ticketWindow });
   return search(model, options);
 }
 

@@ -60,7 +60,9 @@ ${COMMON_HELP}`,
 
 Take a permit of LOCK and print its lease id. Without a renewal (see renew) the permit is free
 again when the lease ends. An expired lease of someone else is reclaimed once it ended more than
-the clock-skew margin ago (--clock-skew, default 30s). While it waits, it says so on stderr.
+the clock-skew margin ago (--clock-skew, default 30s). While it waits, it says so on stderr. On a
+lock where executions queue, a waiting acquire goes next: it registers as the lock's collector, and
+the permits given back then go to it rather than to the queue (one collector at a time).
 
   --limit N       the concurrency limit; default: the lock's limit, else 1. The lock's limit (the
                   workflows', stored on the lock) still applies: --limit can lower it, not raise it
@@ -354,7 +356,8 @@ function limitReporter(lock: string, options: CliAcquireOptions, io: CliIo) {
     if (waiting) return;
     waiting = true;
     const until = options.wait === 'forever' ? 'until one is free' : `up to ${options.wait}`;
-    io.stderr(`${NAME}: ${lock}: ${state.permitsInUse} of ${state.limit} permits in use, waiting ${until}`);
+    const next = state.next ? ', next in line (executions are queued: the permits given back go to it first)' : '';
+    io.stderr(`${NAME}: ${lock}: ${state.permitsInUse} of ${state.limit} permits in use, waiting ${until}${next}`);
   };
   return { check, onWait, onRetry };
 }
@@ -415,7 +418,8 @@ async function printStatus(client: SemaphoreClient, lock: string, json: boolean,
   io.stdout(`${lock}: ${status.permitsInUse} of ${status.limit ?? '?'} permits in use${rate}${queued}${slots}`);
   if (status.holders.length === 0) return EXIT.ok;
   const withRate = status.rateIntervalSeconds !== undefined;
-  const rows = status.holders.map((h) => [h.kind, h.id, String(h.permits), h.owner ?? '', age(h.ageSeconds), lease(h), ...(withRate ? [rateHold(h)] : [])]);
+  const permits = (h: HolderStatus) => (h.collecting ? `${h.permits} (next: collecting)` : String(h.permits));
+  const rows = status.holders.map((h) => [h.kind, h.id, permits(h), h.owner ?? '', age(h.ageSeconds), lease(h), ...(withRate ? [rateHold(h)] : [])]);
   const header = ['KIND', 'HOLDER', 'PERMITS', 'OWNER', 'AGE', 'LEASE', ...(withRate ? ['RATE HOLD'] : [])];
   const widths = header.map((title, i) => Math.max(title.length, ...rows.map((r) => r[i].length)));
   for (const row of [header, ...rows]) io.stdout(row.map((cell, i) => cell.padEnd(widths[i])).join('  ').trimEnd());

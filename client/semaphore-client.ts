@@ -2,7 +2,7 @@ import { randomUUID } from 'crypto';
 import { AttributeValue, DynamoDBClient } from '@aws-sdk/client-dynamodb';
 import { SFNClient } from '@aws-sdk/client-sfn';
 import { clock, dynamodb, errorName, Flow, runFlow, stepFunctions, uuid } from './effects';
-import { serveQueue } from './queue-service';
+import { QueueServiceResult, serveQueue } from './queue-service';
 import { deleteServedTicket, readTicket, serveTicket, waitingTickets } from './ticket-queue';
 import {
   BODIES_RUNNING,
@@ -14,7 +14,15 @@ import {
   CLIENT_ACQUIRE_UPDATE,
   CLIENT_WEIGHTED_ACQUIRE_CONDITION,
   CLIENT_WEIGHTED_ACQUIRE_UPDATE,
+  CLIENT_COMPLETE_COLLECTOR_CONDITION,
+  CLIENT_COMPLETE_COLLECTOR_UPDATE,
+  CLIENT_REGISTER_COLLECTOR_CONDITION,
+  CLIENT_REGISTER_COLLECTOR_UPDATE,
+  CLIENT_RENEW_COLLECTOR_CONDITION,
+  CLIENT_RENEW_COLLECTOR_UPDATE,
+  CLIENT_WEIGHTED_COMPLETE_COLLECTOR_UPDATE,
   CONCURRENCY_LIMIT,
+  HOLDER_COLLECTING,
   HOLDER_EXTRA_PERMITS,
   HOLDER_PERMITS,
   MAX_PERMITS,
@@ -147,6 +155,8 @@ export interface WaitState {
   readonly limit: number;
   /** The limit stored on the lock item, if any. */
   readonly lockLimit?: number;
+  /** It goes next: registered as the lock's collector, executions queued behind it (see registerCollector). */
+  readonly next?: boolean;
 }
 
 export interface Lease {
@@ -177,8 +187,13 @@ export interface HolderStatus {
   readonly leaseSeconds?: number;
   /** Leases: whether it ended more than the clock-skew margin ago (an acquirer may reclaim it). */
   readonly expired: boolean;
-  /** How many of the lock's permits it holds (a weighted acquisition's, else 1). */
+  /** How many of the lock's permits it holds (a weighted acquisition's, else 1; 0 while it collects). */
   readonly permits: number;
+  /**
+   * A lease that waits as the lock's collector (a client that goes next, or a weighted execution woken
+   * with one of its permits): the releases give their permits to it until it has them all.
+   */
+  readonly collecting?: boolean;
   /**
    * On a lock with a rate: its acquire plus the rate's interval, epoch milliseconds. Until then its
    * permits stay held whether or not its work has ended. (An execution's interval runs from its body's
@@ -214,7 +229,7 @@ export interface LockStatus {
   readonly holders: HolderStatus[];
   /**
    * How many tickets wait in the lock's queue: while there are any, every permit given back goes to
-   * their executions, and a client acquire waits until the queue is empty.
+   * their executions, unless a collector (a client that waits, or a weighted execution) is short of permits.
    */
   readonly waiting: number;
   /** The executions of the oldest waiting tickets (at most STATUS_WAITERS), oldest first. */
@@ -271,31 +286,74 @@ export class SemaphoreClient {
     if (permits > limit) throw new Error(`the permits (${permits}) must be at most the limit (${limit}): they could never all be free`);
     const leaseSeconds = Math.max(options.leaseSeconds ?? 900, numberOf(lock?.[RATE_INTERVAL]) ?? 0);
     const leaseId = `${LEASE_ID_PREFIX}${randomUUID()}`;
-
-    for (;;) {
-      const attempt = await this.run(acquireAttempt(this.protocol(), lockName, leaseId, { limit, leaseSeconds, owner: options.owner, permits }));
-      if (attempt.lease) return attempt.lease;
-      // The lock's limit was lowered since it was read: a weighted acquire then applies it.
-      const seen = numberOf(attempt.item?.[CONCURRENCY_LIMIT]);
-      if (permits > 1 && seen !== undefined && seen < limit) {
-        if (permits > seen) throw new Error(`the permits (${permits}) are more than the lock's limit (${seen}): they could never all be free`);
-        limit = seen;
-        continue;
+    const protocol = this.protocol();
+    // Registered as the lock's collector (it goes next: see registerCollector), under this limit.
+    let collecting: number | undefined;
+    const registrationSeconds = Math.max(COLLECTOR_LEASE_SECONDS, Math.ceil((3 * pollMillis) / 1000));
+    // A wait that ends while registered gives the registration (and whatever it collected) up.
+    const giveUp = async (): Promise<void> => {
+      if (collecting === undefined) return;
+      collecting = undefined;
+      await this.run(abandonCollecting(protocol, lockName, leaseId)).catch((e) => this.warn(`could not give up waiting as the collector of ${lockName}: ${e}`));
+    };
+    try {
+      for (;;) {
+        const attempt: AcquireAttempt & CollectAttempt =
+          collecting === undefined
+            ? await this.run(acquireAttempt(protocol, lockName, leaseId, { limit, leaseSeconds, owner: options.owner, permits }))
+            : await this.run(completeCollecting(protocol, lockName, leaseId, { limit: collecting, leaseSeconds, permits, registrationSeconds }));
+        if (attempt.lease) return attempt.lease;
+        if (attempt.gone) collecting = undefined;
+        const seen = numberOf(attempt.item?.[CONCURRENCY_LIMIT]);
+        // A registration whose response was lost: collect under the limit it was made with, or the smaller.
+        if (attempt.collecting) collecting = Math.min(limit, seen ?? limit);
+        // The lock's limit was lowered below the one the registration's gate came from: register again.
+        if (collecting !== undefined && seen !== undefined && seen < collecting) await giveUp();
+        // The lock's limit was lowered since it was read: a weighted acquire then applies it.
+        if (collecting === undefined && permits > 1 && seen !== undefined && seen < limit) {
+          if (permits > seen) throw new Error(`the permits (${permits}) are more than the lock's limit (${seen}): they could never all be free`);
+          limit = seen;
+          continue;
+        }
+        if (attempt.reclaimed || attempt.gone) continue;
+        // A failed call ends the acquire unless it may pass (throttling, a server or network error) and
+        // there is time left to try again.
+        if (attempt.failure !== undefined) {
+          const left = deadline - Date.now();
+          if (!isTransient(attempt.failure) || left <= 0 || options.signal?.aborted) throw attempt.failure;
+          options.onRetry?.(attempt.failure as Error);
+          await sleep(Math.min(left, pollMillis / 2 + Math.random() * (pollMillis / 2)), options.signal);
+          continue;
+        }
+        const remaining = deadline - Date.now();
+        if (remaining <= 0 || options.signal?.aborted) {
+          await giveUp();
+          return undefined;
+        }
+        // Executions queue on the lock: go next rather than poll beside a queue that takes every permit.
+        if (collecting === undefined && shouldCollect(attempt.item)) {
+          const gateLimit = Math.min(limit, seen ?? limit);
+          try {
+            if (await this.run(registerCollector(protocol, lockName, leaseId, { limit: gateLimit, owner: options.owner, permits, registrationSeconds }))) {
+              collecting = gateLimit;
+              continue;
+            }
+          } catch (e) {
+            // Perhaps registered (a lost response): the next attempt finds the entry and collects.
+            if (!isTransient(e)) throw e;
+            options.onRetry?.(e as Error);
+          }
+        }
+        options.onWait?.({
+          permitsInUse: Number(attempt.item?.[PERMITS_IN_USE]?.N ?? 0),
+          ...limits(limit, attempt.item),
+          ...(collecting === undefined ? {} : { next: true }),
+        });
+        await sleep(Math.min(remaining, pollMillis / 2 + Math.random() * (pollMillis / 2)), options.signal);
       }
-      if (attempt.reclaimed) continue;
-      // A failed call ends the acquire unless it may pass (throttling, a server or network error) and
-      // there is time left to try again.
-      if (attempt.failure !== undefined) {
-        const left = deadline - Date.now();
-        if (!isTransient(attempt.failure) || left <= 0 || options.signal?.aborted) throw attempt.failure;
-        options.onRetry?.(attempt.failure as Error);
-        await sleep(Math.min(left, pollMillis / 2 + Math.random() * (pollMillis / 2)), options.signal);
-        continue;
-      }
-      const remaining = deadline - Date.now();
-      if (remaining <= 0 || options.signal?.aborted) return undefined;
-      options.onWait?.({ permitsInUse: Number(attempt.item?.[PERMITS_IN_USE]?.N ?? 0), ...limits(limit, attempt.item) });
-      await sleep(Math.min(remaining, pollMillis / 2 + Math.random() * (pollMillis / 2)), options.signal);
+    } catch (e) {
+      await giveUp();
+      throw e;
     }
   }
 
@@ -369,6 +427,7 @@ export class SemaphoreClient {
         leaseSeconds: entry[HOLDER_LEASE_SECONDS]?.N === undefined ? undefined : Number(entry[HOLDER_LEASE_SECONDS].N),
         expired: !isExecutionHolder(id) && leaseExpiresAt !== undefined && leaseExpiresAt + this.skewMillis < now,
         permits: numberOf(entry[HOLDER_PERMITS]) ?? 1,
+        ...(entry[HOLDER_COLLECTING] === undefined ? {} : { collecting: true }),
         rateHoldEndsAt: rateHoldEndOf(entry, rateSeconds),
       });
     }
@@ -442,6 +501,8 @@ export interface AcquireAttempt {
   readonly reclaimed?: boolean;
   /** The lock as the attempt saw it, when it was full. */
   readonly item?: Record<string, AttributeValue>;
+  /** The lease id is registered as the lock's collector (a registration whose response was lost). */
+  readonly collecting?: boolean;
 }
 
 /**
@@ -494,15 +555,9 @@ export function* acquireAttempt(
   // Full, or the call failed: look (our write may have landed), and reclaim expired leases.
   const item = yield* getItem(options.tableName, lockName);
   const ours = item?.[leaseId]?.M;
-  if (ours) {
-    // Ours, but the response with its fencing token was lost: draw a fresh one.
-    const counter = { [VALUES.zero]: { N: '0' }, [VALUES.one]: { N: '1' } };
-    const drawn = yield* conditionalUpdate(options.tableName, lockName, leaseId, DRAW_FENCING_TOKEN_UPDATE, RELEASE_CONDITION, counter, 'UPDATED_NEW');
-    const fencingToken = numberOf(drawn?.[FENCING_TOKEN]);
-    const heldPermits = numberOf(ours[HOLDER_PERMITS]) ?? 1;
-    const lease = { lockName, leaseId, expiresAt: Number(ours[HOLDER_LEASE_EXPIRES_AT]?.N), fencingToken, permits: heldPermits };
-    return { lease: { ...lease, ...limits(request.limit, item) } };
-  }
+  // Its registration as the lock's collector (a write whose response was lost): it holds nothing yet.
+  if (ours?.[HOLDER_COLLECTING] !== undefined) return { item, collecting: true };
+  if (ours) return { lease: yield* ownLease(options, lockName, leaseId, ours, request.limit, item) };
   if (failure !== undefined) return { failure };
   if (item && (yield* reclaimExpired(options, lockName, item)) > 0) {
     // Permits freed this way go to the lock's waiters first, as a release would hand them over.
@@ -513,6 +568,137 @@ export function* acquireAttempt(
     return { reclaimed: true };
   }
   return { item };
+}
+
+/** Its own entry, taken by a write whose response was lost: a lease with a fresh fencing token. */
+function* ownLease(
+  options: ClientProtocolOptions,
+  lockName: string,
+  leaseId: string,
+  ours: Record<string, AttributeValue>,
+  limit: number,
+  item: Record<string, AttributeValue> | undefined,
+): Flow<Lease> {
+  const counter = { [VALUES.zero]: { N: '0' }, [VALUES.one]: { N: '1' } };
+  const drawn = yield* conditionalUpdate(options.tableName, lockName, leaseId, DRAW_FENCING_TOKEN_UPDATE, RELEASE_CONDITION, counter, 'UPDATED_NEW');
+  const fencingToken = numberOf(drawn?.[FENCING_TOKEN]);
+  const heldPermits = numberOf(ours[HOLDER_PERMITS]) ?? 1;
+  return { lockName, leaseId, expiresAt: Number(ours[HOLDER_LEASE_EXPIRES_AT]?.N), fencingToken, permits: heldPermits, ...limits(limit, item) };
+}
+
+/*
+ * A client that waits on a lock whose executions queue goes next (lock-schema.ts,
+ * CLIENT_REGISTER_COLLECTOR): it registers as the lock's collector, the releases give their permits
+ * back to it instead of handing them on, and it completes once enough are free. One collector at a
+ * time: a client that finds another collecting polls as before.
+ */
+
+/**
+ * How long a client's registration as collector lasts, seconds (at least three of its polls): each look
+ * renews it once half has passed, so a client that crashed while registered holds the queue up at most
+ * this long (and the clock skew) until an acquirer or the reconciler's sweep reclaims it.
+ */
+export const COLLECTOR_LEASE_SECONDS = 60;
+
+/** Whether a client that waits should register as the lock's collector: executions queue, nobody collects, and no body limit is recorded (a client takes a body slot with its permits, which a collection does not wait for). */
+export function shouldCollect(item: Record<string, AttributeValue> | undefined): boolean {
+  const { head, tail } = waitingTickets(item);
+  return item !== undefined && head < tail && !(Number(item[COLLECTING]?.N ?? '0') > 0) && item[BODY_LIMIT] === undefined;
+}
+
+/** Register `leaseId` as the lock's collector of `permits` under `limit` (the smaller of the client's and the lock's); false when refused. */
+export function* registerCollector(
+  options: ClientProtocolOptions,
+  lockName: string,
+  leaseId: string,
+  request: { readonly limit: number; readonly owner?: string; readonly permits?: number; readonly registrationSeconds?: number },
+): Flow<boolean> {
+  const now = yield* clock();
+  const entry: Record<string, AttributeValue> = {
+    [HOLDER_ACQUIRED_AT]: { S: new Date(now).toISOString() },
+    [HOLDER_LEASE_EXPIRES_AT]: { N: String(now + (request.registrationSeconds ?? COLLECTOR_LEASE_SECONDS) * 1000) },
+    ...(request.owner ? { [HOLDER_OWNER]: { S: request.owner } } : {}),
+    [HOLDER_PERMITS]: { N: '0' },
+    [HOLDER_COLLECTING]: { N: '1' },
+  };
+  const values = { [VALUES.one]: { N: '1' }, [VALUES.gate]: { N: String(request.limit - (request.permits ?? 1)) }, [VALUES.entry]: { M: entry } };
+  return (yield* conditionalUpdate(options.tableName, lockName, leaseId, CLIENT_REGISTER_COLLECTOR_UPDATE, CLIENT_REGISTER_COLLECTOR_CONDITION, values)) !== undefined;
+}
+
+/** What one look of a registered collector came to. */
+export interface CollectAttempt {
+  /** Complete: the permits, and the lease. */
+  readonly lease?: Lease;
+  /** The write failed, and it is not ours: the caller decides whether to try again. */
+  readonly failure?: unknown;
+  /** The registration is gone (reclaimed once its lease had expired): start again. */
+  readonly gone?: boolean;
+  /** Expired leases were freed: worth looking again at once. */
+  readonly reclaimed?: boolean;
+  /** The lock as the look saw it, while still short. */
+  readonly item?: Record<string, AttributeValue>;
+}
+
+/**
+ * One look of a registered collector: complete if enough permits are free; else look at the lock (the
+ * write may have landed), renew the registration once half its lease has passed, and reclaim expired
+ * leases (their permits are the collector's).
+ */
+export function* completeCollecting(
+  options: ClientProtocolOptions,
+  lockName: string,
+  leaseId: string,
+  request: { readonly limit: number; readonly leaseSeconds: number; readonly permits?: number; readonly registrationSeconds?: number },
+): Flow<CollectAttempt> {
+  const permits = request.permits ?? 1;
+  const registrationMs = (request.registrationSeconds ?? COLLECTOR_LEASE_SECONDS) * 1000;
+  const now = yield* clock();
+  const expiresAt = now + request.leaseSeconds * 1000;
+  let failure: unknown;
+  try {
+    const done = yield* conditionalUpdate(
+      options.tableName,
+      lockName,
+      leaseId,
+      permits > 1 ? CLIENT_WEIGHTED_COMPLETE_COLLECTOR_UPDATE : CLIENT_COMPLETE_COLLECTOR_UPDATE,
+      CLIENT_COMPLETE_COLLECTOR_CONDITION,
+      {
+        [VALUES.one]: { N: '1' },
+        [VALUES.weight]: { N: String(permits) },
+        ...(permits > 1 ? { [VALUES.extra]: { N: String(permits - 1) } } : {}),
+        [VALUES.limit]: { N: String(request.limit) },
+        [VALUES.acquiredAt]: { S: new Date(now).toISOString() },
+        [VALUES.expiresAt]: { N: String(expiresAt) },
+      },
+      'UPDATED_NEW',
+    );
+    if (done) return { lease: { lockName, leaseId, expiresAt, fencingToken: numberOf(done[FENCING_TOKEN]), permits, ...limits(request.limit, done) } };
+  } catch (e) {
+    failure = e;
+  }
+  const item = yield* getItem(options.tableName, lockName);
+  const ours = item?.[leaseId]?.M;
+  if (ours && ours[HOLDER_COLLECTING] === undefined) return { lease: yield* ownLease(options, lockName, leaseId, ours, request.limit, item) };
+  if (failure !== undefined) return { failure };
+  if (!ours) return { gone: true, item };
+  if (Number(ours[HOLDER_LEASE_EXPIRES_AT]?.N) - now < registrationMs / 2) {
+    const renewal = { [VALUES.expiresAt]: { N: String(now + registrationMs) } };
+    if (!(yield* conditionalUpdate(options.tableName, lockName, leaseId, CLIENT_RENEW_COLLECTOR_UPDATE, CLIENT_RENEW_COLLECTOR_CONDITION, renewal))) {
+      return { gone: true, item };
+    }
+  }
+  if (item && (yield* reclaimExpired(options, lockName, item)) > 0) return { reclaimed: true };
+  return { item };
+}
+
+/**
+ * A collector gives up (its wait ended): its entry goes with RELEASE_UPDATE (no permit, or all of them
+ * if a completion landed unseen), taking the lock's mark with it, and the permits given back to it go to
+ * the queue's waiters. What serving the queue did, or undefined when it had no entry.
+ */
+export function* abandonCollecting(options: ClientProtocolOptions, lockName: string, leaseId: string): Flow<QueueServiceResult | undefined> {
+  if (!(yield* conditionalUpdate(options.tableName, lockName, leaseId, RELEASE_UPDATE, RELEASE_CONDITION, { [VALUES.one]: { N: '1' } }))) return undefined;
+  return yield* serveQueue({ tableName: options.tableName, onWakeUpLost: options.onWakeUpLost }, lockName);
 }
 
 /**

@@ -3,11 +3,20 @@ import * as fs from 'fs';
 import * as http from 'http';
 import * as os from 'os';
 import * as path from 'path';
-import { DeleteItemCommand, DynamoDBClient, GetItemCommand, PutItemCommand } from '@aws-sdk/client-dynamodb';
+import { DeleteItemCommand, DynamoDBClient, GetItemCommand, PutItemCommand, UpdateItemCommand } from '@aws-sdk/client-dynamodb';
 import { SendTaskSuccessCommand, SFNClient } from '@aws-sdk/client-sfn';
 import { stateMachineLogicalId, until, WorkTracker, workflowStack } from './helpers';
 import { defaultOwner, main, parseDuration } from '../client/cli';
-import { SemaphoreClient } from '../client/semaphore-client';
+import { Flow, runFlow } from '../client/effects';
+import {
+  abandonCollecting,
+  acquireAttempt,
+  COLLECTOR_LEASE_SECONDS,
+  completeCollecting,
+  registerCollector,
+  SemaphoreClient,
+  shouldCollect,
+} from '../client/semaphore-client';
 import { Execution, Simulator } from '../simulator';
 import { DELETE_SERVED_CONDITION, HAND_OFF_UPDATE, PEEK_UPDATE, RELEASE_UPDATE, SERVE_TICKET_UPDATE, ticketKey } from '../src/private/lock-schema';
 
@@ -69,6 +78,31 @@ afterAll(async () => {
   fs.rmSync(tmp, { recursive: true, force: true });
   await sim.stop();
 });
+
+/** A plain DynamoDB client of the simulation's table. */
+function plainClient() {
+  return new DynamoDBClient({ endpoint: sim.db.endpoint, region: 'us-east-1', credentials: { accessKeyId: 'local', secretAccessKey: 'local' } });
+}
+
+/** `flow` with its clock `offsetMs` away from now. */
+function* atClock<T>(offsetMs: number, flow: Flow<T>): Flow<T> {
+  let step = flow.next();
+  while (!step.done) {
+    if (step.value.service === 'clock') {
+      step = flow.next(Date.now() + offsetMs);
+      continue;
+    }
+    let answer: unknown;
+    try {
+      answer = yield step.value;
+    } catch (e) {
+      step = flow.throw(e);
+      continue;
+    }
+    step = flow.next(answer);
+  }
+  return step.value;
+}
 
 function client(clockSkewSeconds?: number) {
   return new SemaphoreClient({
@@ -374,6 +408,84 @@ describe('CLI holders and workflow executions share one lock', () => {
     expect((await cli('release', LOCK, got.stdout.trim())).code).toBe(0);
   });
 
+  test('a CLI acquire that waits on a lock whose executions queue goes next: the permit given back goes to it, then the queue moves on', async () => {
+    const first = await executionInside();
+    const queued = sim.startExecution(sim.stateMachine(stateMachineLogicalId(workflowStateMachine())), { n: 3 });
+    await until(() => queued.stateTransitions.get('Wait In Queue') === 1, 'the execution queued');
+    const out: string[] = [];
+    const err: string[] = [];
+    const waiting = main(['acquire', LOCK, '--wait', '60s', '--owner', 'ci-job'], { stdout: (l) => out.push(l), stderr: (l) => err.push(l), env });
+    await until(() => err.length > 0, 'the CLI to say that it waits');
+    expect(err).toEqual([
+      `cdk-sfn-semaphore: ${LOCK}: 1 of 1 permits in use, waiting up to 60s, next in line (executions are queued: the permits given back go to it first)`,
+    ]);
+    const registered = await client().status(LOCK);
+    expect(registered).toMatchObject({ permitsInUse: 1, waiters: [queued.arn] });
+    expect(registered.holders.find((h) => h.kind === 'lease')).toMatchObject({ owner: 'ci-job', permits: 0, collecting: true });
+    expect((await cli('status', LOCK)).stdout).toMatch(/^lease\s+lease-[0-9a-f-]{36}\s+0 \(next: collecting\)\s+ci-job\s/m);
+
+    // The execution inside gives its permit back (the collector is short of it) rather than hand it on.
+    await finishExecution(first);
+    expect(await waiting).toBe(0);
+    expect(err).toHaveLength(1);
+    const leaseId = out.join('\n').trim();
+    const held = await client().status(LOCK);
+    expect(held.holders).toEqual([expect.objectContaining({ id: leaseId, kind: 'lease', owner: 'ci-job', permits: 1 })]);
+    expect(held.holders[0].collecting).toBeUndefined();
+    // The queued execution still sleeps, its body not run: the permit went to the CLI.
+    expect(held.waiters).toEqual([queued.arn]);
+    expect(queued.status).toBe('RUNNING');
+    expect(work.byExecution.has(queued.arn)).toBe(false);
+
+    // The CLI's release hands the permit to it.
+    expect((await cli('release', LOCK, leaseId)).code).toBe(0);
+    await queued.done;
+    expect(queued.status).toBe('SUCCEEDED');
+    expect(work.byExecution.get(queued.arn)).toBe(1);
+  });
+
+  test('a collector that stops waiting gives its place up: the permit given back to it meanwhile goes to the queue', async () => {
+    const protocol = { tableName: table, clockSkewMs: 0 };
+    const clients = { dynamodb: plainClient(), stepFunctions: new SFNClient({ endpoint: sim.sfnApi!.endpoint, maxAttempts: 1 }) };
+    const first = await executionInside();
+    const queued = sim.startExecution(sim.stateMachine(stateMachineLogicalId(workflowStateMachine())), { n: 4 });
+    await until(() => queued.stateTransitions.get('Wait In Queue') === 1, 'the execution queued');
+    expect(await runFlow(registerCollector(protocol, LOCK, 'lease-gives-up', { limit: 1 }), clients)).toBe(true);
+    // A second client finds a collector there: it polls, as before.
+    expect(await runFlow(registerCollector(protocol, LOCK, 'lease-second', { limit: 1 }), clients)).toBe(false);
+    await finishExecution(first);
+    expect(await client().status(LOCK)).toMatchObject({ permitsInUse: 0, waiters: [queued.arn] });
+    expect(queued.status).toBe('RUNNING');
+
+    // Its release serves the queue: the free permit is handed to the waiter, which is woken.
+    expect(await runFlow(abandonCollecting(protocol, LOCK, 'lease-gives-up'), clients)).toEqual({ removed: 0, admitted: 1 });
+    await queued.done;
+    expect(queued.status).toBe('SUCCEEDED');
+    expect(await runFlow(abandonCollecting(protocol, LOCK, 'lease-gives-up'), clients)).toBeUndefined();
+  });
+
+  test('a collector that crashed holds the queue up only until its registration expires: an acquirer reclaims it and serves the queue', async () => {
+    const protocol = { tableName: table, clockSkewMs: 0 };
+    const clients = { dynamodb: plainClient(), stepFunctions: new SFNClient({ endpoint: sim.sfnApi!.endpoint, maxAttempts: 1 }) };
+    const first = await executionInside();
+    const queued = sim.startExecution(sim.stateMachine(stateMachineLogicalId(workflowStateMachine())), { n: 5 });
+    await until(() => queued.stateTransitions.get('Wait In Queue') === 1, 'the execution queued');
+    // Registered long enough ago that its registration has expired, and never heard of again.
+    const ago = -(COLLECTOR_LEASE_SECONDS + 1) * 1000;
+    expect(await runFlow(atClock(ago, registerCollector(protocol, LOCK, 'lease-crashed', { limit: 1 })), clients)).toBe(true);
+    await finishExecution(first);
+    expect(await client().status(LOCK)).toMatchObject({ permitsInUse: 0, waiters: [queued.arn] });
+
+    const tried = await cliWith({ CDK_SFN_SEMAPHORE_CLOCK_SKEW: '0s' }, 'acquire', LOCK, '--no-wait');
+    // The permit went to the queue's waiter, first in line, not to the acquirer that freed it (which
+    // may get one once that execution has finished, and holds it until released below: had it taken
+    // the one freed, the execution would never finish).
+    await queued.done;
+    expect(queued.status).toBe('SUCCEEDED');
+    expect([0, 3]).toContain(tried.code);
+    if (tried.code === 0) expect((await cli('release', LOCK, tried.stdout.trim())).code).toBe(0);
+  });
+
   test('--limit cannot raise the workflows\' limit: the lock\'s applies, with a warning, and stays', async () => {
     const warning = `cdk-sfn-semaphore: ${LOCK}: warning: the lock's limit is 1; --limit 5 cannot raise it`;
     const execution = await executionInside();
@@ -617,6 +729,101 @@ describe('the client\'s release', () => {
       }
     } finally {
       await plain.send(new DeleteItemCommand({ TableName: table, Key: { lockName: { S: lock } } }));
+    }
+  });
+});
+
+describe('a client that goes next (the collector)', () => {
+  const protocol = () => ({ tableName: table, clockSkewMs: 0 });
+  const flows = () => ({ dynamodb: plainClient(), stepFunctions: new SFNClient({ endpoint: sim.sfnApi!.endpoint, maxAttempts: 1 }) });
+  const lease = () => ({ M: { acquiredAt: { S: new Date().toISOString() }, leaseExpiresAt: { N: String(Date.now() + 600_000) } } });
+  const lockItem = async (lock: string) => (await plainClient().send(new GetItemCommand({ TableName: table, Key: { lockName: { S: lock } }, ConsistentRead: true }))).Item!;
+  const drop = (lock: string) => plainClient().send(new DeleteItemCommand({ TableName: table, Key: { lockName: { S: lock } } }));
+
+  test('weighted: registers beside a queue, is short while the holders hold, completes with all its permits once they are back; a lost answer finds them', async () => {
+    const lock = 'collector-flows';
+    // Two leases hold both permits; a ticket waits (its execution asleep).
+    await plainClient().send(
+      new PutItemCommand({
+        TableName: table,
+        Item: { 'lockName': { S: lock }, 'permitsInUse': { N: '2' }, 'concurrencyLimit': { N: '2' }, 'fencingToken': { N: '5' }, 'queueHead': { N: '0' }, 'queueTail': { N: '1' }, 'lease-a': lease(), 'lease-b': lease() },
+      }),
+    );
+    try {
+      expect(shouldCollect(await lockItem(lock))).toBe(true);
+      const request = { limit: 2, leaseSeconds: 60, permits: 2 };
+      expect(await runFlow(registerCollector(protocol(), lock, 'lease-c', { ...request, owner: 'ci' }), flows())).toBe(true);
+      // One collector at a time.
+      expect(await runFlow(registerCollector(protocol(), lock, 'lease-d', request), flows())).toBe(false);
+      expect(shouldCollect(await lockItem(lock))).toBe(false);
+      const registered = await lockItem(lock);
+      expect([registered.collecting, registered.collectGate, registered.permitsInUse]).toEqual([{ N: '1' }, { N: '0' }, { N: '2' }]);
+      expect(registered['lease-c'].M).toMatchObject({ permits: { N: '0' }, collecting: { N: '1' }, owner: { S: 'ci' } });
+      // An acquire of its own (a registration whose answer was lost) tells it that it collects.
+      expect(await runFlow(acquireAttempt(protocol(), lock, 'lease-c', request), flows())).toMatchObject({ collecting: true });
+      // A newcomer is refused beside the permit given back to the collector.
+      expect(await client().release(lock, 'lease-a')).toBe(true);
+      expect(await runFlow(acquireAttempt(protocol(), lock, 'lease-e', { limit: 2, leaseSeconds: 60 }), flows())).not.toHaveProperty('lease');
+      expect(await runFlow(completeCollecting(protocol(), lock, 'lease-c', request), flows())).not.toHaveProperty('lease');
+      expect(await client().release(lock, 'lease-b')).toBe(true);
+
+      const done = await runFlow(completeCollecting(protocol(), lock, 'lease-c', request), flows());
+      expect(done.lease).toMatchObject({ lockName: lock, leaseId: 'lease-c', permits: 2, fencingToken: 6 });
+      const completed = await lockItem(lock);
+      expect(completed.permitsInUse).toEqual({ N: '2' });
+      expect(completed.collecting).toBeUndefined();
+      expect(completed.collectGate).toBeUndefined();
+      expect(completed['lease-c'].M).toMatchObject({ permits: { N: '2' }, extra: { N: '1' }, inBody: { N: '1' }, owner: { S: 'ci' } });
+      expect(completed['lease-c'].M!.collecting).toBeUndefined();
+      // Its answer lost, it looks again: its entry holds them, with a fresh fencing token.
+      expect((await runFlow(completeCollecting(protocol(), lock, 'lease-c', request), flows())).lease).toMatchObject({ permits: 2, fencingToken: 7 });
+    } finally {
+      await drop(lock);
+    }
+  });
+
+  test('renews its registration once half has passed; a registration reclaimed meanwhile is gone, and it starts again', async () => {
+    const lock = 'collector-renewal';
+    await plainClient().send(
+      new PutItemCommand({
+        TableName: table,
+        Item: { 'lockName': { S: lock }, 'permitsInUse': { N: '1' }, 'concurrencyLimit': { N: '1' }, 'queueHead': { N: '0' }, 'queueTail': { N: '1' }, 'lease-a': lease() },
+      }),
+    );
+    try {
+      // Registered 40 s ago: 20 s of its minute left.
+      expect(await runFlow(atClock(-40_000, registerCollector(protocol(), lock, 'lease-c', { limit: 1 })), flows())).toBe(true);
+      const request = { limit: 1, leaseSeconds: 60 };
+      expect(await runFlow(completeCollecting(protocol(), lock, 'lease-c', request), flows())).not.toHaveProperty('lease');
+      expect(Number((await lockItem(lock))['lease-c'].M!.leaseExpiresAt.N) - Date.now()).toBeGreaterThan(50_000);
+      // Its place given up (or reclaimed): the next look says so.
+      expect(await runFlow(abandonCollecting(protocol(), lock, 'lease-c'), flows())).toEqual({ removed: 0, admitted: 0 });
+      expect(await runFlow(completeCollecting(protocol(), lock, 'lease-c', request), flows())).toMatchObject({ gone: true });
+      expect((await lockItem(lock)).collecting).toEqual({ N: '0' });
+    } finally {
+      await drop(lock);
+    }
+  });
+
+  test('never completes above a limit lowered since it registered', async () => {
+    const lock = 'collector-lowered';
+    await plainClient().send(
+      new PutItemCommand({
+        TableName: table,
+        Item: { 'lockName': { S: lock }, 'permitsInUse': { N: '2' }, 'concurrencyLimit': { N: '3' }, 'queueHead': { N: '0' }, 'queueTail': { N: '1' }, 'lease-a': lease(), 'lease-b': lease() },
+      }),
+    );
+    try {
+      expect(await runFlow(registerCollector(protocol(), lock, 'lease-c', { limit: 3 }), flows())).toBe(true);
+      // Its gate (3 less 1) lets it in beside the two held, but the workflows' limit went down to 2
+      // meanwhile (their acquires record it): a third permit would be one too many.
+      await plainClient().send(
+        new UpdateItemCommand({ TableName: table, Key: { lockName: { S: lock } }, UpdateExpression: 'SET concurrencyLimit = :two', ExpressionAttributeValues: { ':two': { N: '2' } } }),
+      );
+      expect(await runFlow(completeCollecting(protocol(), lock, 'lease-c', { limit: 3, leaseSeconds: 60 }), flows())).not.toHaveProperty('lease');
+      expect((await lockItem(lock)).permitsInUse).toEqual({ N: '2' });
+    } finally {
+      await drop(lock);
     }
   });
 });

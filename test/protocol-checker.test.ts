@@ -12,6 +12,7 @@ import {
   RELEASE_CONDITION,
   RELEASE_IF_NO_WAITERS_CONDITION,
   RETAKE_PERMIT_IN_SLOT_UPDATE,
+  CLIENT_COMPLETE_COLLECTOR_CONDITION,
   STAMPED_AT_MOST,
 } from '../src/private/lock-schema';
 import { RELEASE_AT_INTERVAL_FAILED, RELEASE_AT_INTERVAL_SUFFIX, STATE } from '../src/private/state-names';
@@ -263,6 +264,25 @@ describe('the checker finds the races of issues 14 and 15 when they are planted 
     expect(planted).not.toBe(RETAKE_PERMIT_IN_SLOT_UPDATE);
     expect(result!.counterexample?.violation).toMatch(/permitsInUse is 0 but 1 holders have entries holding 1/);
     expect(result!.counterexample!.trace.some((s) => /guard-A/.test(s.label) && /#holder\.permits = :zero/.test(s.label))).toBe(true);
+  });
+
+  test('a client that goes next: a completion without the collector\'s gate takes a permit beside the holder', () => {
+    // The client's writes live in its flows (client/semaphore-client.ts): planted into a fresh copy of the lock schema.
+    let result: ReturnType<typeof checkConfig> | undefined;
+    let planted = '';
+    jest.isolateModules(() => {
+      const schema = jest.requireActual('../src/private/lock-schema');
+      planted = schema.CLIENT_COMPLETE_COLLECTOR_CONDITION.replace(' AND #permits <= #collectGate', '');
+      jest.doMock('../src/private/lock-schema', () => ({ ...schema, CLIENT_COMPLETE_COLLECTOR_CONDITION: planted }));
+      // eslint-disable-next-line @typescript-eslint/no-require-imports
+      const isolated: typeof import('../checker/run') = require('../checker/run');
+      const config = configNamed('client-collects');
+      result = isolated.checkConfig(config);
+      console.log(isolated.report(config, result));
+    });
+    expect(planted).not.toBe(CLIENT_COMPLETE_COLLECTOR_CONDITION);
+    expect(result!.counterexample?.violation).toMatch(/2 inside at once .* limit 1|permitsInUse is 2/);
+    expect(result!.counterexample!.trace.some((s) => /client-1/.test(s.label) && /#holder\.collecting/.test(s.label))).toBe(true);
   });
 
   test('the claim is what the model runs: the planted change above touched the real definition', () => {

@@ -569,6 +569,43 @@ export const COMPLETE_COLLECTOR_UPDATE =
   `${NAMES.holder}.${HOLDER_REDRIVE_COUNT} = ${VALUES.redriveCount} REMOVE ${NAMES.collecting}, ${NAMES.collectGate}, ${NAMES.holder}.${HOLDER_COLLECTING}`;
 
 /**
+ * A client (the CLI, scripts) that waits on a lock whose executions queue registers as the lock's
+ * collector, with an entry of no permit (HOLDER_PERMITS 0, HOLDER_COLLECTING, a short lease and its
+ * owner): the releases then give their permits back instead of handing them on (COLLECTOR_SHORT),
+ * newcomers queue behind it (COLLECTOR_WAITS), and it completes once its `:weight` are free
+ * (CLIENT_COMPLETE_COLLECTOR). A client cannot sleep in the queue (it has no task token to be woken
+ * by): without this it would poll beside a queue that takes every permit given back, and might never
+ * get in. Only while nobody collects and the client holds nothing; `:gate` is the limit less its weight.
+ * Its entry leaves through RELEASE_UPDATE, which takes the lock's mark with it, whoever releases it
+ * (the client giving up, or an acquirer or the sweep reclaiming its lease once it has expired).
+ */
+export const CLIENT_REGISTER_COLLECTOR_CONDITION = `${NOT_COLLECTING} AND attribute_not_exists(${NAMES.holder})`;
+export const CLIENT_REGISTER_COLLECTOR_UPDATE = `SET ${NAMES.collecting} = ${VALUES.one}, ${NAMES.collectGate} = ${VALUES.gate}, ${NAMES.holder} = ${VALUES.entry}`;
+/** Renew the registration's lease (`:expiresAt`), while it is one. */
+export const CLIENT_RENEW_COLLECTOR_CONDITION = `attribute_exists(${NAMES.holder}.${HOLDER_COLLECTING})`;
+export const CLIENT_RENEW_COLLECTOR_UPDATE = `SET ${NAMES.holder}.${HOLDER_LEASE_EXPIRES_AT} = ${VALUES.expiresAt}`;
+/**
+ * Complete a client's collection: once `permitsInUse <= collectGate` and the lock's stored limit is
+ * still at least the one the gate was set from (`:limit`), take the `:weight` permits and a body slot
+ * (as a client acquire does) in one write, with a fresh acquire time and lease and a fencing token
+ * (UPDATED_NEW); the marks go. Refused, the client is still short (or its registration is gone).
+ */
+export const CLIENT_COMPLETE_COLLECTOR_CONDITION =
+  `attribute_exists(${NAMES.holder}.${HOLDER_COLLECTING}) AND ${NAMES.permits} <= ${NAMES.collectGate} ` +
+  `AND (attribute_not_exists(${NAMES.limit}) OR ${NAMES.limit} >= ${VALUES.limit})`;
+const CLIENT_COMPLETE_SET =
+  `${NAMES.permits} = ${NAMES.permits} + ${VALUES.weight}, ${NAMES.fence} = if_not_exists(${NAMES.fence}, ${VALUES.zero}) + ${VALUES.one}, ` +
+  `${NAMES.holder}.${HOLDER_ACQUIRED_AT} = ${VALUES.acquiredAt}, ${NAMES.holder}.${HOLDER_LEASE_EXPIRES_AT} = ${VALUES.expiresAt}, ` +
+  `${NAMES.holder}.${HOLDER_IN_BODY} = ${VALUES.one}, ${COUNT_BODY}`;
+const CLIENT_COMPLETE_REMOVE = `${NAMES.collecting}, ${NAMES.collectGate}, ${NAMES.holder}.${HOLDER_COLLECTING}`;
+/** One permit: the entry's HOLDER_PERMITS goes (an entry without it holds one). */
+export const CLIENT_COMPLETE_COLLECTOR_UPDATE = `SET ${CLIENT_COMPLETE_SET} REMOVE ${CLIENT_COMPLETE_REMOVE}, ${NAMES.holder}.${HOLDER_PERMITS}`;
+/** Several: the entry records them (HOLDER_PERMITS, and `:extra`, the weight less one), as a weighted acquire's. */
+export const CLIENT_WEIGHTED_COMPLETE_COLLECTOR_UPDATE =
+  `SET ${CLIENT_COMPLETE_SET}, ${NAMES.holder}.${HOLDER_PERMITS} = ${VALUES.weight}, ${NAMES.holder}.${HOLDER_EXTRA_PERMITS} = ${VALUES.extra} ` +
+  `REMOVE ${CLIENT_COMPLETE_REMOVE}`;
+
+/**
  * Claim an entry of one permit (a weighted waiter of the queue finds the permit handed to it without
  * being woken): as CLAIM_CONDITION, for an entry that holds one. The waiter then registers as the
  * collector.
