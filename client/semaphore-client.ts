@@ -334,7 +334,8 @@ export class SemaphoreClient {
         if (collecting === undefined && shouldCollect(attempt.item)) {
           const gateLimit = Math.min(limit, seen ?? limit);
           try {
-            if (await this.run(registerCollector(protocol, lockName, leaseId, { limit: gateLimit, owner: options.owner, permits, registrationSeconds }))) {
+            const registration = { limit: gateLimit, owner: options.owner, permits, registrationSeconds };
+            if (await this.run(registerCollector(protocol, lockName, leaseId, registration))) {
               collecting = gateLimit;
               continue;
             }
@@ -622,7 +623,8 @@ export function* registerCollector(
     [HOLDER_COLLECTING]: { N: '1' },
   };
   const values = { [VALUES.one]: { N: '1' }, [VALUES.gate]: { N: String(request.limit - (request.permits ?? 1)) }, [VALUES.entry]: { M: entry } };
-  return (yield* conditionalUpdate(options.tableName, lockName, leaseId, CLIENT_REGISTER_COLLECTOR_UPDATE, CLIENT_REGISTER_COLLECTOR_CONDITION, values)) !== undefined;
+  const update = CLIENT_REGISTER_COLLECTOR_UPDATE;
+  return (yield* conditionalUpdate(options.tableName, lockName, leaseId, update, CLIENT_REGISTER_COLLECTOR_CONDITION, values)) !== undefined;
 }
 
 /** What one look of a registered collector came to. */
@@ -672,7 +674,9 @@ export function* completeCollecting(
       },
       'UPDATED_NEW',
     );
-    if (done) return { lease: { lockName, leaseId, expiresAt, fencingToken: numberOf(done[FENCING_TOKEN]), permits, ...limits(request.limit, done) } };
+    if (done) {
+      return { lease: { lockName, leaseId, expiresAt, fencingToken: numberOf(done[FENCING_TOKEN]), permits, ...limits(request.limit, done) } };
+    }
   } catch (e) {
     failure = e;
   }

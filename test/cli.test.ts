@@ -737,7 +737,8 @@ describe('a client that goes next (the collector)', () => {
   const protocol = () => ({ tableName: table, clockSkewMs: 0 });
   const flows = () => ({ dynamodb: plainClient(), stepFunctions: new SFNClient({ endpoint: sim.sfnApi!.endpoint, maxAttempts: 1 }) });
   const lease = () => ({ M: { acquiredAt: { S: new Date().toISOString() }, leaseExpiresAt: { N: String(Date.now() + 600_000) } } });
-  const lockItem = async (lock: string) => (await plainClient().send(new GetItemCommand({ TableName: table, Key: { lockName: { S: lock } }, ConsistentRead: true }))).Item!;
+  const lockItem = async (lock: string) =>
+    (await plainClient().send(new GetItemCommand({ TableName: table, Key: { lockName: { S: lock } }, ConsistentRead: true }))).Item!;
   const drop = (lock: string) => plainClient().send(new DeleteItemCommand({ TableName: table, Key: { lockName: { S: lock } } }));
 
   test('weighted: registers beside a queue, is short while the holders hold, completes with all its permits once they are back; a lost answer finds them', async () => {
