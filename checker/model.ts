@@ -8,7 +8,9 @@ import { guardRedrive, sweep } from '../lambda/reconciler-flows';
 import { stepFunctionsDynamoErrorName } from '../simulator/dynamodb';
 import {
   BODIES_RUNNING,
+  COLLECTING,
   HOLDER_ACQUIRED_AT,
+  HOLDER_COLLECTING,
   HOLDER_EXTRA_PERMITS,
   HOLDER_HANDOFF_ID,
   HOLDER_IN_BODY,
@@ -266,7 +268,7 @@ const CLIENT_LEASE_SECONDS = 60;
 /** Effect a client flow yields while it holds its permit; its next step releases. */
 const HOLDING = { service: 'model', action: 'hold' } as unknown as Effect;
 /** Effect a client flow yields between the looks of its collection; its next step looks again. */
-const COLLECTING = { service: 'model', action: 'collect' } as unknown as Effect;
+const COLLECT_LOOK = { service: 'model', action: 'collect' } as unknown as Effect;
 /** How many times a collecting client looks whether its permits are free before it gives its place up. */
 const CLIENT_LOOKS = 2;
 
@@ -776,7 +778,7 @@ export class Model {
           if (!lease && collects && shouldCollect(attempt.item)) {
             if (!(yield* registerCollector(options, lockName, leaseId, { limit, permits }))) return 'not acquired';
             for (let look = 0; look < CLIENT_LOOKS && !lease; look++) {
-              yield COLLECTING;
+              yield COLLECT_LOOK;
               const collected = yield* completeCollecting(options, lockName, leaseId, { limit, leaseSeconds: CLIENT_LEASE_SECONDS, permits });
               if (collected.gone) return 'registration reclaimed';
               lease = collected.lease;
@@ -846,7 +848,7 @@ export class Model {
           this.advance(w, a);
         }),
       );
-    if ((effect as unknown) === COLLECTING) {
+    if ((effect as unknown) === COLLECT_LOOK) {
       answer('looks whether its permits are free', () => ({ ok: undefined }));
       if (world.budget.stops > 0) {
         steps.push(this.mutate(world, `${actor.id}: crashes while it collects`, (w) => (w.budget.stops--, (w.actors = w.actors.filter((a) => a.id !== actor.id)))));
@@ -1183,6 +1185,10 @@ export class Model {
         }
       }
       if (permits > limit) result.push(`permitsInUse is ${permits}, above the limit of ${limit}`);
+      // The lock's collector mark counts the entries that carry one (RELEASE_UPDATE takes both off together).
+      const collecting = item[COLLECTING] && 'N' in item[COLLECTING] ? Number((item[COLLECTING] as { N: string }).N) : 0;
+      const marked = holders.filter(([, v]) => (v as { M: Record<string, AttributeValue> }).M[HOLDER_COLLECTING] !== undefined).length;
+      if (collecting !== marked) result.push(`collecting is ${collecting} but ${marked} entries carry the collector's mark`);
     }
     // A rate alone: the permit goes back beside a body that may still run. Until then (the branch's
     // Prepare and Wait, whatever the body does) the execution must hold it: the interval after every

@@ -62,7 +62,8 @@ Take a permit of LOCK and print its lease id. Without a renewal (see renew) the 
 again when the lease ends. An expired lease of someone else is reclaimed once it ended more than
 the clock-skew margin ago (--clock-skew, default 30s). While it waits, it says so on stderr. On a
 lock where executions queue, a waiting acquire goes next: it registers as the lock's collector, and
-the permits given back then go to it rather than to the queue (one collector at a time).
+the permits given back then go to it rather than to the queue (one collector at a time). SIGINT,
+SIGTERM, SIGHUP or SIGQUIT while it waits ends the wait (it gives its place up): exit 128 + its number.
 
   --limit N       the concurrency limit; default: the lock's limit, else 1. The lock's limit (the
                   workflows', stored on the lock) still applies: --limit can lower it, not raise it
@@ -254,7 +255,25 @@ async function dispatch(argv: string[], io: CliIo): Promise<number> {
   switch (name) {
     case 'acquire': {
       const limits = limitReporter(lock, acquire!, io);
-      const held = await client.acquire(lock, { ...acquire!, onWait: limits.onWait, onRetry: limits.onRetry });
+      // A signal ends the wait as run's does: a CLI waiting as the lock's collector gives its place up.
+      const abort = new AbortController();
+      let received: NodeJS.Signals | undefined;
+      const onSignal = (signal: NodeJS.Signals) => {
+        received ??= signal;
+        abort.abort();
+      };
+      const signals = ['SIGINT', 'SIGTERM', 'SIGHUP', 'SIGQUIT'] as const;
+      for (const signal of signals) process.on(signal, onSignal);
+      let held: Awaited<ReturnType<SemaphoreClient['acquire']>>;
+      try {
+        held = await client.acquire(lock, { ...acquire!, signal: abort.signal, onWait: limits.onWait, onRetry: limits.onRetry });
+      } finally {
+        for (const signal of signals) process.off(signal, onSignal);
+      }
+      if (!held && received) {
+        io.stderr(`${NAME}: ${lock}: interrupted (${received}) while waiting for a permit`);
+        return exitCodeOf(received);
+      }
       if (!held) throw await notAcquired(client, lock, acquire!, limits);
       limits.check(held.lockLimit);
       const printed = { leaseId: held.leaseId, fencingToken: held.fencingToken, expiresAt: new Date(held.expiresAt).toISOString() };

@@ -302,11 +302,17 @@ export class SemaphoreClient {
           collecting === undefined
             ? await this.run(acquireAttempt(protocol, lockName, leaseId, { limit, leaseSeconds, owner: options.owner, permits }))
             : await this.run(completeCollecting(protocol, lockName, leaseId, { limit: collecting, leaseSeconds, permits, registrationSeconds }));
-        if (attempt.lease) return attempt.lease;
+        if (attempt.lease) {
+          // Permits given back beyond what it needed as the collector (a weighted execution giving its
+          // handed permit back) go to the queue's waiters; best effort: it holds its own.
+          if (collecting !== undefined) await this.run(serveQuietly(protocol, lockName));
+          return attempt.lease;
+        }
         if (attempt.gone) collecting = undefined;
         const seen = numberOf(attempt.item?.[CONCURRENCY_LIMIT]);
-        // A registration whose response was lost: collect under the limit it was made with, or the smaller.
-        if (attempt.collecting) collecting = Math.min(limit, seen ?? limit);
+        // A registration whose response was lost (or one it could not give up): collect under the limit
+        // its gate came from (the gate is that limit less the permits).
+        if (attempt.collecting) collecting = (numberOf(attempt.item?.[COLLECT_GATE]) ?? Math.min(limit, seen ?? limit) - permits) + permits;
         // The lock's limit was lowered below the one the registration's gate came from: register again.
         if (collecting !== undefined && seen !== undefined && seen < collecting) await giveUp();
         // The lock's limit was lowered since it was read: a weighted acquire then applies it.
@@ -330,8 +336,9 @@ export class SemaphoreClient {
           await giveUp();
           return undefined;
         }
-        // Executions queue on the lock: go next rather than poll beside a queue that takes every permit.
-        if (collecting === undefined && shouldCollect(attempt.item)) {
+        // Executions queue on the lock: go next rather than poll beside a queue that takes every permit
+        // (not under a limit of its own below the lock's: its gate would hold every hand-off until the lock drained).
+        if (collecting === undefined && (seen === undefined || limit >= seen) && shouldCollect(attempt.item)) {
           const gateLimit = Math.min(limit, seen ?? limit);
           try {
             const registration = { limit: gateLimit, owner: options.owner, permits, registrationSeconds };
@@ -397,7 +404,10 @@ export class SemaphoreClient {
    */
   public async forceRelease(lockName: string, holder: string): Promise<boolean> {
     validLockName(lockName);
-    return this.run(releaseHolder(this.protocol(), lockName, holder, await this.isWeighted(lockName, holder)));
+    const released = await this.run(releaseHolder(this.protocol(), lockName, holder, await this.isWeighted(lockName, holder)));
+    // A collector's entry goes without a hand-off: what was given back to it goes to the queue.
+    if (released) await this.run(serveQuietly(this.protocol(), lockName));
+    return released;
   }
 
   /** Whether a holder's entry holds more than one permit (its release then hands them on one at a time). */
@@ -680,19 +690,37 @@ export function* completeCollecting(
   } catch (e) {
     failure = e;
   }
-  const item = yield* getItem(options.tableName, lockName);
-  const ours = item?.[leaseId]?.M;
-  if (ours && ours[HOLDER_COLLECTING] === undefined) return { lease: yield* ownLease(options, lockName, leaseId, ours, request.limit, item) };
-  if (failure !== undefined) return { failure };
-  if (!ours) return { gone: true, item };
-  if (Number(ours[HOLDER_LEASE_EXPIRES_AT]?.N) - now < registrationMs / 2) {
-    const renewal = { [VALUES.expiresAt]: { N: String(now + registrationMs) } };
-    if (!(yield* conditionalUpdate(options.tableName, lockName, leaseId, CLIENT_RENEW_COLLECTOR_UPDATE, CLIENT_RENEW_COLLECTOR_CONDITION, renewal))) {
-      return { gone: true, item };
+  try {
+    const item = yield* getItem(options.tableName, lockName);
+    const ours = item?.[leaseId]?.M;
+    if (ours && ours[HOLDER_COLLECTING] === undefined) return { lease: yield* ownLease(options, lockName, leaseId, ours, request.limit, item) };
+    if (!ours) return { gone: true, item };
+    // Renewed after a failed look too, so that a throttled lock does not let the registration lapse.
+    if (Number(ours[HOLDER_LEASE_EXPIRES_AT]?.N) - now < registrationMs / 2) {
+      const renewal = { [VALUES.expiresAt]: { N: String(now + registrationMs) } };
+      const [update, condition] = [CLIENT_RENEW_COLLECTOR_UPDATE, CLIENT_RENEW_COLLECTOR_CONDITION];
+      const renewed = yield* conditionalUpdate(options.tableName, lockName, leaseId, update, condition, renewal);
+      if (!renewed) return { gone: true, item };
     }
+    if (failure !== undefined) return { failure };
+    if (item && (yield* reclaimExpired(options, lockName, item)) > 0) {
+      // What it does not need goes to the queue (serveQueue admits only beyond the collector's gate).
+      yield* serveQueue({ tableName: options.tableName, onWakeUpLost: options.onWakeUpLost }, lockName);
+      return { reclaimed: true };
+    }
+    return { item };
+  } catch (e) {
+    return { failure: e };
   }
-  if (item && (yield* reclaimExpired(options, lockName, item)) > 0) return { reclaimed: true };
-  return { item };
+}
+
+/** Serve the lock's queue, ignoring a failure: the caller's own result stands, and the waiters' checks recover. */
+function* serveQuietly(options: ClientProtocolOptions, lockName: string): Flow<void> {
+  try {
+    yield* serveQueue({ tableName: options.tableName, onWakeUpLost: options.onWakeUpLost }, lockName);
+  } catch {
+    // A waiter finds a free permit when its queueCheckInterval ends, or the sweep serves it.
+  }
 }
 
 /**

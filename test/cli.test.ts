@@ -444,6 +444,33 @@ describe('CLI holders and workflow executions share one lock', () => {
     expect(work.byExecution.get(queued.arn)).toBe(1);
   });
 
+  test('a CLI that waits next in line gives its place up when its wait ends or a signal ends it; the queue then moves on as before', async () => {
+    const first = await executionInside();
+    const queued = sim.startExecution(sim.stateMachine(stateMachineLogicalId(workflowStateMachine())), { n: 6 });
+    await until(() => queued.stateTransitions.get('Wait In Queue') === 1, 'the execution queued');
+    const collectors = async () => (await client().status(LOCK)).holders.filter((h) => h.collecting);
+
+    const timedOut = await cli('acquire', LOCK, '--wait', '1s');
+    expect(timedOut.code).toBe(3);
+    expect(timedOut.stderr).toMatch(/next in line/);
+    expect(await collectors()).toEqual([]);
+
+    const waiting = binary('acquire', LOCK, '--wait', '60s');
+    await until(async () => waiting.stderr().includes('next in line'), 'the CLI to wait next in line');
+    expect(await collectors()).toHaveLength(1);
+    waiting.child.kill('SIGTERM');
+    const ended = await waiting.done;
+    expect(ended.code).toBe(128 + os.constants.signals.SIGTERM);
+    expect(ended.stderr).toMatch(/interrupted \(SIGTERM\) while waiting for a permit/);
+    expect(await collectors()).toEqual([]);
+    expect((await client().status(LOCK)).permitsInUse).toBe(1);
+
+    // Nobody collects: the release hands the permit to the queued execution.
+    await finishExecution(first);
+    await queued.done;
+    expect(queued.status).toBe('SUCCEEDED');
+  });
+
   test('a collector that stops waiting gives its place up: the permit given back to it meanwhile goes to the queue', async () => {
     const protocol = { tableName: table, clockSkewMs: 0 };
     const clients = { dynamodb: plainClient(), stepFunctions: new SFNClient({ endpoint: sim.sfnApi!.endpoint, maxAttempts: 1 }) };
@@ -457,8 +484,10 @@ describe('CLI holders and workflow executions share one lock', () => {
     expect(await client().status(LOCK)).toMatchObject({ permitsInUse: 0, waiters: [queued.arn] });
     expect(queued.status).toBe('RUNNING');
 
-    // Its release serves the queue: the free permit is handed to the waiter, which is woken.
-    expect(await runFlow(abandonCollecting(protocol, LOCK, 'lease-gives-up'), clients)).toEqual({ removed: 0, admitted: 1 });
+    // Its release serves the queue: the free permit is handed to the waiter, which is woken (or, had the
+    // waiter's check come in between, its ticket is passed: it took the permit itself).
+    const served = await runFlow(abandonCollecting(protocol, LOCK, 'lease-gives-up'), clients);
+    expect(served!.removed + served!.admitted).toBe(1);
     await queued.done;
     expect(queued.status).toBe('SUCCEEDED');
     expect(await runFlow(abandonCollecting(protocol, LOCK, 'lease-gives-up'), clients)).toBeUndefined();
@@ -769,7 +798,7 @@ describe('a client that goes next (the collector)', () => {
       expect(await client().release(lock, 'lease-b')).toBe(true);
 
       const done = await runFlow(completeCollecting(protocol(), lock, 'lease-c', request), flows());
-      expect(done.lease).toMatchObject({ lockName: lock, leaseId: 'lease-c', permits: 2, fencingToken: 6 });
+      expect(done.lease).toMatchObject({ lockName: lock, leaseId: 'lease-c', permits: 2, fencingToken: 6, limit: 2, lockLimit: 2 });
       const completed = await lockItem(lock);
       expect(completed.permitsInUse).toEqual({ N: '2' });
       expect(completed.collecting).toBeUndefined();
@@ -816,8 +845,9 @@ describe('a client that goes next (the collector)', () => {
     );
     try {
       expect(await runFlow(registerCollector(protocol(), lock, 'lease-c', { limit: 3 }), flows())).toBe(true);
-      // Its gate (3 less 1) lets it in beside the two held, but the workflows' limit went down to 2
-      // meanwhile (their acquires record it): a third permit would be one too many.
+      // Its gate (3 less 1) lets it in beside the two held, but the lock's limit is 2 by now (as when a
+      // workflow's acquire recorded it between the client's read and its registration, or before a
+      // registration whose answer was lost): a third permit would be one too many.
       await plainClient().send(
         new UpdateItemCommand({ TableName: table, Key: { lockName: { S: lock } }, UpdateExpression: 'SET concurrencyLimit = :two', ExpressionAttributeValues: { ':two': { N: '2' } } }),
       );

@@ -188,7 +188,8 @@ test.each([false, true])(
     const limitOf = () => 4;
     // The heavy body stays inside until the three waiters wait on their tickets (however slow the machine).
     let heavyInside = false;
-    const waiting = async (sim: Simulator) => (await sim.scan(tableId)).filter((i) => isTicketKey(i.lockName.S!) && i.waiter !== undefined).length === 3;
+    const waiting = async (sim: Simulator) =>
+      (await sim.scan(tableId)).filter((i) => isTicketKey(i.lockName.S!) && i.waiter !== undefined).length === 3;
     const handler: typeof work.handler = async (input, context) => {
       if (input.untilQueued) {
         heavyInside = true;

@@ -585,16 +585,18 @@ export const CLIENT_REGISTER_COLLECTOR_UPDATE = `SET ${NAMES.collecting} = ${VAL
 export const CLIENT_RENEW_COLLECTOR_CONDITION = `attribute_exists(${NAMES.holder}.${HOLDER_COLLECTING})`;
 export const CLIENT_RENEW_COLLECTOR_UPDATE = `SET ${NAMES.holder}.${HOLDER_LEASE_EXPIRES_AT} = ${VALUES.expiresAt}`;
 /**
- * Complete a client's collection: once `permitsInUse <= collectGate` and the lock's stored limit is
- * still at least the one the gate was set from (`:limit`), take the `:weight` permits and a body slot
- * (as a client acquire does) in one write, with a fresh acquire time and lease and a fencing token
- * (UPDATED_NEW); the marks go. Refused, the client is still short (or its registration is gone).
+ * Complete a client's collection: once `permitsInUse <= collectGate`, the lock's stored limit is
+ * still at least the one the gate was set from (`:limit`) and a body slot is free where the lock records
+ * a body limit, take the `:weight` permits and a body slot (as a client acquire does) in one write, with
+ * a fresh acquire time and lease and a fencing token (UPDATED_NEW, with the lock's limit); the marks go.
+ * Refused, the client is still short (or its registration is gone).
  */
 export const CLIENT_COMPLETE_COLLECTOR_CONDITION =
   `attribute_exists(${NAMES.holder}.${HOLDER_COLLECTING}) AND ${NAMES.permits} <= ${NAMES.collectGate} ` +
-  `AND (attribute_not_exists(${NAMES.limit}) OR ${NAMES.limit} >= ${VALUES.limit})`;
+  `AND (attribute_not_exists(${NAMES.limit}) OR ${NAMES.limit} >= ${VALUES.limit}) AND ${BODY_SLOT_FREE}`;
 const CLIENT_COMPLETE_SET =
   `${NAMES.permits} = ${NAMES.permits} + ${VALUES.weight}, ${NAMES.fence} = if_not_exists(${NAMES.fence}, ${VALUES.zero}) + ${VALUES.one}, ` +
+  `${NAMES.limit} = if_not_exists(${NAMES.limit}, ${VALUES.limit}), ` +
   `${NAMES.holder}.${HOLDER_ACQUIRED_AT} = ${VALUES.acquiredAt}, ${NAMES.holder}.${HOLDER_LEASE_EXPIRES_AT} = ${VALUES.expiresAt}, ` +
   `${NAMES.holder}.${HOLDER_IN_BODY} = ${VALUES.one}, ${COUNT_BODY}`;
 const CLIENT_COMPLETE_REMOVE = `${NAMES.collecting}, ${NAMES.collectGate}, ${NAMES.holder}.${HOLDER_COLLECTING}`;
