@@ -194,6 +194,8 @@ test.each([false, true])(
       if (input.untilQueued) {
         heavyInside = true;
         await until(() => waiting(context.simulator), 'three waiters on their tickets');
+        // Stopped meanwhile (the stopped case may come first): its body never starts.
+        if (context.signal.aborted) return { worked: false, echo: input };
       }
       return work.handler(input, context);
     };
