@@ -260,6 +260,30 @@ export function canonicalTickets(text: string): { text: string; span: number } {
   return { text: shifted, span: max - min };
 }
 
+/** A task token's or a UUID's sequence number (`tok:<name>:<run>:<n>`, `uuid:<name>:<run>:<n>`): see canonicalSequence. */
+const SEQUENCE_REFERENCES = /\b(tok|uuid):([^:"\\]+):(\d+):(\d+)\b/g;
+
+/**
+ * A key with the sequence numbers of each execution's tokens and UUIDs replaced by their rank among
+ * those the world still names. The protocol only compares tokens and UUIDs for equality, and an
+ * execution's next one is fresh whatever its counter (`Exec.seq`, left out of keys), so worlds that
+ * differ only in those numbers behave alike. Without this a loop that draws a UUID each round (a
+ * releaser serving the same ticket again and again) makes a new world every round, and the search
+ * never ends to find that the loop never finishes.
+ */
+export function canonicalSequence(text: string): string {
+  const used = new Map<string, number[]>();
+  for (const m of text.matchAll(SEQUENCE_REFERENCES)) {
+    const list = used.get(m[2]) ?? [];
+    list.push(Number(m[4]));
+    used.set(m[2], list);
+  }
+  if (used.size === 0) return text;
+  const rank = new Map<string, Map<number, number>>();
+  for (const [name, list] of used) rank.set(name, new Map([...new Set(list)].sort((a, b) => a - b).map((n, i) => [n, i + 1])));
+  return text.replace(SEQUENCE_REFERENCES, (_m, kind: string, name: string, run: string, n: string) => `${kind}:${name}:${run}:${rank.get(name)!.get(Number(n))}`);
+}
+
 const BASE_TIME = Date.parse('2026-01-01T00:00:00.000Z');
 /** One tick: longer than any grace period and any window of eventual consistency. */
 export const TICK_MS = 15 * 60 * 1000;
@@ -1329,7 +1353,7 @@ export class Model {
       w.clock,
       stableStringify(w.ghost, rename),
     ].join('|');
-    const canonical = canonicalTickets(parts);
+    const canonical = canonicalTickets(canonicalSequence(parts));
     parts = canonical.text;
     this.spanCache.set(w, canonical.span);
     this.partsCache.set(w, parts);
@@ -1390,8 +1414,10 @@ const WAIT_EVENTS_CAP = 200;
 /** Rounds of the wait for a body slot above which a thread is keyed as this many (see keyParts). */
 const SLOT_ROUNDS_CAP = 3;
 
-/** A JSON.stringify replacer: the retries of a "Wait For Body Slot" thread, capped at SLOT_ROUNDS_CAP. */
-function capSlotRounds(_key: string, value: unknown): unknown {
+/** A JSON.stringify replacer for an execution: the retries of a "Wait For Body Slot" thread, capped at SLOT_ROUNDS_CAP; its counter `seq` left out. */
+function capSlotRounds(key: string, value: unknown): unknown {
+  // An execution's counter of tokens and UUIDs: only freshness matters (see canonicalSequence).
+  if (key === 'seq') return undefined;
   const thread = value as Thread | undefined;
   if (thread?.state !== STATE.waitForBodySlot || thread.attempts === undefined) return value;
   const attempts: Record<string, number> = {};

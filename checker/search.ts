@@ -35,11 +35,19 @@ export interface SearchResult {
   readonly counterexample?: Counterexample;
   /** The search stopped at `maxStates` before it was done. */
   readonly incomplete: boolean;
+  /** The search stopped at its `bound`, by design: every state of at most `maxDepth` steps was checked. */
+  readonly bounded: boolean;
 }
 
 export interface SearchOptions {
   /** Stop after this many states (the result says so). @default 5,000,000 */
   readonly maxStates?: number;
+  /**
+   * Stop once this many states were found, as a bounded search that passes (the test command's): every
+   * interleaving of up to `maxDepth` steps was checked, liveness only by the fair runs started on
+   * the way (a loop without waits is judged only when a search is done). @default no bound
+   */
+  readonly bound?: number;
   /** Check liveness too. @default true */
   readonly liveness?: boolean;
   /** Called every 100,000 states. */
@@ -72,14 +80,17 @@ export function search(model: Model, options: SearchOptions = {}): SearchResult 
   let transitions = 0;
   let depth = 0;
 
-  const finish = (counterexample?: Counterexample, incomplete = false): SearchResult => ({
+  const bound = options.bound ?? Infinity;
+  const finish = (counterexample?: Counterexample, stopped?: 'incomplete' | 'bounded'): SearchResult => ({
     states: visited.size,
     transitions,
     maxDepth: depth,
     seconds: (Date.now() - started) / 1000,
     fairRuns,
     counterexample,
-    incomplete,
+    incomplete: stopped === 'incomplete',
+    // (Stopped early, it was adding the states one step past `depth`: every state up to `depth` was checked.)
+    bounded: stopped === 'bounded',
   });
   const trace = (h: string): string[] => {
     const labels: string[] = [];
@@ -119,7 +130,8 @@ export function search(model: Model, options: SearchOptions = {}): SearchResult 
         if (broken.length) return finish({ violation: broken[0], trace: replay(model, trace(sh)) });
         next.push({ world: step.world, hash: sh });
         if (visited.size % 100_000 === 0) options.progress?.(visited.size, depth + 1);
-        if (visited.size >= maxStates) return finish(undefined, true);
+        if (visited.size >= maxStates) return finish(undefined, 'incomplete');
+        if (visited.size >= bound) return finish(undefined, 'bounded');
       }
     }
     queue = next;
