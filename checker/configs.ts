@@ -3,11 +3,11 @@ import { Budget, NO_FAULTS } from './model';
 import { ConcurrencyControlledWorkflowProps, RateLimit, WaitStrategy } from '../src';
 
 /*
- * The bounded configurations the checker searches exhaustively. Each finishes in seconds to a few
- * minutes on one core (about 42 minutes of one core in all, measured on 2026-11-27), and together
- * they cover every kind of non-determinism the model has. The test command runs all of them (two
- * processes, one per shard); `npm run check-protocol` runs them with a report, or one of them, or
- * larger bounds.
+ * The bounded configurations the checker searches exhaustively. Each finishes in seconds to 25
+ * minutes on one core (about 100 minutes of one core in all), and together they cover every kind of
+ * non-determinism the model has. The test command searches each to a bound of 50,000 states (two
+ * processes, one per shard); `npm run check-protocol` runs them in full with a report, or one of them,
+ * or larger bounds.
  */
 
 export interface CheckerConfig {

@@ -17,6 +17,7 @@ import { buildSystem, System } from './system';
  *   npm run check-protocol -- --list
  *   npm run check-protocol -- queue-stops --tickets 4     a wider window of ticket numbers (default 1, or the configuration's)
  *   npm run check-protocol -- --jobs 1                one process (by default, two: one per shard)
+ *   npm run check-protocol -- --bound 50000           each search stopped after 50,000 states (the test command's)
  */
 
 export interface CheckOptions extends SearchOptions {
@@ -40,8 +41,9 @@ export function checkConfig(config: CheckerConfig, options: CheckOptions = {}): 
 /** A result as text: the figures, and the counterexample if there is one. */
 export function report(config: CheckerConfig, result: SearchResult): string {
   const lines = [
-    `${config.name}: ${result.counterexample ? 'VIOLATION' : result.incomplete ? 'INCOMPLETE' : 'ok'} — ${result.states.toLocaleString('en-US')} states, ` +
-      `${result.transitions.toLocaleString('en-US')} transitions, depth ${result.maxDepth}, ${result.seconds.toFixed(1)} s`,
+    `${config.name}: ${result.counterexample ? 'VIOLATION' : result.incomplete ? 'INCOMPLETE' : result.bounded ? 'ok to its bound' : 'ok'} — ` +
+      `${result.states.toLocaleString('en-US')} states, ${result.transitions.toLocaleString('en-US')} transitions, ` +
+      `${result.bounded ? `every interleaving of up to ${result.maxDepth} steps` : `depth ${result.maxDepth}`}, ${result.seconds.toFixed(1)} s`,
   ];
   const c = result.counterexample;
   if (c) {
@@ -57,7 +59,10 @@ export function report(config: CheckerConfig, result: SearchResult): string {
 
 function main(argv: string[]): number | Promise<number> {
   if (argv.includes('--help')) {
-    console.log('usage: npm run check-protocol -- [config ...] [--list] [--budget JSON] [--executions N] [--max-states N] [--tickets N] [--no-liveness] [--jobs N]');
+    console.log(
+      'usage: npm run check-protocol -- [config ...] [--list] [--budget JSON] [--executions N] [--max-states N] [--bound N] [--tickets N] [--no-liveness] [--jobs N]',
+    );
+    console.log('  --bound N    stop each search after N states and pass if nothing broke (the test command\'s quick search; see the README)');
     return 0;
   }
   if (argv.includes('--list')) {
@@ -68,7 +73,7 @@ function main(argv: string[]): number | Promise<number> {
     const i = argv.indexOf(flag);
     return i >= 0 ? argv[i + 1] : undefined;
   };
-  const flagged = new Set(['--budget', '--executions', '--max-states', '--jobs', '--tickets'].flatMap((f) => [f, value(f)]));
+  const flagged = new Set(['--budget', '--executions', '--max-states', '--bound', '--jobs', '--tickets'].flatMap((f) => [f, value(f)]));
   const names = argv.filter((a) => !a.startsWith('--') && !flagged.has(a));
   const budget = value('--budget') ? (JSON.parse(value('--budget')!) as Partial<Budget>) : {};
   const executions = value('--executions') ? Number(value('--executions')) : undefined;
@@ -85,6 +90,7 @@ function main(argv: string[]): number | Promise<number> {
   for (const config of configs) {
     const result = checkConfig(config, {
       maxStates: value('--max-states') ? Number(value('--max-states')) : undefined,
+      bound: value('--bound') ? Number(value('--bound')) : undefined,
       ticketWindow: value('--tickets') ? Number(value('--tickets')) : undefined,
       liveness: !argv.includes('--no-liveness'),
       progress: argv.includes('--worker') ? undefined : (n, d) => process.stderr.write(`  ${config.name}: ${n.toLocaleString('en-US')} states, depth ${d}\r`),
