@@ -538,9 +538,10 @@ export class Simulator {
     return this.realStart + (Date.now() - this.realStart) / this.timeScale;
   }
 
-  /** Sleep for simulated seconds. */
+  /** Sleep for simulated seconds; a signal that aborts (or had aborted already: a stopped execution's) ends the sleep at once. */
   public sleep(seconds: number, signal?: AbortSignal): Promise<void> {
     return new Promise((done) => {
+      if (signal?.aborted) return done();
       const timer = setTimeout(done, Math.min(seconds * 1000 * this.timeScale, 2147483647));
       signal?.addEventListener('abort', () => {
         clearTimeout(timer);

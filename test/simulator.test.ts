@@ -328,6 +328,27 @@ describe('state machines', () => {
     }
   });
 
+  test('sleep ends at once on a signal that aborts, and on one that had aborted before it was called (a stopped execution\'s handler)', async () => {
+    const { stack } = machineStack((s) => new sfn.Pass(s, 'Nothing'));
+    const sim = await Simulator.start(stack);
+    try {
+      const before = new AbortController();
+      before.abort();
+      const during = new AbortController();
+      const started = sim.now();
+      setTimeout(() => during.abort(), 50);
+      await Promise.all([sim.sleep(3_600, before.signal), sim.sleep(3_600, during.signal)]);
+      // An hour of simulated time not slept: a few seconds at most pass (the second sleep's 50 ms of real time).
+      expect(sim.now() - started).toBeLessThan(600_000);
+      // Without a signal, or with one that does not abort, it sleeps its time.
+      const later = sim.now();
+      await sim.sleep(30, new AbortController().signal);
+      expect(sim.now() - later).toBeGreaterThanOrEqual(30_000);
+    } finally {
+      await sim.stop();
+    }
+  });
+
   test('counts retries as billed transitions', async () => {
     let calls = 0;
     const { stack, sm } = machineStack((s) => {
