@@ -46,6 +46,7 @@ import {
   TICKET_WAITER,
   RATE_INTERVAL,
   COLLECTING,
+  HOLDER_COLLECTING,
 } from '../src/private/lock-schema';
 import { needsBodySlot, OUTSIDE_BODY_STATES } from '../src/private/state-names';
 
@@ -155,6 +156,11 @@ export interface Reclaimed {
   readonly lockName: string;
   readonly holder: string;
   readonly reason: string;
+  /**
+   * The entry was a client's registration to go next (a waiting CLI's, marked as the collector, holding
+   * no permit), gone with its lease: it held nothing, so the `PermitsReclaimed` metric does not count it.
+   */
+  readonly registration?: boolean;
 }
 
 /** What one sweep did. */
@@ -280,7 +286,8 @@ export function* sweep(
         try {
           const reason = yield* reconcileHolder(config, lockName, holder, entry as HolderEntry, dryRun, result);
           if (reason !== undefined) {
-            result.reclaimed.push({ lockName, holder, reason });
+            const registration = (entry as HolderEntry)[HOLDER_COLLECTING] !== undefined && Number((entry as HolderEntry)[HOLDER_PERMITS] ?? 1) === 0;
+            result.reclaimed.push({ lockName, holder, reason, ...(registration ? { registration } : {}) });
             if (!dryRun) {
               held -= Number((entry as HolderEntry)[HOLDER_PERMITS] ?? 1);
               holding--;
@@ -436,6 +443,7 @@ interface HolderEntry {
   readonly [HOLDER_LEASE_SECONDS]?: number;
   readonly [HOLDER_LEASE_EXPIRES_AT]?: number;
   readonly [HOLDER_PERMITS]?: number;
+  readonly [HOLDER_COLLECTING]?: number;
 }
 
 function isHolderEntry(value: unknown): boolean {

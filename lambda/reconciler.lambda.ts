@@ -137,7 +137,8 @@ function emitMetrics(table: string, result: ReconcilerResult): void {
         ],
       },
       TableName: table,
-      PermitsReclaimed: result.dryRun ? 0 : result.reclaimed.length,
+      // A waiting client's registration held nothing: its crash is no lost event.
+      PermitsReclaimed: result.dryRun ? 0 : result.reclaimed.filter((r) => !r.registration).length,
       LeasesExpired: result.stopped.length,
       ReconcilerErrors: result.errors.length,
     }),

@@ -318,7 +318,10 @@ export class SemaphoreReconciler extends Construct {
     return this.reconcilerFunction.grantInvoke(grantee);
   }
 
-  /** Permits the sweeps freed (each one a lost event, a failed cleanup or a late acquire). */
+  /**
+   * Permits the sweeps freed (each one a lost event, a failed cleanup or a late acquire), by holder
+   * entry. A waiting CLI's registration to go next that its lease ended holds no permit: not counted.
+   */
   public metricPermitsReclaimed(props?: cloudwatch.MetricOptions): cloudwatch.Metric {
     return this.tableMetric('PermitsReclaimed', props);
   }

@@ -253,6 +253,36 @@ test('releases an expired lease of a holder that is not an execution, conditiona
   expect(sfn.commandCalls(DescribeExecutionCommand)).toHaveLength(0);
 });
 
+test('an expired registration of a waiting client (no permit, the collector\'s mark) is removed but not counted as a permit reclaimed', async () => {
+  const expired = Date.now() - 60_000;
+  ddb.on(ScanCommand).resolves({
+    Items: [
+      {
+        'lockName': 'deploy',
+        'permitsInUse': 1,
+        'collecting': 1,
+        'lease:waiting': entry(undefined, { leaseExpiresAt: expired, permits: 0, collecting: 1 }),
+        'lease:holding': entry(undefined, { leaseExpiresAt: expired }),
+      },
+    ],
+  });
+  ddb.on(UpdateCommand).resolves({});
+  const log = console.log as jest.Mock;
+
+  const result = await sweep({});
+
+  expect(releasedHolders().sort()).toEqual(['lease:holding', 'lease:waiting']);
+  expect(result.reclaimed).toEqual(
+    expect.arrayContaining([
+      expect.objectContaining({ holder: 'lease:waiting', registration: true }),
+      expect.not.objectContaining({ registration: true }),
+    ]),
+  );
+  const lines = log.mock.calls.map(([line]) => JSON.parse(line));
+  // The crashed waiting CLI held nothing: only the holding lease counts (and can set off the reclaim alarm).
+  expect(lines).toContainEqual(expect.objectContaining({ TableName: 'locks', PermitsReclaimed: 1 }));
+});
+
 test("leaves other state machines' executions to their own reconcilers", async () => {
   ddb.on(ScanCommand).resolves({ Items: [{ lockName: 'shared', permitsInUse: 1, [exec('x', 'Other')]: entry() }] });
 
