@@ -370,12 +370,18 @@ function limitReporter(lock: string, options: CliAcquireOptions, io: CliIo) {
     io.stderr(`${NAME}: ${lock}: warning: the lock's limit is ${lockLimit}; --limit ${options.limit} cannot raise it`);
   };
   const onRetry = (error: Error) => io.stderr(`${NAME}: ${lock}: warning: acquiring failed (${firstLine(error)}), trying again`);
+  let announcedNext = false;
   const onWait = (state: WaitState) => {
     check(state.lockLimit);
-    if (waiting) return;
+    // Once that it waits; once that it goes next, also when that comes after its first wait (executions queued later).
+    const next = state.next && !announcedNext ? ', next in line (executions are queued: the permits given back go to it first)' : '';
+    if (next) announcedNext = true;
+    if (waiting) {
+      if (next) io.stderr(`${NAME}: ${lock}: ${state.permitsInUse} of ${state.limit} permits in use, still waiting${next}`);
+      return;
+    }
     waiting = true;
     const until = options.wait === 'forever' ? 'until one is free' : `up to ${options.wait}`;
-    const next = state.next ? ', next in line (executions are queued: the permits given back go to it first)' : '';
     io.stderr(`${NAME}: ${lock}: ${state.permitsInUse} of ${state.limit} permits in use, waiting ${until}${next}`);
   };
   return { check, onWait, onRetry };

@@ -444,6 +444,25 @@ describe('CLI holders and workflow executions share one lock', () => {
     expect(work.byExecution.get(queued.arn)).toBe(1);
   });
 
+  test('a CLI that began to wait before executions queued says so when it goes next', async () => {
+    const first = await executionInside();
+    const err: string[] = [];
+    const out: string[] = [];
+    const waiting = main(['acquire', LOCK, '--wait', '60s'], { stdout: (l) => out.push(l), stderr: (l) => err.push(l), env });
+    await until(() => err.length > 0, 'the CLI to say that it waits');
+    expect(err).toEqual([`cdk-sfn-semaphore: ${LOCK}: 1 of 1 permits in use, waiting up to 60s`]);
+    const queued = sim.startExecution(sim.stateMachine(stateMachineLogicalId(workflowStateMachine())), { n: 4 });
+    await until(() => err.length > 1, 'the CLI to go next once the execution queued');
+    expect(err[1]).toBe(`cdk-sfn-semaphore: ${LOCK}: 1 of 1 permits in use, still waiting, next in line (executions are queued: the permits given back go to it first)`);
+    await finishExecution(first);
+    expect(await waiting).toBe(0);
+    // Said once: its later looks as the collector add nothing.
+    expect(err).toHaveLength(2);
+    expect((await cli('release', LOCK, out.join('\n').trim())).code).toBe(0);
+    await queued.done;
+    expect(queued.status).toBe('SUCCEEDED');
+  });
+
   test('a CLI that waits next in line gives its place up when its wait ends or a signal ends it; the queue then moves on as before', async () => {
     const first = await executionInside();
     const queued = sim.startExecution(sim.stateMachine(stateMachineLogicalId(workflowStateMachine())), { n: 6 });
