@@ -436,7 +436,10 @@ test('workflows sharing a table and lock name share its permits', async () => {
     await monitor.stop();
 
     expect(statuses(executions)).toEqual({ SUCCEEDED: 16 });
-    expect(work.maxInside).toBe(2);
+    // Never more than the limit inside; that the lock was full shows in its permits, held through hand-offs
+    // (two 5 s bodies, 50 ms of real time each, need not overlap on a loaded machine).
+    expect(work.maxInside).toBeLessThanOrEqual(2);
+    expect(monitor.maxPermits).toBe(2);
     expect(monitor.violations).toEqual([]);
     expect(await lockState(sim, 'Locks')).toEqual([{ lockName: 'shared', permitsInUse: 0, holders: [] }]);
   });
@@ -696,7 +699,10 @@ describe('the queue', () => {
 
       expect(statuses(executions)).toEqual({ SUCCEEDED: 8 });
       expect(sim.lostWakeUps).toBeGreaterThan(0);
-      expect(work.maxInside).toBe(2);
+      // Never more than the limit inside; that the lock was full shows in its permits, held through hand-offs
+      // (two 5 s bodies, 50 ms of real time each, need not overlap on a loaded machine).
+      expect(work.maxInside).toBeLessThanOrEqual(2);
+      expect(monitor.maxPermits).toBe(2);
       expect(monitor.violations).toEqual([]);
       // The waiters whose wake-up was lost found their permit when their wait timed out: the renewal
       // of their wait was refused (they held a permit), and the check claimed it.
@@ -727,7 +733,10 @@ describe('the queue', () => {
       await monitor.stop();
 
       expect(statuses(executions)).toEqual({ SUCCEEDED: 10 });
-      expect(work.maxInside).toBe(2);
+      // Never more than the limit inside; that the lock was full shows in its permits, held through hand-offs
+      // (two 5 s bodies, 50 ms of real time each, need not overlap on a loaded machine).
+      expect(work.maxInside).toBeLessThanOrEqual(2);
+      expect(monitor.maxPermits).toBe(2);
       expect(monitor.violations).toEqual([]);
       const count = (state: string) => executions.reduce((n, e) => n + (e.stateTransitions.get(state) ?? 0), 0);
       // Eight waiters, each handed a permit, each first wake-up throttled, confirmed and sent again.
@@ -752,7 +761,10 @@ describe('the queue', () => {
 
       expect(statuses(executions)).toEqual({ SUCCEEDED: 20 });
       expect(sim.throttledSfnCalls).toBeGreaterThan(0);
-      expect(work.maxInside).toBe(2);
+      // Never more than the limit inside; that the lock was full shows in its permits, held through hand-offs
+      // (two 5 s bodies, 50 ms of real time each, need not overlap on a loaded machine).
+      expect(work.maxInside).toBeLessThanOrEqual(2);
+      expect(monitor.maxPermits).toBe(2);
       expect(monitor.violations).toEqual([]);
       expect(await lockState(sim)).toEqual([{ lockName: 'TestStack/Workflow', permitsInUse: 0, holders: [] }]);
     });
