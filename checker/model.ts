@@ -1415,9 +1415,9 @@ const WAIT_EVENTS_CAP = 200;
 const SLOT_ROUNDS_CAP = 3;
 
 /** A JSON.stringify replacer for an execution: the retries of a "Wait For Body Slot" thread, capped at SLOT_ROUNDS_CAP; its counter `seq` left out. */
-function capSlotRounds(key: string, value: unknown): unknown {
+function capSlotRounds(this: unknown, key: string, value: unknown): unknown {
   // An execution's counter of tokens and UUIDs: only freshness matters (see canonicalSequence).
-  if (key === 'seq') return undefined;
+  if (key === 'seq' && typeof value === 'number' && (this as Partial<Exec> | undefined)?.machine !== undefined) return undefined;
   const thread = value as Thread | undefined;
   if (thread?.state !== STATE.waitForBodySlot || thread.attempts === undefined) return value;
   const attempts: Record<string, number> = {};

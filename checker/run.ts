@@ -75,6 +75,11 @@ function main(argv: string[]): number | Promise<number> {
   };
   const flagged = new Set(['--budget', '--executions', '--max-states', '--bound', '--jobs', '--tickets'].flatMap((f) => [f, value(f)]));
   const names = argv.filter((a) => !a.startsWith('--') && !flagged.has(a));
+  const positive = (flag: string) => {
+    const n = Number(value(flag));
+    if (!Number.isInteger(n) || n <= 0) throw new Error(`${flag} must be a positive whole number of states, not '${value(flag)}'`);
+    return n;
+  };
   const budget = value('--budget') ? (JSON.parse(value('--budget')!) as Partial<Budget>) : {};
   const executions = value('--executions') ? Number(value('--executions')) : undefined;
   const configs = (names.length ? names.map(configNamed) : CONFIGS).map((c) => ({
@@ -90,7 +95,7 @@ function main(argv: string[]): number | Promise<number> {
   for (const config of configs) {
     const result = checkConfig(config, {
       maxStates: value('--max-states') ? Number(value('--max-states')) : undefined,
-      bound: value('--bound') ? Number(value('--bound')) : undefined,
+      bound: value('--bound') ? positive('--bound') : undefined,
       ticketWindow: value('--tickets') ? Number(value('--tickets')) : undefined,
       liveness: !argv.includes('--no-liveness'),
       progress: argv.includes('--worker') ? undefined : (n, d) => process.stderr.write(`  ${config.name}: ${n.toLocaleString('en-US')} states, depth ${d}\r`),

@@ -358,8 +358,9 @@ export function defaultOwner(env: NodeJS.ProcessEnv): string {
 }
 
 /**
- * What an acquire reports on stderr besides failing: once, that it waits; once, that --limit is above
- * the lock's limit (which then applies); each attempt that failed and is tried again.
+ * What an acquire reports on stderr besides failing: once, that it waits; once, that it goes next (with
+ * the first or a later wait); once, that --limit is above the lock's limit (which then applies); each
+ * attempt that failed and is tried again.
  */
 function limitReporter(lock: string, options: CliAcquireOptions, io: CliIo) {
   let warned = false;

@@ -286,7 +286,8 @@ export function* sweep(
         try {
           const reason = yield* reconcileHolder(config, lockName, holder, entry as HolderEntry, dryRun, result);
           if (reason !== undefined) {
-            const registration = (entry as HolderEntry)[HOLDER_COLLECTING] !== undefined && Number((entry as HolderEntry)[HOLDER_PERMITS] ?? 1) === 0;
+            const swept = entry as HolderEntry;
+            const registration = !isExecutionHolder(holder) && swept[HOLDER_COLLECTING] !== undefined && Number(swept[HOLDER_PERMITS] ?? 1) === 0;
             result.reclaimed.push({ lockName, holder, reason, ...(registration ? { registration } : {}) });
             if (!dryRun) {
               held -= Number((entry as HolderEntry)[HOLDER_PERMITS] ?? 1);

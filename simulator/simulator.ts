@@ -542,11 +542,15 @@ export class Simulator {
   public sleep(seconds: number, signal?: AbortSignal): Promise<void> {
     return new Promise((done) => {
       if (signal?.aborted) return done();
-      const timer = setTimeout(done, Math.min(seconds * 1000 * this.timeScale, 2147483647));
-      signal?.addEventListener('abort', () => {
+      const onAbort = () => {
         clearTimeout(timer);
         done();
-      });
+      };
+      const timer = setTimeout(() => {
+        signal?.removeEventListener('abort', onAbort);
+        done();
+      }, Math.min(seconds * 1000 * this.timeScale, 2147483647));
+      signal?.addEventListener('abort', onAbort, { once: true });
     });
   }
 
