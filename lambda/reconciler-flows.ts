@@ -284,13 +284,14 @@ export function* sweep(
           break scan;
         }
         try {
-          const reason = yield* reconcileHolder(config, lockName, holder, entry as HolderEntry, dryRun, result);
+          const swept = entry as HolderEntry;
+          const reason = yield* reconcileHolder(config, lockName, holder, swept, dryRun, result);
           if (reason !== undefined) {
-            const swept = entry as HolderEntry;
-            const registration = !isExecutionHolder(holder) && swept[HOLDER_COLLECTING] !== undefined && Number(swept[HOLDER_PERMITS] ?? 1) === 0;
+            const permits = Number(swept[HOLDER_PERMITS] ?? 1);
+            const registration = !isExecutionHolder(holder) && swept[HOLDER_COLLECTING] !== undefined && permits === 0;
             result.reclaimed.push({ lockName, holder, reason, ...(registration ? { registration } : {}) });
             if (!dryRun) {
-              held -= Number((entry as HolderEntry)[HOLDER_PERMITS] ?? 1);
+              held -= permits;
               holding--;
             }
           }
