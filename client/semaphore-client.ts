@@ -89,7 +89,7 @@ const DRAW_FENCING_TOKEN_UPDATE = `SET ${NAMES.fence} = if_not_exists(${NAMES.fe
 export const LEASE_ID_PREFIX = 'lease-';
 
 /** Field of a client holder entry: who took it (`--owner`, by default user@host). */
-export const HOLDER_OWNER = 'owner';
+export const HOLDER_OWNER = 'o';
 
 export interface SemaphoreClientOptions {
   /** The lock table (a `SemaphoreTable`). */

@@ -13,12 +13,30 @@ import {
   acquireAttempt,
   COLLECTOR_LEASE_SECONDS,
   completeCollecting,
+  HOLDER_OWNER,
   registerCollector,
   SemaphoreClient,
   shouldCollect,
 } from '../client/semaphore-client';
 import { Execution, Simulator } from '../simulator';
-import { DELETE_SERVED_CONDITION, HAND_OFF_UPDATE, PEEK_UPDATE, RELEASE_UPDATE, SERVE_TICKET_UPDATE, ticketKey } from '../src/private/lock-schema';
+import {
+  DELETE_SERVED_CONDITION,
+  HAND_OFF_UPDATE,
+  HOLDER_ACQUIRED_AT,
+  HOLDER_COLLECTING,
+  HOLDER_EXTRA_PERMITS,
+  HOLDER_IN_BODY,
+  HOLDER_LEASE_EXPIRES_AT,
+  HOLDER_LEASE_SECONDS,
+  HOLDER_PERMITS,
+  HOLDER_REDRIVE_COUNT,
+  PEEK_UPDATE,
+  RELEASE_UPDATE,
+  SERVE_TICKET_UPDATE,
+  TICKET_WAIT_TOKEN,
+  TICKET_WAITER,
+  ticketKey,
+} from '../src/private/lock-schema';
 
 /*
  * The CLI and the client against dynalite, on the very lock item a workflow executing in the simulator
@@ -187,7 +205,7 @@ function alive(pid: number): boolean {
 
 
 /**
- * A DynamoDB endpoint in front of dynalite that drops the connection of renewals (`SET holder.leaseExpiresAt`)
+ * A DynamoDB endpoint in front of dynalite that drops the connection of renewals (`SET holder.<lease end>`)
  * or releases (`REMOVE holder`, conditional on the holder) while told to, as a network that is down; and
  * of a client's acquires, either before they reach dynalite or after (the write lands, its response is
  * lost), as many times as told.
@@ -212,7 +230,7 @@ class FaultyProxy {
       req.on('end', () => {
         const body = Buffer.concat(chunks);
         const call = String(req.headers['x-amz-target']).endsWith('.UpdateItem') ? (JSON.parse(body.toString()) as Record<string, string>) : {};
-        const kind = call.UpdateExpression?.startsWith('SET #holder.leaseExpiresAt')
+        const kind = call.UpdateExpression?.startsWith(`SET #holder.${HOLDER_LEASE_EXPIRES_AT}`)
           ? 'renew'
           : call.UpdateExpression?.includes('REMOVE #holder') && call.ConditionExpression?.startsWith('attribute_exists(#holder)')
             ? 'release'
@@ -701,14 +719,14 @@ describe('the client\'s release', () => {
     const arn = (name: string) => `arn:aws:states:us-east-1:123456789012:execution:Other:${name}`;
     const config = { endpoint: sim.db.endpoint, region: 'us-east-1', credentials: { accessKeyId: 'local', secretAccessKey: 'local' } };
     const plain = new DynamoDBClient(config);
-    const lease = { M: { acquiredAt: { S: new Date().toISOString() }, leaseExpiresAt: { N: String(Date.now() + 600_000) } } };
+    const lease = { M: { [HOLDER_ACQUIRED_AT]: { S: new Date().toISOString() }, [HOLDER_LEASE_EXPIRES_AT]: { N: String(Date.now() + 600_000) } } };
     const ticket = (n: number, name: string) => ({
       lockName: { S: ticketKey(lock, n) },
-      waiter: { S: arn(name) },
-      redriveCount: { N: '0' },
-      leaseSeconds: { N: '0' },
+      [TICKET_WAITER]: { S: arn(name) },
+      [HOLDER_REDRIVE_COUNT]: { N: '0' },
+      [HOLDER_LEASE_SECONDS]: { N: '0' },
       concurrencyLimit: { N: '2' },
-      waitToken: { S: `token-${name}` },
+      [TICKET_WAIT_TOKEN]: { S: `token-${name}` },
     });
     // Two leases hold both permits; executions c and d wait on tickets 1 and 2.
     await plain.send(
@@ -784,7 +802,9 @@ describe('the client\'s release', () => {
 describe('a client that goes next (the collector)', () => {
   const protocol = () => ({ tableName: table, clockSkewMs: 0 });
   const flows = () => ({ dynamodb: plainClient(), stepFunctions: new SFNClient({ endpoint: sim.sfnApi!.endpoint, maxAttempts: 1 }) });
-  const lease = () => ({ M: { acquiredAt: { S: new Date().toISOString() }, leaseExpiresAt: { N: String(Date.now() + 600_000) } } });
+  const lease = () => ({
+    M: { [HOLDER_ACQUIRED_AT]: { S: new Date().toISOString() }, [HOLDER_LEASE_EXPIRES_AT]: { N: String(Date.now() + 600_000) } },
+  });
   const lockItem = async (lock: string) =>
     (await plainClient().send(new GetItemCommand({ TableName: table, Key: { lockName: { S: lock } }, ConsistentRead: true }))).Item!;
   const drop = (lock: string) => plainClient().send(new DeleteItemCommand({ TableName: table, Key: { lockName: { S: lock } } }));
@@ -807,7 +827,7 @@ describe('a client that goes next (the collector)', () => {
       expect(shouldCollect(await lockItem(lock))).toBe(false);
       const registered = await lockItem(lock);
       expect([registered.collecting, registered.collectGate, registered.permitsInUse]).toEqual([{ N: '1' }, { N: '0' }, { N: '2' }]);
-      expect(registered['lease-c'].M).toMatchObject({ permits: { N: '0' }, collecting: { N: '1' }, owner: { S: 'ci' } });
+      expect(registered['lease-c'].M).toMatchObject({ [HOLDER_PERMITS]: { N: '0' }, [HOLDER_COLLECTING]: { N: '1' }, [HOLDER_OWNER]: { S: 'ci' } });
       // An acquire of its own (a registration whose answer was lost) tells it that it collects.
       expect(await runFlow(acquireAttempt(protocol(), lock, 'lease-c', request), flows())).toMatchObject({ collecting: true });
       // A newcomer is refused beside the permit given back to the collector.
@@ -822,8 +842,8 @@ describe('a client that goes next (the collector)', () => {
       expect(completed.permitsInUse).toEqual({ N: '2' });
       expect(completed.collecting).toBeUndefined();
       expect(completed.collectGate).toBeUndefined();
-      expect(completed['lease-c'].M).toMatchObject({ permits: { N: '2' }, extra: { N: '1' }, inBody: { N: '1' }, owner: { S: 'ci' } });
-      expect(completed['lease-c'].M!.collecting).toBeUndefined();
+      expect(completed['lease-c'].M).toMatchObject({ [HOLDER_PERMITS]: { N: '2' }, [HOLDER_EXTRA_PERMITS]: { N: '1' }, [HOLDER_IN_BODY]: { N: '1' }, [HOLDER_OWNER]: { S: 'ci' } });
+      expect(completed['lease-c'].M![HOLDER_COLLECTING]).toBeUndefined();
       // Its answer lost, it looks again: its entry holds them, with a fresh fencing token.
       expect((await runFlow(completeCollecting(protocol(), lock, 'lease-c', request), flows())).lease).toMatchObject({ permits: 2, fencingToken: 7 });
     } finally {
@@ -844,7 +864,7 @@ describe('a client that goes next (the collector)', () => {
       expect(await runFlow(atClock(-40_000, registerCollector(protocol(), lock, 'lease-c', { limit: 1 })), flows())).toBe(true);
       const request = { limit: 1, leaseSeconds: 60 };
       expect(await runFlow(completeCollecting(protocol(), lock, 'lease-c', request), flows())).not.toHaveProperty('lease');
-      expect(Number((await lockItem(lock))['lease-c'].M!.leaseExpiresAt.N) - Date.now()).toBeGreaterThan(50_000);
+      expect(Number((await lockItem(lock))['lease-c'].M![HOLDER_LEASE_EXPIRES_AT].N) - Date.now()).toBeGreaterThan(50_000);
       // Its place given up (or reclaimed): the next look says so.
       expect(await runFlow(abandonCollecting(protocol(), lock, 'lease-c'), flows())).toEqual({ removed: 0, admitted: 0 });
       expect(await runFlow(completeCollecting(protocol(), lock, 'lease-c', request), flows())).toMatchObject({ gone: true });

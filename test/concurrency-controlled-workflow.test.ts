@@ -7,7 +7,30 @@ import * as logs from 'aws-cdk-lib/aws-logs';
 import * as sfn from 'aws-cdk-lib/aws-stepfunctions';
 import { ConcurrencyControlledWorkflow, ConcurrencyControlledWorkflowProps, IdempotentWorkflow, RateLimit, SemaphoreReconciler, SemaphoreTable, WaitStrategy } from '../src';
 import { logicalId } from './helpers';
-import { ACQUIRE_CONDITION, RELEASE_IF_NO_WAITERS_CONDITION, RELEASE_UPDATE, TAKE_TICKET_CONDITION } from '../src/private/lock-schema';
+import { HOLDER_OWNER } from '../client/semaphore-client';
+import { itemSizeBytes } from '../simulator/dynamodb';
+import {
+  ACQUIRE_CONDITION,
+  HOLDER_ACQUIRED_AT,
+  HOLDER_CLAIMED,
+  HOLDER_COLLECTING,
+  HOLDER_EXTRA_PERMITS,
+  HOLDER_FENCING_TOKEN,
+  HOLDER_HANDOFF_ID,
+  HOLDER_IN_BODY,
+  HOLDER_LEASE_EXPIRES_AT,
+  HOLDER_LEASE_SECONDS,
+  HOLDER_PERMITS,
+  HOLDER_REDRIVE_COUNT,
+  LOCK_KEY,
+  MAX_CONCURRENCY_LIMIT,
+  MAX_HOLDER_ENTRY_BYTES,
+  MAX_OWNER_LENGTH,
+  MAX_PERMITS,
+  RELEASE_IF_NO_WAITERS_CONDITION,
+  RELEASE_UPDATE,
+  TAKE_TICKET_CONDITION,
+} from '../src/private/lock-schema';
 
 function newStack() {
   return new Stack(new App(), 'Stack');
@@ -123,7 +146,7 @@ describe('definition', () => {
         ExpressionAttributeNames: { '#permits': 'permitsInUse', '#holder.$': '$$.Execution.Id', '#limit': 'concurrencyLimit', '#fence': 'fencingToken' },
         ExpressionAttributeValues: {
           ':limit': { N: '3' },
-          ':entry': { M: { acquiredAt: { 'S.$': '$$.State.EnteredTime' } } },
+          ':entry': { M: { a: { 'S.$': '$$.State.EnteredTime' } } },
         },
       },
     });
@@ -144,8 +167,8 @@ describe('definition', () => {
     expect(def.States['Claim Own Permit']).toMatchObject({
       Next: 'Run Protected Body',
       Parameters: {
-        ConditionExpression: 'attribute_exists(#holder) AND (attribute_not_exists(#holder.redriveCount) OR #holder.redriveCount <= :redriveCount)',
-        UpdateExpression: 'SET #fence = if_not_exists(#fence, :zero) + :one, #holder.claimed = :claimed, #holder.acquiredAt = :acquiredAt, #holder.redriveCount = :redriveCount',
+        ConditionExpression: 'attribute_exists(#holder) AND (attribute_not_exists(#holder.r) OR #holder.r <= :redriveCount)',
+        UpdateExpression: 'SET #fence = if_not_exists(#fence, :zero) + :one, #holder.c = :claimed, #holder.a = :acquiredAt, #holder.r = :redriveCount',
       },
       Catch: [{ ErrorEquals: ['DynamoDB.ConditionalCheckFailedException'], ResultPath: null, Next: 'Wait For Permit' }, expect.anything()],
     });
@@ -186,7 +209,7 @@ describe('definition', () => {
         Key: { lockName: ticketKey },
         UpdateExpression: 'SET #servedBy = :servedBy',
         ConditionExpression: 'attribute_not_exists(#servedBy) AND attribute_exists(#waiter)',
-        ExpressionAttributeNames: { '#servedBy': 'servedBy', '#waiter': 'waiter' },
+        ExpressionAttributeNames: { '#servedBy': 's', '#waiter': 'w' },
         ReturnValues: 'ALL_NEW',
       },
       Catch: [{ ErrorEquals: ['DynamoDB.ConditionalCheckFailedException'], ResultPath: null, Next: 'Mark Ticket Served' }],
@@ -206,7 +229,7 @@ describe('definition', () => {
     // A ticket without a waiter (skipped) sends the releaser to the next one.
     expect(def.States['Check Ticket']).toEqual({
       Type: 'Choice',
-      Choices: [{ Variable: '$.handoff.ticket.Item.waiter', IsPresent: true, Next: 'Hand Off Permit' }],
+      Choices: [{ Variable: '$.handoff.ticket.Item.w', IsPresent: true, Next: 'Hand Off Permit' }],
       Default: 'Peek At Next Waiter',
     });
     expect(def.States['Hand Off Permit']).toMatchObject({
@@ -214,9 +237,9 @@ describe('definition', () => {
         Key: { lockName: { S: 'db-migrations' } },
         // The hand-off draws the waiter's fencing token itself: tokens follow the order permits are granted in.
         // (It gives back a weighted entry's extra permits: the waiter takes one.)
-        UpdateExpression: 'SET #next = :entry, #fence = #fence + :one, #permits = #permits - if_not_exists(#holder.extra, :zero), #bodies = if_not_exists(#bodies, :zero) - if_not_exists(#holder.inBody, :zero) REMOVE #holder',
+        UpdateExpression: 'SET #next = :entry, #fence = #fence + :one, #permits = #permits - if_not_exists(#holder.x, :zero), #bodies = if_not_exists(#bodies, :zero) - if_not_exists(#holder.b, :zero) REMOVE #holder',
         ConditionExpression: expect.stringContaining('AND attribute_not_exists(#next)'),
-        ExpressionAttributeNames: { '#next.$': '$.handoff.ticket.Item.waiter.S' },
+        ExpressionAttributeNames: { '#next.$': '$.handoff.ticket.Item.w.S' },
         ReturnValues: 'UPDATED_OLD',
       },
       // Its fencing token is the counter before the update, plus one.
@@ -224,11 +247,11 @@ describe('definition', () => {
       ResultPath: '$.handoff.wake',
     });
     // The hand-off id names the releaser's run: a redriven releaser never takes back a permit its stopped run handed over.
-    expect(def.States['Hand Off Permit'].Parameters.ExpressionAttributeValues[':entry'].M.handoffId).toEqual({
+    expect(def.States['Hand Off Permit'].Parameters.ExpressionAttributeValues[':entry'].M.h).toEqual({
       'S.$': "States.Format('{}/{}', $.handoff.next.handoffId, $$.Execution.RedriveCount)",
     });
     expect(def.States['Wake Next Waiter'].Parameters['Output.$']).toBe('States.JsonToString($.handoff.wake)');
-    expect(def.States['Wake Next Waiter'].Parameters['TaskToken.$']).toBe('$.handoff.ticket.Item.waitToken.S');
+    expect(def.States['Wake Next Waiter'].Parameters['TaskToken.$']).toBe('$.handoff.ticket.Item.t.S');
     expect(def.States['Wake Next Waiter']).toMatchObject({
       Resource: expect.stringContaining(':states:::aws-sdk:sfn:sendTaskSuccess'),
       Next: 'Delete Served Ticket',
@@ -244,7 +267,7 @@ describe('definition', () => {
     expect(def.States['Wake Next Waiter'].Retry).toBeUndefined();
     expect(def.States['Is Waiter Still Waiting']).toMatchObject({
       Resource: expect.stringContaining(':states:::aws-sdk:sfn:sendTaskHeartbeat'),
-      Parameters: { 'TaskToken.$': '$.handoff.ticket.Item.waitToken.S' },
+      Parameters: { 'TaskToken.$': '$.handoff.ticket.Item.t.S' },
       Next: 'Wake Next Waiter Again',
       Catch: [{ ErrorEquals: ['States.ALL'], ResultPath: null, Next: 'Wake-Up Lost' }],
     });
@@ -268,8 +291,8 @@ describe('definition', () => {
     ]);
     expect(def.States['Confirm Hand-Off'].Next).toBe('Wake Next Waiter');
     // Confirm and take back know the hand-off by its id.
-    expect(def.States['Confirm Hand-Off'].Parameters.ConditionExpression).toBe('#next.handoffId = :handoffId');
-    expect(def.States['Take Back Permit'].Parameters.ConditionExpression).toContain('#next.handoffId = :handoffId');
+    expect(def.States['Confirm Hand-Off'].Parameters.ConditionExpression).toBe('#next.h = :handoffId');
+    expect(def.States['Take Back Permit'].Parameters.ConditionExpression).toContain('#next.h = :handoffId');
     // No write anywhere changes two items at once.
     expect(JSON.stringify(def)).not.toContain('transactWriteItems');
     expect(def.States['Fail With Original Error']).toEqual({ Type: 'Fail', ErrorPath: '$.Error', CausePath: '$.Cause' });
@@ -683,12 +706,12 @@ describe('reconciler, leases and metrics', () => {
 
     expect(def.States['Acquire Permit'].Parameters.ExpressionAttributeValues[':entry']).toEqual({
       M: {
-        acquiredAt: { 'S.$': '$$.State.EnteredTime' },
-        redriveCount: { 'N.$': 'States.JsonToString($$.Execution.RedriveCount)' },
-        leaseSeconds: { N: '600' },
+        a: { 'S.$': '$$.State.EnteredTime' },
+        r: { 'N.$': 'States.JsonToString($$.Execution.RedriveCount)' },
+        l: { N: '600' },
       },
     });
-    expect(def.States['Wait For Permit'].Branches[0].States['Poll For Permit'].Parameters.ExpressionAttributeValues[':entry'].M.leaseSeconds).toEqual({
+    expect(def.States['Wait For Permit'].Branches[0].States['Poll For Permit'].Parameters.ExpressionAttributeValues[':entry'].M.l).toEqual({
       N: '600',
     });
   });
@@ -928,6 +951,43 @@ describe('who may wake the waiters of a lock (states:SendTaskSuccess)', () => {
     // Two's roles wake A, whose name CloudFormation generates: every state machine, with a warning.
     for (const resources of Object.values(two)) expect(resources).toEqual([wildcard, { Ref: logicalId(b.stateMachine.node.defaultChild as any) }]);
     expect(Annotations.fromStack(s2).findWarning('*', Match.stringLikeRegexp('One/A/StateMachine waits on a shared lock from another stack'))).not.toHaveLength(0);
+  });
+});
+
+describe('the lock item', () => {
+  /** Bytes an entry adds to a lock item, as DynamoDB (and dynalite, which the capacity model bills by) counts them. */
+  const entryBytes = (holder: string, fields: Record<string, unknown>) =>
+    itemSizeBytes({ [LOCK_KEY]: { S: 'lock' }, [holder]: { M: fields } }) - itemSizeBytes({ [LOCK_KEY]: { S: 'lock' } });
+
+  test('the largest holder entry fits the bound that caps concurrencyLimit', () => {
+    // The longest execution ARN Step Functions allows: partition, a 14-character Region, two names of 80 characters.
+    const arn = `arn:aws-us-gov:states:ap-southeast-4:123456789012:execution:${'s'.repeat(80)}:${'e'.repeat(80)}`;
+    // Every field an execution's entry can carry, at once (no entry has them all: an over-estimate).
+    const execution = entryBytes(arn, {
+      [HOLDER_ACQUIRED_AT]: { S: '2026-11-28T20:00:00.000Z' },
+      [HOLDER_REDRIVE_COUNT]: { N: '1000' },
+      [HOLDER_LEASE_SECONDS]: { N: '31536000' },
+      [HOLDER_HANDOFF_ID]: { S: `${'0'.repeat(36)}/1000` },
+      [HOLDER_CLAIMED]: { BOOL: true },
+      [HOLDER_FENCING_TOKEN]: { N: '123456789012345' },
+      [HOLDER_PERMITS]: { N: String(MAX_PERMITS) },
+      [HOLDER_EXTRA_PERMITS]: { N: String(MAX_PERMITS - 1) },
+      [HOLDER_COLLECTING]: { N: '1' },
+      [HOLDER_IN_BODY]: { N: '1' },
+    });
+    const client = entryBytes(`lease-${'0'.repeat(36)}`, {
+      [HOLDER_ACQUIRED_AT]: { S: '2026-11-28T20:00:00.000Z' },
+      [HOLDER_LEASE_EXPIRES_AT]: { N: '1795000000000' },
+      [HOLDER_OWNER]: { S: 'o'.repeat(MAX_OWNER_LENGTH) },
+      [HOLDER_PERMITS]: { N: String(MAX_PERMITS) },
+      [HOLDER_EXTRA_PERMITS]: { N: String(MAX_PERMITS - 1) },
+    });
+    expect(execution).toBeLessThanOrEqual(MAX_HOLDER_ENTRY_BYTES);
+    expect(client).toBeLessThanOrEqual(MAX_HOLDER_ENTRY_BYTES);
+    // One-letter field names: the ARN is most of an entry (over 200 of its bytes here).
+    expect(execution - arn.length).toBeLessThan(120);
+    // A thousand of the largest entries and the counters stay inside DynamoDB's 400 KB (409,600 bytes) per item.
+    expect(MAX_CONCURRENCY_LIMIT * MAX_HOLDER_ENTRY_BYTES + 1000).toBeLessThan(409600);
   });
 });
 

@@ -4,6 +4,7 @@ import * as sfn from 'aws-cdk-lib/aws-stepfunctions';
 import * as tasks from 'aws-cdk-lib/aws-stepfunctions-tasks';
 import { Execution, lockStates, Simulator, SimulatorOptions, TaskContext, waitingTickets } from '../simulator';
 import { ConcurrencyControlledWorkflow, ConcurrencyControlledWorkflowProps } from '../src';
+import { HOLDER_REDRIVE_COUNT, TICKET_WAITER } from '../src/private/lock-schema';
 
 /**
  * The work functions' Timeout: Lambda's longest (15 minutes), since the simulator enforces a function's
@@ -104,7 +105,7 @@ export function statuses(executions: Execution[]): Record<string, number> {
  * the waiter on it and the run that waits.
  */
 export async function queuedWaiters(sim: Simulator, lockName: string, table = 'WorkflowLockTable'): Promise<Array<[string, string]>> {
-  return waitingTickets(await sim.scan(table), lockName).map((i) => [i.waiter.S!, i.redriveCount.N!]);
+  return waitingTickets(await sim.scan(table), lockName).map((i) => [i[TICKET_WAITER].S!, i[HOLDER_REDRIVE_COUNT].N!]);
 }
 
 /**

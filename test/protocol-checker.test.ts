@@ -9,6 +9,10 @@ import {
   CLAIM_UPDATE,
   HAND_OFF_CONDITION,
   HAND_OFF_UPDATE,
+  HOLDER_CLAIMED,
+  HOLDER_COLLECTING,
+  HOLDER_HANDOFF_ID,
+  HOLDER_PERMITS,
   PEEK_UPDATE,
   RELEASE_CONDITION,
   RELEASE_IF_NO_WAITERS_CONDITION,
@@ -77,7 +81,7 @@ const unstampedClaim = mutateWorkflow((state) => {
   const p = state.Parameters;
   if (p?.UpdateExpression !== CLAIM_UPDATE) return;
   p.ConditionExpression = RELEASE_CONDITION;
-  p.UpdateExpression = 'SET #fence = if_not_exists(#fence, :zero) + :one, #holder.claimed = :claimed';
+  p.UpdateExpression = `SET #fence = if_not_exists(#fence, :zero) + :one, #holder.${HOLDER_CLAIMED} = :claimed`;
   delete p.ExpressionAttributeValues[':acquiredAt'];
   delete p.ExpressionAttributeValues[':redriveCount.$'];
   delete p.ExpressionAttributeValues[':acquiredAt.$'];
@@ -98,8 +102,8 @@ describe('the checker finds the races of issues 14 and 15 when they are planted 
         const values = state.Parameters?.ExpressionAttributeValues;
         const id = values?.[':handoffId']?.['S.$'];
         if (typeof id === 'string') values[':handoffId']['S.$'] = id.replace('$$.Execution.RedriveCount', "'0'");
-        const entry = values?.[':entry']?.M?.handoffId?.['S.$'];
-        if (typeof entry === 'string') values[':entry'].M.handoffId['S.$'] = entry.replace('$$.Execution.RedriveCount', "'0'");
+        const entry = values?.[':entry']?.M?.[HOLDER_HANDOFF_ID]?.['S.$'];
+        if (typeof entry === 'string') values[':entry'].M[HOLDER_HANDOFF_ID]['S.$'] = entry.replace('$$.Execution.RedriveCount', "'0'");
       }),
     });
     console.log(report(configNamed('queue-stops'), result));
@@ -263,9 +267,12 @@ describe('the checker finds the races of issues 14 and 15 when they are planted 
     const result = checkConfig(config, {
       mutate: mutateWorkflow((state, name) => {
         if (name !== `${STATE.handOffKeepingSlot}${RELEASE_AT_INTERVAL_SUFFIX}`) return;
-        state.Parameters.UpdateExpression = state.Parameters.UpdateExpression.replace(/, #holder\.permits = :zero$/, '');
+        state.Parameters.UpdateExpression = state.Parameters.UpdateExpression.replace(`, #holder.${HOLDER_PERMITS} = :zero`, '');
         delete state.Parameters.ExpressionAttributeValues[':zero'];
-        state.Parameters.ConditionExpression = state.Parameters.ConditionExpression.replace(/ AND \(attribute_not_exists\(#holder\.permits\) OR #holder\.permits > :zero\)/, '');
+        state.Parameters.ConditionExpression = state.Parameters.ConditionExpression.replace(
+          ` AND (attribute_not_exists(#holder.${HOLDER_PERMITS}) OR #holder.${HOLDER_PERMITS} > :zero)`,
+          '',
+        );
       }),
     });
     console.log(report(config, result));
@@ -290,7 +297,7 @@ describe('the checker finds the races of issues 14 and 15 when they are planted 
     });
     expect(planted).not.toBe(RETAKE_PERMIT_IN_SLOT_UPDATE);
     expect(result!.counterexample?.violation).toMatch(/permitsInUse is 0 but 1 holders have entries holding 1/);
-    expect(result!.counterexample!.trace.some((s) => /guard-A/.test(s.label) && /#holder\.permits = :zero/.test(s.label))).toBe(true);
+    expect(result!.counterexample!.trace.some((s) => /guard-A/.test(s.label) && s.label.includes(`#holder.${HOLDER_PERMITS} = :zero`))).toBe(true);
   });
 
   test('a client that goes next: a completion without the collector\'s gate takes a permit beside the holder', () => {
@@ -309,7 +316,7 @@ describe('the checker finds the races of issues 14 and 15 when they are planted 
     });
     expect(planted).not.toBe(CLIENT_COMPLETE_COLLECTOR_CONDITION);
     expect(result!.counterexample?.violation).toMatch(/2 inside at once .* limit 1|permitsInUse is 2/);
-    expect(result!.counterexample!.trace.some((s) => /client-1/.test(s.label) && /#holder\.collecting/.test(s.label))).toBe(true);
+    expect(result!.counterexample!.trace.some((s) => /client-1/.test(s.label) && s.label.includes(`#holder.${HOLDER_COLLECTING}`))).toBe(true);
   });
 
   test('the claim is what the model runs: the planted change above touched the real definition', () => {

@@ -7,6 +7,9 @@ import { LocalDynamoDb } from '../simulator';
 import {
   COLLECTING,
   ACQUIRE_CONDITION,
+  HOLDER_ACQUIRED_AT,
+  HOLDER_LEASE_SECONDS,
+  HOLDER_REDRIVE_COUNT,
   ACQUIRE_UPDATE,
   CLAIM_CONDITION,
   CLAIM_UPDATE,
@@ -119,7 +122,7 @@ function same(outcome: Omit<RecordedUpdate, 'input' | 'before'>) {
 
 const key = { [LOCK_KEY]: { S: 'lock' } };
 const holder = 'arn:aws:states:us-east-1:123456789012:execution:wf:a';
-const entry = (run: number) => ({ M: { acquiredAt: { S: '2026-01-01T00:00:00.000Z' }, redriveCount: { N: String(run) } } });
+const entry = (run: number) => ({ M: { [HOLDER_ACQUIRED_AT]: { S: '2026-01-01T00:00:00.000Z' }, [HOLDER_REDRIVE_COUNT]: { N: String(run) } } });
 const acquire = (limit: number): UpdateItemInput => ({
   TableName: TABLE,
   Key: key,
@@ -170,8 +173,8 @@ const ticketItemKey = { [LOCK_KEY]: { S: ticketKey('lock', 4) } };
 const ticket = (extra: Item = {}): Item => ({ ...ticketItemKey, ...extra });
 const mine = (run: number): Item => ({
   [TICKET_WAITER]: { S: holder },
-  redriveCount: { N: String(run) },
-  leaseSeconds: { N: '0' },
+  [HOLDER_REDRIVE_COUNT]: { N: String(run) },
+  [HOLDER_LEASE_SECONDS]: { N: '0' },
   [CONCURRENCY_LIMIT]: { N: '1' },
   [TICKET_WAIT_TOKEN]: { S: 'token-0' },
 });
@@ -183,8 +186,8 @@ const waitOnTicket = (condition: string, run: number): UpdateItemInput => ({
   ExpressionAttributeNames: {
     [QUEUE_NAMES.servedBy]: TICKET_SERVED_BY,
     [QUEUE_NAMES.waiter]: TICKET_WAITER,
-    [QUEUE_NAMES.run]: 'redriveCount',
-    [QUEUE_NAMES.lease]: 'leaseSeconds',
+    [QUEUE_NAMES.run]: HOLDER_REDRIVE_COUNT,
+    [QUEUE_NAMES.lease]: HOLDER_LEASE_SECONDS,
     [QUEUE_NAMES.token]: TICKET_WAIT_TOKEN,
     [NAMES.limit]: CONCURRENCY_LIMIT,
   },

@@ -4,7 +4,7 @@ import { GRACE_MS } from '../lambda/reconciler-flows';
 import { Execution, LockMonitor, seededRandom, Simulator } from '../simulator';
 import { WaitStrategy } from '../src';
 import { cleanupsEnded, cleanupsOf, lockState, logicalId, queuedWaiters, stateMachineLogicalId, statuses, until, WorkTracker, workflowStack } from './helpers';
-import { COLLECTING, ACQUIRE_CONDITION, ACQUIRE_UPDATE, CONCURRENCY_LIMIT, FENCING_TOKEN, LOCK_KEY, NAMES, PERMITS_IN_USE, VALUES } from '../src/private/lock-schema';
+import { COLLECTING, ACQUIRE_CONDITION, ACQUIRE_UPDATE, CONCURRENCY_LIMIT, FENCING_TOKEN, HOLDER_ACQUIRED_AT, HOLDER_REDRIVE_COUNT, LOCK_KEY, NAMES, PERMITS_IN_USE, VALUES } from '../src/private/lock-schema';
 
 /*
  * The reconciler, run from its bundled code in the simulator against the synthesized workflow: it
@@ -117,7 +117,7 @@ test('aborts during acquire (the late-acquire race) never leak after a reconcile
           [VALUES.zero]: { N: '0' },
           [VALUES.one]: { N: '1' },
           [VALUES.limit]: { N: '40' },
-          [VALUES.entry]: { M: { acquiredAt: { S: new Date(sim.now()).toISOString() }, redriveCount: { N: '0' } } },
+          [VALUES.entry]: { M: { [HOLDER_ACQUIRED_AT]: { S: new Date(sim.now()).toISOString() }, [HOLDER_REDRIVE_COUNT]: { N: '0' } } },
         },
       }),
     );
@@ -168,7 +168,7 @@ test('the queue: the sweep drops a waiter stopped while queued and hands the per
           [VALUES.zero]: { N: '0' },
           [VALUES.one]: { N: '1' },
           [VALUES.limit]: { N: '1' },
-          [VALUES.entry]: { M: { acquiredAt: { S: new Date(sim.now()).toISOString() }, redriveCount: { N: '0' } } },
+          [VALUES.entry]: { M: { [HOLDER_ACQUIRED_AT]: { S: new Date(sim.now()).toISOString() }, [HOLDER_REDRIVE_COUNT]: { N: '0' } } },
         },
       }),
     );
@@ -457,7 +457,7 @@ describe('redrive guard', () => {
       await holder.done;
       expect([holder.status, again.status]).toEqual(['SUCCEEDED', 'SUCCEEDED']);
       // Handed over by the holder's release: the entry carries the run that waits for it now.
-      expect(entryInBody.M.redriveCount).toEqual({ N: '1' });
+      expect(entryInBody.M[HOLDER_REDRIVE_COUNT]).toEqual({ N: '1' });
       expect(await lockState(sim)).toEqual([{ lockName: 'TestStack/Workflow', permitsInUse: 0, holders: [] }]);
     } finally {
       await sim.stop();

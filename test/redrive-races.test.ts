@@ -2,7 +2,7 @@ import { Duration } from 'aws-cdk-lib';
 import { ApiError, Simulator, TaskContext, TaskError } from '../simulator';
 import { WaitStrategy } from '../src';
 import { cleanupsEnded, lockState, stateMachineLogicalId, until, WorkTracker, workflowStack } from './helpers';
-import { HOLDER_REDRIVE_COUNT, isTicketKey, LOCK_KEY } from '../src/private/lock-schema';
+import { HOLDER_REDRIVE_COUNT, isTicketKey, LOCK_KEY, TICKET_WAITER } from '../src/private/lock-schema';
 import { STATE } from '../src/private/state-names';
 
 /*
@@ -166,7 +166,7 @@ test('F3: a releaser redriven after its wake-up was delivered does not take back
       [workFunctionId]: async (input, context) => {
         if (input.untilQueued) {
           rInside = true;
-          const queued = async () => (await context.simulator.scan(TABLE)).some((i) => isTicketKey(i.lockName.S!) && i.waiter !== undefined);
+          const queued = async () => (await context.simulator.scan(TABLE)).some((i) => isTicketKey(i.lockName.S!) && i[TICKET_WAITER] !== undefined);
           await until(queued, 'b to wait on its ticket');
         }
         return work.handler(input, context);

@@ -7,7 +7,7 @@ import { demoSubject } from '../demo/run';
 import { brokenInvariants, LockMonitor, runScenario, Simulator } from '../simulator';
 import { ConcurrencyControlledWorkflow, IdempotencyKey, RateLimit, SemaphoreTable, WaitStrategy } from '../src';
 import { lockState, logicalId, simulate, stateMachineLogicalId, until, WORK_FUNCTION_TIMEOUT, WorkTracker, workflowStack } from './helpers';
-import { HOLDER_PERMITS, isTicketKey } from '../src/private/lock-schema';
+import { HOLDER_ACQUIRED_AT, HOLDER_EXTRA_PERMITS, HOLDER_PERMITS, HOLDER_REDRIVE_COUNT, isTicketKey, TICKET_WAITER } from '../src/private/lock-schema';
 import { STATE } from '../src/private/state-names';
 
 /*
@@ -189,7 +189,7 @@ test.each([false, true])(
     // The heavy body stays inside until the three waiters wait on their tickets (however slow the machine).
     let heavyInside = false;
     const waiting = async (sim: Simulator) =>
-      (await sim.scan(tableId)).filter((i) => isTicketKey(i.lockName.S!) && i.waiter !== undefined).length === 3;
+      (await sim.scan(tableId)).filter((i) => isTicketKey(i.lockName.S!) && i[TICKET_WAITER] !== undefined).length === 3;
     const handler: typeof work.handler = async (input, context) => {
       if (input.untilQueued) {
         heavyInside = true;
@@ -429,9 +429,9 @@ test('redriven while its stopped run\'s release was handing its permits on: the 
     await sim.db.call('UpdateItem', {
       TableName: sim.tableName('WorkflowLockTable'),
       Key: { lockName: { S: LOCK } },
-      UpdateExpression: `SET #next = :entry, #holder.${HOLDER_PERMITS} = #holder.${HOLDER_PERMITS} - :one, #holder.extra = #holder.extra - :one`,
+      UpdateExpression: `SET #next = :entry, #holder.${HOLDER_PERMITS} = #holder.${HOLDER_PERMITS} - :one, #holder.${HOLDER_EXTRA_PERMITS} = #holder.${HOLDER_EXTRA_PERMITS} - :one`,
       ExpressionAttributeNames: { '#next': 'lease-waiter', '#holder': heavy.arn },
-      ExpressionAttributeValues: { ':one': { N: '1' }, ':entry': { M: { acquiredAt: { S: new Date(sim.now()).toISOString() } } } },
+      ExpressionAttributeValues: { ':one': { N: '1' }, ':entry': { M: { [HOLDER_ACQUIRED_AT]: { S: new Date(sim.now()).toISOString() } } } },
     });
     sim.eventFaults = {};
     // (It resolves when the redriven run stops.)
@@ -443,7 +443,7 @@ test('redriven while its stopped run\'s release was handing its permits on: the 
     }, 'the redriven run holding three permits');
     const [lock] = await sim.scan('WorkflowLockTable');
     expect(lock.permitsInUse).toEqual({ N: '4' });
-    expect(lock[heavy.arn].M?.redriveCount).toEqual({ N: '1' });
+    expect(lock[heavy.arn].M?.[HOLDER_REDRIVE_COUNT]).toEqual({ N: '1' });
     expect((await redriven).status).toBe('SUCCEEDED');
     await sim.idle();
     expect(await lockState(sim)).toEqual([{ lockName: LOCK, permitsInUse: 1, holders: ['lease-waiter'] }]);
@@ -543,7 +543,7 @@ test('a collector whose acquireTimeout passes fails with SemaphoreAcquireTimeout
   const handler: typeof work.handler = async (input, context) => {
     if (input.untilQueued) {
       lightInside = true;
-      const queued = async () => (await context.simulator.scan('WorkflowLockTable')).some((i) => isTicketKey(i.lockName.S!) && i.waiter !== undefined);
+      const queued = async () => (await context.simulator.scan('WorkflowLockTable')).some((i) => isTicketKey(i.lockName.S!) && i[TICKET_WAITER] !== undefined);
       await until(queued, 'the heavy one to wait on its ticket');
     }
     return work.handler(input, context);

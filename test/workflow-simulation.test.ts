@@ -6,7 +6,7 @@ import * as tasks from 'aws-cdk-lib/aws-stepfunctions-tasks';
 import { ConcurrencyControlledWorkflow, RateLimit, SemaphoreTable, WaitStrategy } from '../src';
 import { cleanupsEnded, lockState, logicalId, simulate, stateMachineLogicalId, statuses, until as waitUntil, WORK_FUNCTION_TIMEOUT, WorkTracker, workflowStack } from './helpers';
 import { Execution, LockMonitor, seededRandom, Simulator, TaskContext, TaskError } from '../simulator';
-import { isTicketKey, ticketKey } from '../src/private/lock-schema';
+import { HOLDER_REDRIVE_COUNT, isTicketKey, TICKET_SERVED_BY, TICKET_WAITER, ticketKey } from '../src/private/lock-schema';
 
 /*
  * Executed behaviour: the synthesized workflow and cleanup state machines run in the local simulator
@@ -491,7 +491,7 @@ function lockProbes(sim: () => Simulator) {
   return {
     holds: async (name: string) => (await item())?.[`${ARN_PREFIX}${name}`] !== undefined,
     // Waiting on a ticket: its ticket item names it and is not served yet.
-    queued: async (name: string) => (await items()).some((i) => isTicketKey(i.lockName.S!) && i.waiter?.S === `${ARN_PREFIX}${name}` && i.servedBy === undefined),
+    queued: async (name: string) => (await items()).some((i) => isTicketKey(i.lockName.S!) && i[TICKET_WAITER]?.S === `${ARN_PREFIX}${name}` && i[TICKET_SERVED_BY] === undefined),
     // Bounded in real time, and failing past it (as the helpers' until): a busy machine makes the condition slower to hold.
     until: async (condition: () => Promise<boolean>) => {
       const end = Date.now() + 20_000;
@@ -519,7 +519,7 @@ describe('payload edges: the release needs 4 KiB beside the body\'s output', () 
     const handler = async (input: any, context: TaskContext) => {
       if (!gated) {
         gated = true;
-        const queued = async () => (await context.simulator.scan('WorkflowLockTable')).some((i) => isTicketKey(i.lockName.S!) && i.waiter !== undefined);
+        const queued = async () => (await context.simulator.scan('WorkflowLockTable')).some((i) => isTicketKey(i.lockName.S!) && i[TICKET_WAITER] !== undefined);
         await waitUntil(queued, 'the second execution to wait on its ticket');
       }
       await work.handler(input, context);
@@ -1017,7 +1017,7 @@ describe('the queue', () => {
       expect(permitInBody).toEqual({ fencingToken: Number(lockInBody.fencingToken.N) });
       expect([lockInBody.queueHead.N, lockInBody.queueTail.N]).toEqual(['0', '1']);
       const ticketsInBody = itemsInBody!.filter((i) => isTicketKey(i.lockName.S));
-      expect(ticketsInBody.map((i) => [i.lockName.S, i.waiter?.S])).toEqual(throttled ? [[ticketKey('TestStack/Workflow', 1), waiter.arn]] : []);
+      expect(ticketsInBody.map((i) => [i.lockName.S, i[TICKET_WAITER]?.S])).toEqual(throttled ? [[ticketKey('TestStack/Workflow', 1), waiter.arn]] : []);
       // Its own release claimed that ticket and skipped it, as one whose waiter never wrote its item
       // (or, when it could not leave, as one whose waiter holds a permit: a refused hand-off): no
       // wake-up, and the permit was given back.
@@ -1069,7 +1069,7 @@ describe('the queue', () => {
       const again = await sim.redriveExecution(waiter.arn);
       expect(again.status).toBe('SUCCEEDED');
       // Its body ran holding an entry of its own run (not on the freed entry of the stopped run).
-      expect(entryInBody).toMatchObject({ M: { redriveCount: { N: '1' } } });
+      expect(entryInBody).toMatchObject({ M: { [HOLDER_REDRIVE_COUNT]: { N: '1' } } });
       // Refused (the ticket is the run before's), it claimed: the entry was gone, so it queued again
       // and took the free permit.
       for (const state of ['Redriven At Leave Queue?', 'Check Handed-Off Permit Again', 'Take Ticket']) {

@@ -9,13 +9,21 @@
  *   concurrencyLimit (N)             the limit of the last acquire that succeeded (for `status`;
  *                                    every acquire brings its own limit)
  *   <holder id>  (M)                 one top-level attribute per holder, named by its id (for a
- *                                    workflow, the execution ARN): { acquiredAt: S (ISO-8601),
- *                                    redriveCount?: N (executions: the run that took it),
- *                                    leaseSeconds?: N (workflow leases), leaseExpiresAt?: N (epoch
- *                                    ms, leases of holders that are not executions), owner?: S,
- *                                    handoffId?: S, claimed?: BOOL, fencingToken?: N (below) }
+ *                                    workflow, the execution ARN): { a: S (acquired at, ISO-8601),
+ *                                    r?: N (executions: the run that took it), l?: N (workflow
+ *                                    lease, seconds), e?: N (lease of a holder that is not an
+ *                                    execution: its end, epoch ms), o?: S (its owner), h?: S (hand-
+ *                                    off id), c?: BOOL (claimed), f?: N (fencing token), p?, x?:
+ *                                    N (weighted: permits, extra), b?: N (in body), k?: N (collecting) }
  *   fencingToken (N)                 one more on every acquisition (below)
  *   queueHead, queueTail (N)         the queue's counters; its waiters have items of their own (below)
+ *
+ * The fields of a holder entry (and of a ticket item, below) have one-letter names: an entry is
+ * written into the lock item once per holder, and every write to the lock item is billed by the size
+ * of the whole item, names included ("choose shorter attribute names rather than long ones ... can
+ * lower the amount of RCU/WCUs you use":
+ * https://docs.aws.amazon.com/amazondynamodb/latest/developerguide/CapacityUnitCalculations.html).
+ * The constants below give each its meaning; only they may spell them.
  *
  * Holders are top-level attributes rather than entries of a map because `SET holders.#h = ...` fails
  * when the map does not exist yet, which would need a separate "initialize the item" step (the AWS
@@ -41,7 +49,7 @@ export const CONCURRENCY_LIMIT = 'concurrencyLimit';
 export const RATE_INTERVAL = 'rateIntervalSeconds';
 
 /** Field of a holder entry (a map) with the time the permit was taken, ISO-8601. */
-export const HOLDER_ACQUIRED_AT = 'acquiredAt';
+export const HOLDER_ACQUIRED_AT = 'a';
 
 /**
  * Field of a holder entry that holds more than one of the lock's permits (a weighted acquisition,
@@ -50,7 +58,7 @@ export const HOLDER_ACQUIRED_AT = 'acquiredAt';
  * only its body slot: a rate's permit given back (or handed on) at the interval while a body that may
  * run longer keeps its slot (a concurrency limit above the rate's count, see KEEP_SLOT_RELEASE_CONDITION).
  */
-export const HOLDER_PERMITS = 'permits';
+export const HOLDER_PERMITS = 'p';
 
 /**
  * Field of a weighted holder entry beside HOLDER_PERMITS: how many it holds beyond one (type N, the
@@ -58,7 +66,7 @@ export const HOLDER_PERMITS = 'permits';
  * same write (HAND_OFF_UPDATE: an update expression has one `+` or `-` per value, so the entry keeps
  * both numbers), so that an entry handed off as a whole never leaves permits counted that nobody holds.
  */
-export const HOLDER_EXTRA_PERMITS = 'extra';
+export const HOLDER_EXTRA_PERMITS = 'x';
 
 /** The most permits one acquisition may take (`permits`): see MAX_PERMITS_REASON. */
 export const MAX_PERMITS = 100;
@@ -71,16 +79,16 @@ export const MAX_PERMITS = 100;
 export const MAX_PERMITS_REASON = 'a weighted release hands its permits to queued waiters one at a time, about 30 history events each';
 
 /** Field of a holder entry: how long a workflow execution may hold the permit, in seconds. */
-export const HOLDER_LEASE_SECONDS = 'leaseSeconds';
+export const HOLDER_LEASE_SECONDS = 'l';
 
 /**
  * Field of a holder entry that is an execution: which run of it took the permit (`$$.Execution.RedriveCount`,
  * 0 before any redrive), so that the cleanup of an earlier run never frees the permit of a later one.
  */
-export const HOLDER_REDRIVE_COUNT = 'redriveCount';
+export const HOLDER_REDRIVE_COUNT = 'r';
 
 /** Field of a holder entry that is not an execution: when its lease ends, epoch milliseconds. */
-export const HOLDER_LEASE_EXPIRES_AT = 'leaseExpiresAt';
+export const HOLDER_LEASE_EXPIRES_AT = 'e';
 
 /** Whether a holder id is a Step Functions execution (else it is a lease id of a script or an operator). */
 export function isExecutionHolder(holderId: string): boolean {
@@ -116,7 +124,7 @@ export const BODIES_RUNNING = 'bodiesRunning';
 /** How many bodies may run at once on a lock whose permits a rate holds (type N), recorded by each take of a slot. */
 export const BODY_LIMIT = 'bodyLimit';
 /** Field of a holder entry (type N, 1) whose body holds a slot: the mark every release takes off BODIES_RUNNING. */
-export const HOLDER_IN_BODY = 'inBody';
+export const HOLDER_IN_BODY = 'b';
 
 /*
  * A weighted waiter of the queue (a workflow with `permits` and the queue strategy) is handed one
@@ -135,7 +143,7 @@ export const COLLECTING = 'collecting';
 /** While a collector collects: the limit less the permits it still needs (type N). It completes once `permitsInUse <= collectGate`. */
 export const COLLECT_GATE = 'collectGate';
 /** Field of the collector's holder entry (type N, 1): the mark RELEASE_UPDATE takes off the lock's COLLECTING. */
-export const HOLDER_COLLECTING = 'collecting';
+export const HOLDER_COLLECTING = 'k';
 
 /** Expression attribute values used by every expression below. */
 export const VALUES = {
@@ -284,13 +292,14 @@ export const MAX_LOCK_NAME_LENGTH = 255;
  * The most bytes one holder entry takes in the lock item, attribute name included (DynamoDB counts
  * names: "The attribute name counts towards the size limit"). An execution's: its ARN as the name, at
  * most 221 bytes (`arn:aws-us-gov:states:`, a 14-character Region, the account, `:execution:`, two
- * names of at most 80 ASCII characters), and a map of at most 150 bytes (acquiredAt 35, redriveCount
- * 16, leaseSeconds 17, handoffId 49, claimed 9, fencingToken 21, 3 for the map). A weighted entry adds
- * `permits` (10 bytes) and `extra` (8), and a weighted waiter of the queue, handed its first permit,
- * keeps the hand-off's id and adds `collecting` (11) while it collects: at most 158 bytes of map
- * (an entry from the reconciler's queue service carries a fencing token instead of the id: 130), so
- * 379 with the longest ARN. A client's: a 42-byte lease id and at most 230 bytes with an owner of
- * MAX_OWNER_LENGTH and `permits`.
+ * names of at most 80 ASCII characters), and a map of at most 94 bytes (each field its one-letter
+ * name, its value and a byte: acquired at 26, run 5, lease 6, hand-off id 41, claimed 3, fencing
+ * token 10; 3 for the map). A weighted entry adds permits and extra (4 each), and a weighted waiter of
+ * the queue, handed its first permit, keeps the hand-off's id and adds collecting (4) while it
+ * collects, without a fencing token: at most 96 bytes of map (an entry from the reconciler's queue
+ * service carries a fencing token instead of the id: 65), so 317 with the longest ARN. A client's: a
+ * 42-byte lease id and at most 190 bytes with an owner of MAX_OWNER_LENGTH and permits. The bound
+ * below is the one from before the field names were shortened (379 bytes then): it keeps its margin.
  * https://docs.aws.amazon.com/amazondynamodb/latest/developerguide/CapacityUnitCalculations.html
  */
 export const MAX_HOLDER_ENTRY_BYTES = 380;
@@ -313,8 +322,8 @@ export const MAX_CONCURRENCY_LIMIT = 1000;
  *   lock item      queueTail (N): tickets issued; queueHead (N): tickets passed (served, dropped or
  *                  skipped). Waiters: tail - head. Both appear with the first ticket.
  *   ticket item    key `<lock name><US><ticket>` (US: the ASCII unit separator, which no lock name may
- *                  contain): waiter (S, execution ARN), redriveCount (N, its run), leaseSeconds (N),
- *                  concurrencyLimit (N), waitToken (S, the task token of its current wait), servedBy
+ *                  contain): w (S, the waiter's execution ARN), r (N, its run), l (N, its lease),
+ *                  concurrencyLimit (N), t (S, the task token of its current wait), s
  *                  (S, set once its turn has come: the id of the hand-off that served it).
  *
  * An execution that finds the lock full takes a ticket in a conditional write that checks the lock
@@ -347,23 +356,23 @@ export function isTicketKey(key: string): boolean {
 /** The key of a ticket item as a States.Format template: the lock name, then the ticket. */
 export const TICKET_KEY_FORMAT = `{}${TICKET_KEY_SEPARATOR}{}`;
 /** Field of a ticket item: the waiter's execution ARN. */
-export const TICKET_WAITER = 'waiter';
+export const TICKET_WAITER = 'w';
 /** Field of a ticket item: the task token of the waiter's current wait. */
-export const TICKET_WAIT_TOKEN = 'waitToken';
+export const TICKET_WAIT_TOKEN = 't';
 /** Field of a ticket item, set once its turn has come: the id of the hand-off that served it. */
-export const TICKET_SERVED_BY = 'servedBy';
+export const TICKET_SERVED_BY = 's';
 /** Field of a holder entry that came from the reconciler's queue service: the fencing token it was handed. */
-export const HOLDER_FENCING_TOKEN = 'fencingToken';
+export const HOLDER_FENCING_TOKEN = 'f';
 /**
  * Field of a holder entry that a release handed to a waiter: an id the releaser drew (a UUID), by
  * which it tells its own hand-off from anyone else's when it confirms or takes it back.
  */
-export const HOLDER_HANDOFF_ID = 'handoffId';
+export const HOLDER_HANDOFF_ID = 'h';
 /**
  * Field of a holder entry that came from the queue, set when its execution found it without being
  * woken: from then on the releaser that handed it over no longer takes it back.
  */
-export const HOLDER_CLAIMED = 'claimed';
+export const HOLDER_CLAIMED = 'c';
 
 /** Expression attribute names of the queue's expressions (with NAMES). */
 export const QUEUE_NAMES = {
@@ -628,7 +637,7 @@ export const GIVE_UP_HANDED_CONDITION = `${RELEASE_STOPPED_RUN_CONDITION} AND at
  * body, takes its slot here, outside the body, where the redrive guard leaves it to the workflow), and
  * the body's fencing token is drawn here, so that tokens follow the order in which bodies are let in.
  * A holder without an entry (freed while its execution was stopped, or by an expired lease) passes the
- * condition and fails the update (`#holder.inBody` has no map to go in: a ValidationException), as
+ * condition and fails the update (`#holder.b` has no map to go in: a ValidationException), as
  * COMPLETE_COLLECTOR does: it acquires again. Refused (ConditionalCheckFailed) when the slots are all
  * taken, or when the entry holds one already (a write whose response was lost, a redrive):
  * BODY_SLOT_HELD tells which.

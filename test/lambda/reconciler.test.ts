@@ -20,11 +20,22 @@ import {
   CLAIM_WITH_BODY_SLOT_CONDITION,
   CLAIM_WITH_BODY_SLOT_UPDATE,
   CLAIM_UPDATE,
+  HOLDER_ACQUIRED_AT,
+  HOLDER_COLLECTING,
+  HOLDER_EXTRA_PERMITS,
+  HOLDER_IN_BODY,
+  HOLDER_LEASE_EXPIRES_AT,
+  HOLDER_LEASE_SECONDS,
+  HOLDER_PERMITS,
+  HOLDER_REDRIVE_COUNT,
   RELEASE_SEEN_HOLDER_CONDITION,
   RELEASE_UPDATE,
   RETAKE_PERMIT_IN_SLOT_CONDITION,
   RELEASE_PARTIAL_CONDITION,
   RETAKE_PERMIT_IN_SLOT_UPDATE,
+  TICKET_SERVED_BY,
+  TICKET_WAIT_TOKEN,
+  TICKET_WAITER,
   ticketKey,
   WEIGHTED_ACQUIRE_CONDITION,
   WEIGHTED_CLAIM_CONDITION,
@@ -44,7 +55,10 @@ const sfn = mockClient(SFNClient);
 const SM = 'arn:aws:states:us-east-1:123456789012:stateMachine:Guarded';
 const exec = (name: string, sm = 'Guarded') => `arn:aws:states:us-east-1:123456789012:execution:${sm}:${name}`;
 /** A holder entry, by default taken two minutes ago: past the sweep's grace period. */
-const entry = (acquiredAt = new Date(Date.now() - 2 * GRACE_MS).toISOString(), extra: Record<string, unknown> = {}) => ({ acquiredAt, ...extra });
+const entry = (acquiredAt = new Date(Date.now() - 2 * GRACE_MS).toISOString(), extra: Record<string, unknown> = {}) => ({
+  [HOLDER_ACQUIRED_AT]: acquiredAt,
+  ...extra,
+});
 
 const sweep = (...args: Parameters<typeof handler>) => handler(...args) as Promise<ReconcilerResult>;
 const guard = (...args: Parameters<typeof handler>) => handler(...args) as Promise<RedriveGuardResult>;
@@ -120,7 +134,7 @@ test('F5: leaves an entry younger than the grace period, even if its execution r
 
 test('F5: judges runs: a description older than the entry leaves it, an entry of an ended run goes with that run', async () => {
   ddb.on(ScanCommand).resolves({
-    Items: [{ lockName: 'db', permitsInUse: 2, [exec('redriven')]: entry(undefined, { redriveCount: 1 }), [exec('left')]: entry(undefined, { redriveCount: 0 }) }],
+    Items: [{ lockName: 'db', permitsInUse: 2, [exec('redriven')]: entry(undefined, { [HOLDER_REDRIVE_COUNT]: 1 }), [exec('left')]: entry(undefined, { [HOLDER_REDRIVE_COUNT]: 0 }) }],
   });
   // 'redriven' took its entry in run 1, and the description still shows run 0 FAILED (stale).
   statuses({ [exec('redriven')]: 'FAILED' }, 0);
@@ -137,7 +151,7 @@ test('F5: judges runs: a description older than the entry leaves it, an entry of
 
 test('stops a running execution past its lease, and only then releases it', async () => {
   const acquiredAt = new Date(Date.now() - 120_000).toISOString();
-  ddb.on(ScanCommand).resolves({ Items: [{ lockName: 'db', permitsInUse: 1, [exec('slow')]: entry(acquiredAt, { leaseSeconds: 60 }) }] });
+  ddb.on(ScanCommand).resolves({ Items: [{ lockName: 'db', permitsInUse: 1, [exec('slow')]: entry(acquiredAt, { [HOLDER_LEASE_SECONDS]: 60 }) }] });
   statuses({ [exec('slow')]: 'RUNNING' });
   const order: string[] = [];
   sfn.on(StopExecutionCommand).callsFake(() => order.push('stop'));
@@ -187,8 +201,8 @@ describe('under a rate limit (HOLD_AFTER_STOP_SECONDS)', () => {
         {
           lockName: 'db',
           permitsInUse: 3,
-          [exec('soon')]: entry(undefined, { redriveCount: 0 }),
-          [exec('later')]: entry(undefined, { redriveCount: 0 }),
+          [exec('soon')]: entry(undefined, { [HOLDER_REDRIVE_COUNT]: 0 }),
+          [exec('later')]: entry(undefined, { [HOLDER_REDRIVE_COUNT]: 0 }),
           [exec('unknown')]: entry(ago(300_000).toISOString()),
         },
       ],
@@ -204,7 +218,7 @@ describe('under a rate limit (HOLD_AFTER_STOP_SECONDS)', () => {
   });
 
   test('stops a running execution past its lease, and leaves its permit to the cleanup or a later sweep', async () => {
-    ddb.on(ScanCommand).resolves({ Items: [{ lockName: 'db', permitsInUse: 1, [exec('slow')]: entry(ago(3_600_000).toISOString(), { leaseSeconds: 900 }) }] });
+    ddb.on(ScanCommand).resolves({ Items: [{ lockName: 'db', permitsInUse: 1, [exec('slow')]: entry(ago(3_600_000).toISOString(), { [HOLDER_LEASE_SECONDS]: 900 }) }] });
     statuses({ [exec('slow')]: 'RUNNING' });
     sfn.on(StopExecutionCommand).resolves({});
 
@@ -216,7 +230,7 @@ describe('under a rate limit (HOLD_AFTER_STOP_SECONDS)', () => {
 });
 
 test('leaves a running execution within its lease', async () => {
-  ddb.on(ScanCommand).resolves({ Items: [{ lockName: 'db', permitsInUse: 1, [exec('ok')]: entry(new Date().toISOString(), { leaseSeconds: 60 }) }] });
+  ddb.on(ScanCommand).resolves({ Items: [{ lockName: 'db', permitsInUse: 1, [exec('ok')]: entry(new Date().toISOString(), { [HOLDER_LEASE_SECONDS]: 60 }) }] });
   statuses({ [exec('ok')]: 'RUNNING' });
 
   const result = await sweep({});
@@ -235,9 +249,9 @@ test('releases an expired lease of a holder that is not an execution, conditiona
       {
         'lockName': 'deploy',
         'permitsInUse': 3,
-        'lease:expired': entry(undefined, { leaseExpiresAt: expired }),
-        'lease:live': entry(undefined, { leaseExpiresAt: live }),
-        'lease:skew': entry(undefined, { leaseExpiresAt: withinSkew }),
+        'lease:expired': entry(undefined, { [HOLDER_LEASE_EXPIRES_AT]: expired }),
+        'lease:live': entry(undefined, { [HOLDER_LEASE_EXPIRES_AT]: live }),
+        'lease:skew': entry(undefined, { [HOLDER_LEASE_EXPIRES_AT]: withinSkew }),
       },
     ],
   });
@@ -247,7 +261,7 @@ test('releases an expired lease of a holder that is not an execution, conditiona
 
   expect(releasedHolders()).toEqual(['lease:expired']);
   expect(ddb.commandCalls(UpdateCommand)[0].args[0].input).toMatchObject({
-    ConditionExpression: 'attribute_exists(#holder) AND #holder.leaseExpiresAt = :expiresAt',
+    ConditionExpression: `attribute_exists(#holder) AND #holder.${HOLDER_LEASE_EXPIRES_AT} = :expiresAt`,
     ExpressionAttributeValues: { ':one': 1, ':expiresAt': expired },
   });
   expect(sfn.commandCalls(DescribeExecutionCommand)).toHaveLength(0);
@@ -261,8 +275,8 @@ test('an expired registration of a waiting client (no permit, the collector\'s m
         'lockName': 'deploy',
         'permitsInUse': 1,
         'collecting': 1,
-        'lease:waiting': entry(undefined, { leaseExpiresAt: expired, permits: 0, collecting: 1 }),
-        'lease:holding': entry(undefined, { leaseExpiresAt: expired }),
+        'lease:waiting': entry(undefined, { [HOLDER_LEASE_EXPIRES_AT]: expired, [HOLDER_PERMITS]: 0, [HOLDER_COLLECTING]: 1 }),
+        'lease:holding': entry(undefined, { [HOLDER_LEASE_EXPIRES_AT]: expired }),
       },
     ],
   });
@@ -366,7 +380,7 @@ test('publishes permits in use per lock and reclaimed permits in the Embedded Me
 });
 
 test('a weighted holder\'s permits all count: PermitsInUse by weight, Holders by entry', async () => {
-  const weighted = entry(undefined, { permits: 3, extra: 2 });
+  const weighted = entry(undefined, { [HOLDER_PERMITS]: 3, [HOLDER_EXTRA_PERMITS]: 2 });
   ddb.on(ScanCommand).resolves({ Items: [{ lockName: 'db', permitsInUse: 6, [exec('done')]: weighted, [exec('busy')]: weighted }] });
   statuses({ [exec('done')]: 'FAILED', [exec('busy')]: 'RUNNING' });
   ddb.on(UpdateCommand).resolves({});
@@ -391,7 +405,7 @@ test('publishes the queue\'s length, and on a lock with a rate the permits still
         rateIntervalSeconds: 300,
         [exec('recent')]: at(120_000),
         [exec('old')]: at(600_000),
-        [exec('heavy')]: { ...at(299_000), permits: 3, extra: 2 },
+        [exec('heavy')]: { ...at(299_000), [HOLDER_PERMITS]: 3, [HOLDER_EXTRA_PERMITS]: 2 },
       },
       { lockName: 'db', permitsInUse: 1, queueHead: 4, queueTail: 7, [exec('busy')]: entry() },
     ],
@@ -465,7 +479,7 @@ describe('redrive guard', () => {
       // The user's body needs a body slot too, wherever the lock records a limit of them (a rate above the concurrency limit).
       ConditionExpression: ACQUIRE_WITH_BODY_SLOT_CONDITION,
       ExpressionAttributeNames: { '#holder': exec('r1'), '#bodies': 'bodiesRunning', '#bodyLimit': 'bodyLimit' },
-      ExpressionAttributeValues: { ':limit': 2, ':entry': { redriveCount: 1, acquiredAt: expect.any(String), inBody: 1 } },
+      ExpressionAttributeValues: { ':limit': 2, ':entry': { [HOLDER_REDRIVE_COUNT]: 1, [HOLDER_ACQUIRED_AT]: expect.any(String), [HOLDER_IN_BODY]: 1 } },
     });
     expect(sfn.commandCalls(StopExecutionCommand)).toHaveLength(0);
   });
@@ -610,7 +624,7 @@ describe('redrive guard', () => {
     const [take, giveBack] = ddb.commandCalls(UpdateCommand).map((c) => c.args[0].input);
     expect(giveBack).toMatchObject({
       ConditionExpression: RELEASE_SEEN_HOLDER_CONDITION,
-      ExpressionAttributeValues: { ':acquiredAt': (take.ExpressionAttributeValues as any)[':entry'].acquiredAt, ':redriveCount': 1 },
+      ExpressionAttributeValues: { ':acquiredAt': (take.ExpressionAttributeValues as any)[':entry'][HOLDER_ACQUIRED_AT], ':redriveCount': 1 },
     });
   });
 
@@ -629,9 +643,9 @@ describe('redrive guard', () => {
       .on(GetItemCommand, { Key: { lockName: { S: 'db' } } })
       .resolvesOnce({ Item: { ...lock, queueTail: { N: '4' } } })
       .resolves({ Item: { ...lock, queueHead: { N: '4' }, queueTail: { N: '4' } } });
-    const ticket = { lockName: { S: ticketKey('db', 4) }, waiter: { S: exec('waiter') }, redriveCount: { N: '0' }, waitToken: { S: 'token-4' } };
+    const ticket = { lockName: { S: ticketKey('db', 4) }, [TICKET_WAITER]: { S: exec('waiter') }, [HOLDER_REDRIVE_COUNT]: { N: '0' }, [TICKET_WAIT_TOKEN]: { S: 'token-4' } };
     raw.on(GetItemCommand, { Key: { lockName: { S: ticketKey('db', 4) } } }).resolves({ Item: ticket });
-    raw.on(UpdateItemCommand).callsFake((input) => (input.ReturnValues === 'ALL_NEW' ? { Attributes: { ...ticket, servedBy: input.ExpressionAttributeValues[':servedBy'] } } : {}));
+    raw.on(UpdateItemCommand).callsFake((input) => (input.ReturnValues === 'ALL_NEW' ? { Attributes: { ...ticket, [TICKET_SERVED_BY]: input.ExpressionAttributeValues[':servedBy'] } } : {}));
 
     expect((await guard(redriven('r8'))).action).toBe('permit taken again, then given back');
     expect(sfn.commandCalls(SendTaskSuccessCommand).map((c) => c.args[0].input)).toEqual([{ taskToken: 'token-4', output: JSON.stringify({ fencingToken: 8 }) }]);
