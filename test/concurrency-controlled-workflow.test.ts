@@ -197,7 +197,7 @@ describe('definition', () => {
       Next: 'Serve Ticket',
       ResultPath: '$.handoff.next',
       Parameters: { UpdateExpression: 'SET #head = #head + :one', ConditionExpression: expect.stringContaining('AND #head < #tail'), ReturnValues: 'UPDATED_NEW' },
-      ResultSelector: { 'ticket.$': 'States.StringToJson($.Attributes.queueHead.N)', 'handoffId.$': 'States.UUID()' },
+      ResultSelector: { 'ticket.$': 'States.StringToJson($.Attributes.queueHead.N)' },
     });
     // Its ticket item (key: lock name, unit separator, ticket) is marked served, which returns the waiter and its token.
     const ticketKey = { 'S.$': "States.Format('{}\u001f{}', 'db-migrations', $.handoff.next.ticket)" };
@@ -246,9 +246,9 @@ describe('definition', () => {
       ResultSelector: { 'fencingToken.$': 'States.MathAdd(States.StringToJson($.Attributes.fencingToken.N), 1)' },
       ResultPath: '$.handoff.wake',
     });
-    // The hand-off id names the releaser's run: a redriven releaser never takes back a permit its stopped run handed over.
+    // The hand-off id names the ticket it claimed and the releaser's run: a redriven releaser never takes back a permit its stopped run handed over.
     expect(def.States['Hand Off Permit'].Parameters.ExpressionAttributeValues[':entry'].M.h).toEqual({
-      'S.$': "States.Format('{}/{}', $.handoff.next.handoffId, $$.Execution.RedriveCount)",
+      'S.$': "States.Format('{}/{}', $.handoff.next.ticket, $$.Execution.RedriveCount)",
     });
     expect(def.States['Wake Next Waiter'].Parameters['Output.$']).toBe('States.JsonToString($.handoff.wake)');
     expect(def.States['Wake Next Waiter'].Parameters['TaskToken.$']).toBe('$.handoff.ticket.Item.t.S');
@@ -751,10 +751,10 @@ describe('reconciler, leases and metrics', () => {
 
   test('warns that a high limit with the queue meets the partition\'s write capacity, with the figures and the id that acknowledges it', () => {
     const { stack: high } = workflow({ concurrencyLimit: 500 });
-    // 0.1 + 0.2 x 500 = 100.1 KB, 101 write units a write, three writes a hand-off: 3.3 a second, 500 / 3.3 = 152 s.
+    // 0.1 + 0.18 x 500 = 90.1 KB, 91 write units a write, three writes a hand-off: 3.7 a second, 500 / 3.66 = 137 s.
     Annotations.fromStack(high).hasWarning(
       '/Stack/Workflow',
-      Match.stringLikeRegexp('concurrencyLimit 500 with the queue: .*about 100 KB .*at most about 3\\.3 permits a second: bodies shorter than about 152 s .*cdk-sfn-semaphore:highQueueLimit'),
+      Match.stringLikeRegexp('concurrencyLimit 500 with the queue: .*about 90 KB .*at most about 3\\.7 permits a second: bodies shorter than about 137 s .*cdk-sfn-semaphore:highQueueLimit'),
     );
     for (const quiet of [{ concurrencyLimit: 99 }, { concurrencyLimit: 500, waitStrategy: WaitStrategy.POLLING }, { concurrencyLimit: sfn.JsonPath.numberAt('$.limit') }]) {
       Annotations.fromStack(workflow(quiet).stack).hasNoWarning('/Stack/Workflow', Match.stringLikeRegexp('with the queue'));

@@ -364,8 +364,12 @@ export const TICKET_SERVED_BY = 's';
 /** Field of a holder entry that came from the reconciler's queue service: the fencing token it was handed. */
 export const HOLDER_FENCING_TOKEN = 'f';
 /**
- * Field of a holder entry that a release handed to a waiter: an id the releaser drew (a UUID), by
- * which it tells its own hand-off from anyone else's when it confirms or takes it back.
+ * Field of a holder entry that a release handed to a waiter: the hand-off's id, by which the releaser
+ * tells its own hand-off from anyone else's when it confirms or takes it back. A workflow's release
+ * writes `<ticket>/<run>`: the ticket it claimed, which no other claim of the lock gets (PEEK_UPDATE
+ * only ever raises the head, and the lock item is never reset), and the run of the releaser, so that
+ * a run redriven after the hand-off never takes back a permit its earlier run handed on. Clients and
+ * the reconciler's queue service draw a UUID, which no `<ticket>/<run>` equals.
  */
 export const HOLDER_HANDOFF_ID = 'h';
 /**

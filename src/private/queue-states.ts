@@ -317,7 +317,6 @@ export function handOffChain(scope: Construct, props: HandOffProps): sfn.State {
     returnValues: tasks.DynamoReturnValues.UPDATED_NEW,
     resultSelector: {
       ticket: sfn.JsonPath.stringToJson(sfn.JsonPath.stringAt(`$.Attributes.${QUEUE_HEAD}.N`)),
-      handoffId: sfn.JsonPath.uuid(),
     },
     resultPath: `${HANDOFF_PATH}.next`,
   })
@@ -332,7 +331,9 @@ export function handOffChain(scope: Construct, props: HandOffProps): sfn.State {
 
   const ticketPath = `${HANDOFF_PATH}.ticket`;
   const ticketAttributes = `${ticketPath}.Item`;
-  const handoffIdText = sfn.JsonPath.format('{}/{}', sfn.JsonPath.stringAt(`${HANDOFF_PATH}.next.handoffId`), sfn.JsonPath.stringAt('$$.Execution.RedriveCount'));
+  // The hand-off's id: the ticket this release claimed (no other claim ever gets it: the head only
+  // grows) and the releaser's run (HOLDER_HANDOFF_ID). A few bytes in the waiter's entry, where a UUID took 36.
+  const handoffIdText = sfn.JsonPath.format('{}/{}', sfn.JsonPath.stringAt(`${HANDOFF_PATH}.next.ticket`), sfn.JsonPath.stringAt('$$.Execution.RedriveCount'));
   // Serve the ticket: mark its item, which refuses every wait on it from now on (a waiter whose
   // wake-up is lost finds its permit instead of sleeping again), and read it back (ALL_NEW): the
   // waiter and the token of its current wait, final now. Only an item with a waiter is served, so
