@@ -66,7 +66,7 @@ const SCENARIOS: Scenario[] = [
     options: { executions: 100, limit: LIMIT, dynamoFaults: { throttleRate: 0.05 } },
   },
   // A hot lock, under DynamoDB's partition limits (1,000 write units a second for one item).
-  // At 1: the simulator cannot run 500 executions four times faster than real time on two cores (at 0.25 the queue's drain read 2.0× the ideal, at 1 1.12×).
+  // At 1: the simulator cannot run 500 executions four times faster than real time on two cores (at 0.25 the queue's drain read 2.0× the ideal, at 1 1.11×).
   { name: 'hot-lock', description: '500 executions at once, limit 25, work 2 s', options: { executions: 500, limit: 25, workSeconds: 2 }, timeScale: 1 },
   // The rate limit (ours only: the sample has none, so its column is a concurrency limit of 5 around the
   // same bodies, which happens to pass about as many per second). Time runs at half speed, so that the

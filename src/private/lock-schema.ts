@@ -297,7 +297,8 @@ export const MAX_LOCK_NAME_LENGTH = 255;
  * token 10; 3 for the map). A weighted entry adds permits and extra (4 each), and a weighted waiter of
  * the queue, handed its first permit, keeps the hand-off's id and adds collecting (4) while it
  * collects, without a fencing token: at most 96 bytes of map (an entry from the reconciler's queue
- * service carries a fencing token instead of the id: 65), so 317 with the longest ARN. A client's: a
+ * service carries a fencing token instead of the id: 65), so 317 with the longest ARN; with a body
+ * slot's mark (b, 4) too, and every field at once, 331. A client's: a
  * 42-byte lease id and at most 190 bytes with an owner of MAX_OWNER_LENGTH and permits. The bound
  * below is the one from before the field names were shortened (379 bytes then): it keeps its margin.
  * https://docs.aws.amazon.com/amazondynamodb/latest/developerguide/CapacityUnitCalculations.html
@@ -367,7 +368,8 @@ export const HOLDER_FENCING_TOKEN = 'f';
  * Field of a holder entry that a release handed to a waiter: the hand-off's id, by which the releaser
  * tells its own hand-off from anyone else's when it confirms or takes it back. A workflow's release
  * writes `<ticket>/<run>`: the ticket it claimed, which no other claim of the lock gets (PEEK_UPDATE
- * only ever raises the head, and the lock item is never reset), and the run of the releaser, so that
+ * only ever raises the head; an operator who deletes a free lock item restarts it, but no entry
+ * survives that, and a stale ticket item whose `s` a new id equals is only deleted), and the run of the releaser, so that
  * a run redriven after the hand-off never takes back a permit its earlier run handed on. Clients and
  * the reconciler's queue service draw a UUID, which no `<ticket>/<run>` equals.
  */
@@ -570,7 +572,7 @@ export const REGISTER_COLLECTOR_UPDATE =
  *
  * A collector whose entry is gone (a run redriven after the cleanup of its stopped run released it)
  * must start again rather than wait for ever: the condition lets a missing entry through, and the
- * update then fails on it (`#holder.permits` has no map to go in: a ValidationException, "The document
+ * update then fails on it (`#holder.p` has no map to go in: a ValidationException, "The document
  * path provided in the update expression is invalid for update"), as ACQUIRE_CONDITION does with an
  * entry that exists. Refused (ConditionalCheckFailed), it is still short: it waits and looks again.
  */
