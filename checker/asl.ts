@@ -12,6 +12,8 @@
  * guesses.
  */
 
+import { createHash } from 'crypto';
+
 /** A thread: where one branch of an execution is, and with what input. */
 export interface Thread {
   /** The state it is at (state names are unique across a state machine, nested branches included). */
@@ -345,7 +347,7 @@ export class AslMachine {
     return {
       Execution: { Id: e.id, Name: e.name, Input: e.input, RedriveCount: e.redriveCount, StartTime: e.startTime },
       State: { EnteredTime: thread.enteredAt, Name: thread.state, RetryCount: Object.values(thread.attempts ?? {}).reduce((a, b) => a + b, 0) },
-      StateMachine: { Id: e.stateMachineId },
+      StateMachine: { Id: e.stateMachineId, Name: e.stateMachineId.split(':')[6] },
       ...(token !== undefined ? { Task: { Token: token } } : {}),
     };
   }
@@ -427,6 +429,18 @@ export class AslMachine {
           return args;
         case 'States.ArrayLength':
           return (args[0] as unknown[]).length;
+        case 'States.StringSplit': {
+          // Only what the definitions use: one splitting character, no empty pieces (how AWS treats
+          // several characters and empty pieces is not what the simulator does: refuse rather than guess).
+          const pieces = String(args[0]).split(String(args[1]));
+          if (String(args[1]).length !== 1 || pieces.includes('')) throw new Error(`the checker has no model of ${expr} on ${JSON.stringify(args)}`);
+          return pieces;
+        }
+        case 'States.Hash': {
+          const algorithm = ({ 'MD5': 'md5', 'SHA-1': 'sha1', 'SHA-256': 'sha256', 'SHA-384': 'sha384', 'SHA-512': 'sha512' } as Record<string, string>)[String(args[1])];
+          if (!algorithm) throw new StatesError('States.Runtime', `${expr}: unknown hash algorithm ${String(args[1])}`);
+          return createHash(algorithm).update(String(args[0]), 'utf8').digest('hex');
+        }
         default:
           throw new Error(`the checker has no model of the intrinsic function ${node.name}`);
       }

@@ -41,6 +41,9 @@ import type { Random } from './random';
  *    `EnteredTime` (on the simulated clock, fixed for that entry, retries included) and `RetryCount`
  *    (0, one more on each retry), as the context object documents
  *    (https://docs.aws.amazon.com/step-functions/latest/dg/input-output-contextobject.html).
+ * 12. `States.Hash` digests only inputs shorter than 56 bytes correctly (one MD5/SHA block with its
+ *    padding): anything longer, a state machine's ARN for one, hashes to a wrong value. We digest with
+ *    Node's crypto (lower-case hex of the UTF-8 bytes, as AWS's examples give).
  *
  * Each patch must apply exactly once, so an upgrade of the module that moves the code fails loudly
  * here instead of silently running at full speed.
@@ -59,6 +62,11 @@ if (!(Promise as any).withResolvers) {
 }
 
 const PATCHES: Array<[string, string]> = [
+  [
+    '    switch (algorithm) {\n      case "MD5":\n        return md5.getDigest(str);\n',
+    '    return require("crypto").createHash({ "MD5": "md5", "SHA-1": "sha1", "SHA-256": "sha256", "SHA-384": "sha384", "SHA-512": "sha512" }[algorithm])' +
+      '.update(str, "utf8").digest("hex");\n    switch (algorithm) {\n      case "MD5":\n        return md5.getDigest(str);\n',
+  ],
   ['function sleep(ms, abortSignal) {\n', 'function sleep(ms, abortSignal) {\n  ms = ms * __TIME_SCALE__;\n'],
   ['var DEFAULT_TIMEOUT_SECONDS = 60;', 'var DEFAULT_TIMEOUT_SECONDS = 99999999;'],
   [
