@@ -17,6 +17,7 @@ import {
   HOLDER_PERMITS,
   HOLDER_REDRIVE_COUNT,
   LOCK_KEY,
+  executionHolderKeyOfArn,
   PERMITS_IN_USE,
 } from '../src/private/lock-schema';
 import { RELEASE_AT_INTERVAL_FAILED, RELEASE_AT_INTERVAL_SUFFIX, STATE } from '../src/private/state-names';
@@ -584,7 +585,7 @@ export class Model {
       const leaf = this.info(e).machine.leaves(e.root).find((l) => l.thread.token === token);
       if (!leaf) continue;
       // The woken execution's permit: which hand-off it came from, for "at most one wake per hand-off".
-      const entry = this.lockItem(w)?.[e.arn];
+      const entry = this.lockItem(w)?.[holderKey(e)];
       const handoff = entry && 'M' in entry ? (entry.M[HOLDER_HANDOFF_ID] && 'S' in entry.M[HOLDER_HANDOFF_ID] ? entry.M[HOLDER_HANDOFF_ID].S : undefined) : undefined;
       if (handoff !== undefined) w.ghost.wakes[handoff] = (w.ghost.wakes[handoff] ?? 0) + 1;
       const next = this.info(e).machine.succeed(e.root, leaf.path, JSON.parse(output), this.host(w, e));
@@ -769,6 +770,8 @@ export class Model {
       time: event.time,
       detail: {
         executionArn: e.arn,
+        stateMachineArn: this.info(e).arn,
+        name: e.name,
         status: event.status,
         redriveCount: event.run,
         input: JSON.stringify(e.input),
@@ -1181,7 +1184,7 @@ export class Model {
   }
 
   private ownEntry(w: World, e: Exec): boolean {
-    const entry = this.lockItem(w)?.[e.arn];
+    const entry = this.lockItem(w)?.[holderKey(e)];
     if (!entry || !('M' in entry) || !entry.M[HOLDER_ACQUIRED_AT]) return false;
     const run = entry.M[HOLDER_REDRIVE_COUNT];
     return (run && 'N' in run ? Number(run.N) : 0) === e.run;
@@ -1237,7 +1240,7 @@ export class Model {
     if (bodyLimit !== undefined) {
       const working = w.execs.filter((e) => e.machine === 'workflow' && e.inBody && e.guarded && this.inUserBody(e));
       for (const e of working) {
-        const entry = item?.[e.arn];
+        const entry = item?.[holderKey(e)];
         if (!(entry && 'M' in entry && entry.M[HOLDER_IN_BODY])) result.push(`BodySlot: ${e.name} runs its body (run ${e.run}) without a body slot`);
       }
       if (working.length + clients.length > bodyLimit) {
@@ -1404,8 +1407,11 @@ export class Model {
 const FAIR_BUDGET: Budget = { ...NO_FAULTS, timeouts: 1_000, sweeps: 1_000, ticks: 1_000 };
 const FAIR_BUDGET_TEXT = JSON.stringify(FAIR_BUDGET);
 
-/** Where a workflow execution's one-letter name occurs: its ARN, its tokens and ids, its cleanups and guards, its name. */
-const NAME_PATTERN = /(:execution:wf:|\btok:|\buuid:|\bcleanup-|\bguard-|"name":")([A-Z])(?=[:"-])/g;
+/**
+ * Where a workflow execution's one-letter name occurs: its ARN, its holder id, its tokens and ids, its cleanups and guards, its
+ * name; at the end of a string too (a table's key or value, which stableStringify renames on its own).
+ */
+const NAME_PATTERN = /(:execution:wf:|\b[0-9a-f]{32}:|\btok:|\buuid:|\bcleanup-|\bguard-|"name":")([A-Z])(?=[:"-]|$)/g;
 
 /** A wait's count of history events in an execution's JSON, and the value above which it is keyed as one. */
 const WAIT_EVENTS_COUNT = /"semaphoreWait":\{"events":(\d+)\}/g;
@@ -1440,9 +1446,9 @@ function sortLate(w: World): void {
   w.late.sort((a, b) => stableStringify(a).localeCompare(stableStringify(b)));
 }
 
-/** The execution name at the end of an ARN, or the text itself. */
+/** The execution name at the end of an ARN or a holder id, or the text itself. */
 export function shortName(arnOrName: string): string {
-  const m = /:execution:[^:]+:(.+)$/.exec(arnOrName);
+  const m = /:execution:[^:]+:(.+)$/.exec(arnOrName) ?? /^[0-9a-f]{32}:([^:]+)$/.exec(arnOrName);
   if (m) return m[1];
   return arnOrName.replace(/arn:aws:states:[^:]*:\d*:execution:[^:]+:/g, '');
 }
@@ -1482,4 +1488,9 @@ function unmarshallResponse(output: Record<string, any>): Record<string, any> {
 function weightOf(entry: AttributeValue): number {
   const permits = 'M' in entry ? entry.M[HOLDER_PERMITS] : undefined;
   return permits && 'N' in permits ? Number(permits.N) : 1;
+}
+
+/** An execution's holder id in the lock item. */
+function holderKey(e: Exec): string {
+  return executionHolderKeyOfArn(e.arn)!;
 }

@@ -109,10 +109,6 @@ export function buildSystem(props: Partial<ConcurrencyControlledWorkflowProps>):
     permits: props.permits ?? 1,
     reconciler: {
       tableName: env.TABLE_NAME,
-      executionPrefixes: (env.STATE_MACHINE_ARNS ?? '')
-        .split(',')
-        .filter((a) => a !== '')
-        .map((arn) => `${arn.replace(':stateMachine:', ':execution:')}:`),
       stateMachineArns: (env.STATE_MACHINE_ARNS ?? '').split(',').filter((a) => a !== ''),
       clockSkewMs: Number(env.CLOCK_SKEW_SECONDS ?? '30') * 1000,
       lockName: env.LOCK_NAME,

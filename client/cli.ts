@@ -127,8 +127,8 @@ how many executions are queued for a permit (--json lists them).
 ${COMMON_HELP}`,
   'force-release': `Usage: ${NAME} force-release LOCK HOLDER --reason TEXT
 
-Free the permit of any holder: a lease id or an execution ARN. An execution keeps running: stop it
-first. The reason is printed with the release, for the log of whoever runs it. Exit 3 when HOLDER
+Free the permit of any holder: a lease id, or an execution's ARN or holder id (as status shows it).
+An execution keeps running: stop it first. The reason is printed with the release, for the log of whoever runs it. Exit 3 when HOLDER
 holds no permit of LOCK.
 
   --reason TEXT   why (required)

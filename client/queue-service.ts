@@ -53,12 +53,12 @@ const MAX_ROUNDS = 200;
 export interface QueueServiceOptions {
   readonly tableName: string;
   /**
-   * Whether a waiter can never be woken: its execution stopped, or runs a later run than the one
+   * Whether a waiter (its holder id) can never be woken: its execution stopped, or runs a later run than the one
    * that queued. @default - never asked: such tickets are left to the releasers
    */
-  readonly isGone?: (executionArn: string, run: number) => Flow<boolean>;
+  readonly isGone?: (waiter: string, run: number) => Flow<boolean>;
   /** Told when a waiter was handed a permit but SendTaskSuccess failed for another reason than a closed token. @default - not told */
-  readonly onWakeUpLost?: (executionArn: string, error: Error) => void;
+  readonly onWakeUpLost?: (waiter: string, error: Error) => void;
 }
 
 /** What serving a queue did. */

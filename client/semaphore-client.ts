@@ -33,6 +33,7 @@ import {
   HOLDER_ACQUIRED_AT,
   HOLDER_LEASE_EXPIRES_AT,
   HOLDER_LEASE_SECONDS,
+  executionHolderKeyOfArn,
   isExecutionHolder,
   LOCK_KEY,
   MAX_CONCURRENCY_LIMIT,
@@ -399,12 +400,15 @@ export class SemaphoreClient {
   }
 
   /**
-   * Free the permit of any holder, an execution included (which keeps running: stop it first).
-   * For operators; false when the holder holds nothing.
+   * Free the permit of any holder, an execution included (which keeps running: stop it first), by
+   * its holder id or an execution's ARN. For operators; false when the holder holds nothing.
    */
   public async forceRelease(lockName: string, holder: string): Promise<boolean> {
     validLockName(lockName);
-    const released = await this.run(releaseHolder(this.protocol(), lockName, holder, await this.isWeighted(lockName, holder)));
+    // An execution ARN names the execution's holder id; a version before the short keys keyed it by the ARN.
+    const key = executionHolderKeyOfArn(holder);
+    const id = key !== undefined && (await this.run(getItem(this.tableName, lockName)))?.[holder] === undefined ? key : holder;
+    const released = await this.run(releaseHolder(this.protocol(), lockName, id, await this.isWeighted(lockName, id)));
     // A collector's entry goes without a hand-off: what was given back to it goes to the queue.
     if (released) await this.run(serveQuietly(this.protocol(), lockName));
     return released;

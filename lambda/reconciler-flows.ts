@@ -21,6 +21,8 @@ import {
   HOLDER_LEASE_EXPIRES_AT,
   HOLDER_LEASE_SECONDS,
   HOLDER_REDRIVE_COUNT,
+  executionArnOfHolder,
+  executionHolderKeyOfArn,
   isExecutionHolder,
   LOCK_KEY,
   NAMES,
@@ -59,8 +61,12 @@ import { needsBodySlot, OUTSIDE_BODY_STATES } from '../src/private/state-names';
 /** The reconciler's settings (the Lambda function reads them from its environment). */
 export interface ReconcilerConfig {
   readonly tableName: string;
-  /** Executions whose ARN starts with one of these are ours to describe, stop and release. */
-  readonly executionPrefixes: string[];
+  /**
+   * The state machines whose executions are ours to describe, stop and release (their holder ids
+   * name them by a hash of their name: see `executionHolderKey`), and whose redriven executions the
+   * sweep checks where the reconciler guards a lock (see `guardRedriven`).
+   */
+  readonly stateMachineArns: readonly string[];
   /** A lease counts as expired only this long after its end, for clock skew between machines. */
   readonly clockSkewMs: number;
   /** The lock the redrive guard takes: a name, or a path into the execution input. */
@@ -74,8 +80,6 @@ export interface ReconcilerConfig {
   readonly permitsPath?: string;
   /** The lease of a permit the redrive guard takes, seconds. */
   readonly leaseSeconds?: number;
-  /** The state machines whose redriven executions the sweep checks (see `guardRedriven`). @default - none */
-  readonly stateMachineArns?: string[];
   /**
    * The sweep leaves alone entries younger than this, milliseconds: DescribeExecution is eventually
    * consistent, and an execution a moment old can read as not existing. @default GRACE_MS
@@ -154,7 +158,10 @@ export class RedriveUndecided extends Error {
 /** A permit the sweep released (or, in a dry run, would release). */
 export interface Reclaimed {
   readonly lockName: string;
+  /** Its holder id (for an execution, see `executionHolderKey`). */
   readonly holder: string;
+  /** The execution's ARN, for a holder that is an execution. */
+  readonly executionArn?: string;
   readonly reason: string;
   /**
    * The entry was a client's registration to go next (a waiting CLI's, marked as the collector, holding
@@ -213,7 +220,7 @@ const RELEASABLE_STATUSES = ['SUCCEEDED', 'FAILED', 'TIMED_OUT', 'ABORTED', 'DOE
 
 /** Whether an execution ARN belongs to one of our state machines. */
 export function isOurs(config: ReconcilerConfig, executionArn: string): boolean {
-  return config.executionPrefixes.some((prefix) => executionArn.startsWith(prefix));
+  return config.stateMachineArns.some((sm) => executionArn.startsWith(`${sm.replace(':stateMachine:', ':execution:')}:`));
 }
 
 /** The two parts of a sweep (both, by default): the lock table's holders and queues, and the redriven executions. */
@@ -289,7 +296,8 @@ export function* sweep(
           if (reason !== undefined) {
             const permits = Number(swept[HOLDER_PERMITS] ?? 1);
             const registration = !isExecutionHolder(holder) && swept[HOLDER_COLLECTING] !== undefined && permits === 0;
-            result.reclaimed.push({ lockName, holder, reason, ...(registration ? { registration } : {}) });
+            const executionArn = executionArnOfHolder(holder, config.stateMachineArns);
+            result.reclaimed.push({ lockName, holder, ...(executionArn ? { executionArn } : {}), reason, ...(registration ? { registration } : {}) });
             if (!dryRun) {
               held -= permits;
               holding--;
@@ -325,7 +333,7 @@ export function* sweep(
   } while (startKey);
   // The redrive guard's backstop, where the reconciler guards a lock.
   if (parts.redriven && !dryRun && !result.truncated && (config.lockName !== undefined || config.lockNamePath !== undefined)) {
-    for (const stateMachineArn of config.stateMachineArns ?? []) {
+    for (const stateMachineArn of config.stateMachineArns) {
       try {
         yield* guardRedriven(config, stateMachineArn, result, outOfTime);
       } catch (e) {
@@ -388,8 +396,9 @@ function describeError(e: unknown): string {
  * Whether the run of a queued execution can never be woken: it stopped, or a later run of it runs.
  * Not ours to judge, or not found (a moment-old execution may not be visible yet): not gone.
  */
-function* isGone(config: ReconcilerConfig, executionArn: string, run: number): Flow<boolean> {
-  if (!isOurs(config, executionArn)) return false;
+function* isGone(config: ReconcilerConfig, waiter: string, run: number): Flow<boolean> {
+  const executionArn = executionArnOfHolder(waiter, config.stateMachineArns);
+  if (executionArn === undefined) return false;
   const described = yield* describe(executionArn);
   if (described.status === 'DOES_NOT_EXIST') return false;
   return described.redriveCount > run || RELEASABLE_STATUSES.includes(described.status);
@@ -401,7 +410,7 @@ function* isGone(config: ReconcilerConfig, executionArn: string, run: number): F
  * `queueCheckInterval` or the next sweep. One consistent read when nobody waits.
  */
 function* serveWaiters(config: ReconcilerConfig, lockName: string): Flow<QueueServiceResult> {
-  return yield* serveQueue({ tableName: config.tableName, isGone: (arn, run) => isGone(config, arn, run) }, lockName);
+  return yield* serveQueue({ tableName: config.tableName, isGone: (waiter, run) => isGone(config, waiter, run) }, lockName);
 }
 
 /** What DescribeExecution says: status (DOES_NOT_EXIST for one it does not find), run, input. */
@@ -478,7 +487,8 @@ function* reconcileHolder(
     return `lease expired at ${new Date(expiresAt).toISOString()}`;
   }
 
-  if (!isOurs(config, holder)) {
+  const executionArn = executionArnOfHolder(holder, config.stateMachineArns);
+  if (executionArn === undefined) {
     // Another state machine's execution: its own reconciler, with its own permissions, sweeps it.
     return undefined;
   }
@@ -486,7 +496,7 @@ function* reconcileHolder(
   // An entry this code cannot read the time of is never a reason to release anything.
   if (!(now - Date.parse(acquiredAt) >= (config.graceMs ?? GRACE_MS))) return undefined;
   const entryRun = entry[HOLDER_REDRIVE_COUNT] ?? 0;
-  const described = yield* describe(holder);
+  const described = yield* describe(executionArn);
   const { status, redriveCount } = described;
   const releaseRun = function* (run: number, reason: string): Flow<string | undefined> {
     if (!dryRun && !(yield* release(config, lockName, holder, { acquiredAt, run }))) return undefined;
@@ -523,11 +533,11 @@ function* reconcileHolder(
   if (dryRun) return `lease of ${leaseSeconds} s expired at ${new Date(leaseEnd).toISOString()}`;
   // Stop first, release after: the permit is never free while its execution still runs.
   yield* stepFunctions('StopExecution', {
-    executionArn: holder,
+    executionArn,
     error: 'SemaphoreLeaseExpired',
     cause: `Held a permit of lock '${lockName}' for more than its lease of ${leaseSeconds} s (since ${acquiredAt})`,
   });
-  result.stopped.push(holder);
+  result.stopped.push(executionArn);
   // Under a rate limit the body may have started just before the stop: the cleanup, or a later
   // sweep, frees the permit once the interval has passed.
   if (hold > 0) return undefined;
@@ -617,6 +627,9 @@ function* guardRun(
   // body slot, in the same write, which counts against the lock's BODY_LIMIT when it records one (a rate
   // above the concurrency limit); an entry it finds is claimed only with a slot (below).
   const withSlot = needsBodySlot(resumedAt!) || needsBodySlot(states.current!);
+  // Its holder id in the lock item.
+  const holder = executionHolderKeyOfArn(executionArn);
+  if (holder === undefined) throw new Error(`not an execution ARN: ${executionArn}`);
   // Take a permit for this run; if it holds one (its cleanup never ran, or a sweep or the event came
   // first), claim it for this run, so that nothing that judged the run before frees it. A release
   // between the tries makes the acquire worth another go.
@@ -633,13 +646,13 @@ function* guardRun(
       const values = { [VALUES.zero]: 0, [VALUES.one]: 1, [VALUES.limit]: limit };
       taken =
         withSlot && weight === 1
-          ? yield* conditionalUpdate(config, lockName, executionArn, ACQUIRE_WITH_BODY_SLOT_UPDATE, ACQUIRE_WITH_BODY_SLOT_CONDITION, {
+          ? yield* conditionalUpdate(config, lockName, holder, ACQUIRE_WITH_BODY_SLOT_UPDATE, ACQUIRE_WITH_BODY_SLOT_CONDITION, {
             ...values,
             [VALUES.entry]: { ...entry, [HOLDER_IN_BODY]: 1 },
           })
           : weight === 1
-            ? yield* conditionalUpdate(config, lockName, executionArn, ACQUIRE_UPDATE, ACQUIRE_CONDITION, { ...values, [VALUES.entry]: entry })
-            : yield* conditionalUpdate(config, lockName, executionArn, WEIGHTED_ACQUIRE_UPDATE, WEIGHTED_ACQUIRE_CONDITION, {
+            ? yield* conditionalUpdate(config, lockName, holder, ACQUIRE_UPDATE, ACQUIRE_CONDITION, { ...values, [VALUES.entry]: entry })
+            : yield* conditionalUpdate(config, lockName, holder, WEIGHTED_ACQUIRE_UPDATE, WEIGHTED_ACQUIRE_CONDITION, {
               ...values,
               [VALUES.weight]: weight,
               [VALUES.gate]: limit - weight,
@@ -659,29 +672,29 @@ function* guardRun(
         // Inside its body, the run needs a body slot with its permit: its entry holds one (it was
         // stopped in the body), or it takes one now (an entry a stale ticket handed it, or one taken
         // back after a lost wake-up, has none). Neither while the slots are all taken: try again.
-        if (yield* conditionalUpdate(config, lockName, executionArn, CLAIM_UPDATE, BODY_SLOT_AND_PERMIT_HELD_CONDITION, claim)) {
+        if (yield* conditionalUpdate(config, lockName, holder, CLAIM_UPDATE, BODY_SLOT_AND_PERMIT_HELD_CONDITION, claim)) {
           return { executionArn, resumedAt, action: 'still holds its permit' };
         }
-        if (yield* conditionalUpdate(config, lockName, executionArn, CLAIM_WITH_BODY_SLOT_UPDATE, CLAIM_WITH_BODY_SLOT_CONDITION, claim)) {
+        if (yield* conditionalUpdate(config, lockName, holder, CLAIM_WITH_BODY_SLOT_UPDATE, CLAIM_WITH_BODY_SLOT_CONDITION, claim)) {
           return { executionArn, resumedAt, action: 'still holds its permit' };
         }
         // An entry that holds a slot and no permit (a concurrency limit above the rate's count: the run
         // before gave its permit back at the interval): it takes a permit into it, since a redrive counts
         // as an acquisition, keeping its slot. Refused while every permit is taken: try again.
         const retake = { ...claim, [VALUES.limit]: limit };
-        taken = yield* conditionalUpdate(config, lockName, executionArn, RETAKE_PERMIT_IN_SLOT_UPDATE, RETAKE_PERMIT_IN_SLOT_CONDITION, retake);
+        taken = yield* conditionalUpdate(config, lockName, holder, RETAKE_PERMIT_IN_SLOT_UPDATE, RETAKE_PERMIT_IN_SLOT_CONDITION, retake);
         if (!taken) continue;
       } else {
         // A weighted entry only while it holds all its permits (WEIGHTED_CLAIM_CONDITION).
         const [condition, weightValue] = weight === 1 ? [CLAIM_CONDITION, {}] : [WEIGHTED_CLAIM_CONDITION, { [VALUES.weight]: weight }];
-        if (yield* conditionalUpdate(config, lockName, executionArn, CLAIM_UPDATE, condition, { ...claim, ...weightValue })) {
+        if (yield* conditionalUpdate(config, lockName, holder, CLAIM_UPDATE, condition, { ...claim, ...weightValue })) {
           return { executionArn, resumedAt, action: 'still holds its permit' };
         }
         // An entry of fewer permits, which the release of the stopped run is handing on one at a time:
         // give back what is left, then take the whole weight again.
         if (weight > 1) {
           const partial = { [VALUES.one]: 1, [VALUES.weight]: weight, [VALUES.redriveCount]: redriveCount };
-          gaveBack = (yield* conditionalUpdate(config, lockName, executionArn, RELEASE_UPDATE, RELEASE_PARTIAL_CONDITION, partial)) || gaveBack;
+          gaveBack = (yield* conditionalUpdate(config, lockName, holder, RELEASE_UPDATE, RELEASE_PARTIAL_CONDITION, partial)) || gaveBack;
         }
         continue;
       }
@@ -690,7 +703,7 @@ function* guardRun(
       // Finished meanwhile (the event was late, the body short): give it back rather than leak it.
       const after = yield* describe(executionArn);
       if (after.status !== 'RUNNING' && after.redriveCount === redriveCount) {
-        if (yield* release(config, lockName, executionArn, { acquiredAt: now, run: redriveCount })) yield* serveWaiters(config, lockName);
+        if (yield* release(config, lockName, holder, { acquiredAt: now, run: redriveCount })) yield* serveWaiters(config, lockName);
         return { executionArn, resumedAt, action: 'permit taken again, then given back' };
       }
       return { executionArn, resumedAt, action: 'permit taken again' };

@@ -75,7 +75,6 @@ function configFromEnvironment(): ReconcilerConfig {
   const stateMachineArns = (process.env.STATE_MACHINE_ARNS ?? '').split(',').filter((arn) => arn !== '');
   return {
     tableName: requiredEnv('TABLE_NAME'),
-    executionPrefixes: stateMachineArns.map((arn) => `${arn.replace(':stateMachine:', ':execution:')}:`),
     stateMachineArns,
     clockSkewMs: Number(process.env.CLOCK_SKEW_SECONDS ?? '30') * 1000,
     lockName: process.env.LOCK_NAME,

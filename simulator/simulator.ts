@@ -9,6 +9,7 @@ import { loadLocalStepFunctions, LocalStepFunctions } from './local-sfn';
 import { chance, Random, seededRandom } from './random';
 import { ApiError, StepFunctionsApi } from './sfn-api';
 import { HISTORY_EVENT_LIMIT } from '../src/private/history-budget';
+import { executionHolderKey } from '../src/private/lock-schema';
 
 /*
  * Runs the state machines of a synthesized stack on this machine: definitions resolved from the
@@ -214,6 +215,11 @@ export class Execution {
     this.done = new Promise((done) => (this.resolveDone = done));
     this.history.push({ type: 'ExecutionStarted', timestamp: startDate });
     this.statusLog.push({ at: startDate, status: 'RUNNING', redriveCount: 0 });
+  }
+
+  /** Its holder id in a lock item (the hash of its state machine's ARN, `:`, its name). */
+  public get holderId(): string {
+    return executionHolderKey(this.stateMachine.arn, this.name);
   }
 
   /** Stop the execution, like `StopExecution`. */
@@ -441,6 +447,7 @@ export class Simulator {
   public readonly dynamo: DynamoTaskRunner;
   public readonly stateMachines = new Map<string, SimStateMachine>();
   public readonly executions = new Map<string, Execution>();
+  private readonly executionsByHolderId = new Map<string, Execution>();
   /** Status-change events emitted, in order. */
   public readonly events: Array<Record<string, any>> = [];
   /** Wake-ups (SendTaskSuccess from tasks) lost by injected faults. */
@@ -604,6 +611,7 @@ export class Simulator {
     this.interpreter(stateMachine);
     const execution = new Execution(arn, execName, stateMachine, input, this.now());
     this.executions.set(arn, execution);
+    this.executionsByHolderId.set(execution.holderId, execution);
     this.track(this.run(execution));
     if (options.abortAfterSeconds !== undefined) {
       this.track(
@@ -613,6 +621,11 @@ export class Simulator {
       );
     }
     return execution;
+  }
+
+  /** The execution a holder id of a lock item names (see `Execution.holderId`), if this simulator started it. */
+  public executionOfHolder(holderId: string): Execution | undefined {
+    return this.executionsByHolderId.get(holderId);
   }
 
   /** Executions of one state machine, in start order. */

@@ -7,6 +7,7 @@ import * as tasks from 'aws-cdk-lib/aws-stepfunctions-tasks';
 import { Construct } from 'constructs';
 import { executionArnPattern } from './private/arns';
 import { defaultDeadLetterQueue } from './private/dead-letter-queue';
+import { holderKeyAt } from './private/lock-tasks';
 import { HANDOFF_PATH, handOffChain, WAKE_ACTIONS } from './private/queue-states';
 import { pathFromParsedInput, stringValue } from './private/runtime-value';
 import { stateMachineLogs } from './private/state-machine-defaults';
@@ -100,6 +101,8 @@ export interface CleanFromIncompleteProps {
  * An EventBridge rule on "Step Functions Execution Status Change" events of the protected state
  * machines starts a small state machine that gives the permit back with one conditional `UpdateItem`,
  * if and only if the stopped execution still holds one, so duplicated events never free a permit twice.
+ * It finds the execution's entry under the holder id a `ConcurrencyControlledWorkflow` writes: the MD5
+ * of the event's `stateMachineArn`, `:`, the execution's name (from its `executionArn`).
  * The rule's target retries for up to 24 hours and sends what it could not deliver to an encrypted
  * dead-letter queue.
  *
@@ -180,9 +183,11 @@ export class CleanFromIncomplete extends Construct {
 
     // Which run of the execution stopped: a late or repeated event of a run before a redrive must not
     // free the permit of the run after it. A release that finds waiters hands the permit to the oldest.
-    const release = (holderPath: string, lockNameValue: string, redriveCountPath: string) => {
+    // `from`: where the event's executionArn, stateMachineArn and redriveCount are (the event's detail,
+    // or the state data a Pass state read them into).
+    const release = (from: string, lockNameValue: string) => {
       const prepare = new sfn.Pass(this, 'Prepare Release Of Stopped Execution', {
-        parameters: { holder: sfn.JsonPath.stringAt(holderPath), redriveCount: sfn.JsonPath.numberAt(redriveCountPath) },
+        parameters: { holder: holderKeyAt(`${from}.stateMachineArn`, `${from}.executionArn`), redriveCount: sfn.JsonPath.numberAt(`${from}.redriveCount`) },
         resultPath: HANDOFF_PATH,
       });
       prepare.next(
@@ -203,13 +208,13 @@ export class CleanFromIncomplete extends Construct {
     };
 
     if (lockName.inputPath === undefined) {
-      return this.checkEvent(release('$.detail.executionArn', lockName.fixed!, '$.detail.redriveCount'));
+      return this.checkEvent(release('$.detail', lockName.fixed!));
     }
 
     // The lock name is in the stopped execution's input. The event carries that input as a string
     // unless it was too large for the event (`inputDetails.included` false); then ask Step Functions.
     const lockNamePath = pathFromParsedInput(lockName.inputPath, '$.input');
-    const releaseFromInput = release('$.executionArn', sfn.JsonPath.stringAt(lockNamePath), '$.redriveCount');
+    const releaseFromInput = release('$', sfn.JsonPath.stringAt(lockNamePath));
     const checkLockName = new sfn.Choice(this, 'Lock Name In Input?')
       .when(sfn.Condition.isString(lockNamePath), releaseFromInput)
       // The execution could not have taken a permit without a lock name.
@@ -218,6 +223,7 @@ export class CleanFromIncomplete extends Construct {
     const fromEvent = new sfn.Pass(this, 'Read Input From Event', {
       parameters: {
         executionArn: sfn.JsonPath.stringAt('$.detail.executionArn'),
+        stateMachineArn: sfn.JsonPath.stringAt('$.detail.stateMachineArn'),
         redriveCount: sfn.JsonPath.numberAt('$.detail.redriveCount'),
         input: sfn.JsonPath.stringToJson(sfn.JsonPath.stringAt('$.detail.input')),
       },
@@ -235,6 +241,7 @@ export class CleanFromIncomplete extends Construct {
     const fromDescription = new sfn.Pass(this, 'Read Input From Description', {
       parameters: {
         executionArn: sfn.JsonPath.stringAt('$.detail.executionArn'),
+        stateMachineArn: sfn.JsonPath.stringAt('$.detail.stateMachineArn'),
         redriveCount: sfn.JsonPath.numberAt('$.detail.redriveCount'),
         input: sfn.JsonPath.objectAt('$.described.input'),
       },

@@ -43,6 +43,26 @@ function misplacedStatesAll(definition: any): string[] {
   return found;
 }
 
+/**
+ * Step Functions' other rule that asl-validator does not check: "You can nest up to 10 intrinsic functions
+ * within a field" (https://docs.aws.amazon.com/step-functions/latest/dg/intrinsic-functions.html; its
+ * example of nine counts every call in the field). Fields with more, and how many.
+ */
+function overNestedIntrinsics(definition: unknown): string[] {
+  const found: string[] = [];
+  const visit = (value: unknown, where: string) => {
+    if (Array.isArray(value)) {value.forEach((v, i) => visit(v, `${where}[${i}]`));} else if (typeof value === 'object' && value !== null) {
+      for (const [key, v] of Object.entries(value)) {
+        const calls = key.endsWith('.$') && typeof v === 'string' ? (v.match(/\bStates\.[A-Za-z]+\(/g) ?? []).length : 0;
+        if (calls > 10) found.push(`${where}.${key}: ${calls}`);
+        visit(v, `${where}.${key}`);
+      }
+    }
+  };
+  visit(definition, '');
+  return found;
+}
+
 function validate(definition: unknown) {
   // The validator annotates the definition it reads; give it a copy.
   return aslValidator(JSON.parse(JSON.stringify(definition)), { checkPaths: true, checkArn: true });
@@ -87,7 +107,17 @@ describe('every synthesized definition passes asl-validator', () => {
       expect({ id, errors: result.errorsText('\n') }).toEqual({ id, errors: '' });
       expect(result.isValid).toBe(true);
       expect({ id, misplaced: misplacedStatesAll(definition) }).toEqual({ id, misplaced: [] });
+      expect({ id, overNested: overNestedIntrinsics(definition) }).toEqual({ id, overNested: [] });
+      // The holder id takes nine (its state machine's ARN rebuilt from the context object, hashed).
+      expect(JSON.stringify(definition)).toMatch(id.includes('Cleanup') ? /States\.Hash\(\$\.(detail\.)?stateMachineArn/ : /States\.Hash\(States\.Format\('arn:/);
     }
+  });
+
+  test('a field of more than 10 intrinsic functions is found', () => {
+    // n calls: a Format of n - 1 UUIDs.
+    const calls = (n: number) => `States.Format('${'{}'.repeat(n - 1)}', ${Array.from({ length: n - 1 }, () => 'States.UUID()').join(', ')})`;
+    const definition = { States: { A: { Type: 'Pass', Parameters: { 'ten.$': calls(10), 'deeper': { 'eleven.$': calls(11) } } } } };
+    expect(overNestedIntrinsics(definition)).toEqual(['.States.A.Parameters.deeper.eleven.$: 11']);
   });
 
   test('a States.ALL that is not alone, or not last, is found', () => {

@@ -324,7 +324,7 @@ describe('CLI holders and workflow executions share one lock', () => {
       permitsInUse: 1,
       limit: 1,
       holders: [{ id: leaseId, kind: 'lease', owner: 'deploy-script', expired: false }],
-      waiters: [execution.arn],
+      waiters: [execution.holderId],
     });
     expect((await cli('status', LOCK)).stdout.split('\n')[0]).toBe(`${LOCK}: 1 of 1 permits in use, 1 execution queued`);
 
@@ -351,7 +351,7 @@ describe('CLI holders and workflow executions share one lock', () => {
     const released = await binaryWith({ AWS_ENDPOINT_URL_SFN: 'http://127.0.0.1:9' }, 'release', LOCK, acquired.stdout).done;
     expect(released.code).toBe(0);
     expect(released.stderr.trim()).toMatch(
-      new RegExp(`^cdk-sfn-semaphore: ${LOCK}: warning: handed the permit to the queued execution ${execution.arn} but could not wake it \\(.*\\); it finds the permit when its queueCheckInterval ends .*SemaphoreTable.grantClient\\)$`),
+      new RegExp(`^cdk-sfn-semaphore: ${LOCK}: warning: handed the permit to the queued execution ${execution.holderId} but could not wake it \\(.*\\); it finds the permit when its queueCheckInterval ends .*SemaphoreTable.grantClient\\)$`),
     );
     // Its wait times out (5 simulated minutes); it claims the permit handed to it and goes in, never woken.
     await execution.done;
@@ -415,7 +415,7 @@ describe('CLI holders and workflow executions share one lock', () => {
 
     const status = await cli('status', LOCK);
     expect(status.stdout.split('\n')[0]).toBe(`${LOCK}: 1 of 1 permits in use`);
-    expect(status.stdout).toMatch(/^execution\s+arn:aws:states:.*:execution:.*\s+\d+s\s+-$/m);
+    expect(status.stdout).toMatch(/^execution\s+[0-9a-f]{32}:exec-\d+\s+1\s+\d+s\s+-$/m);
 
     const waiting = binary('acquire', LOCK, '--wait', '30s');
     // It tried, found the lock full and waits: only now does the permit come free.
@@ -438,7 +438,7 @@ describe('CLI holders and workflow executions share one lock', () => {
       `cdk-sfn-semaphore: ${LOCK}: 1 of 1 permits in use, waiting up to 60s, next in line (executions are queued: the permits given back go to it first)`,
     ]);
     const registered = await client().status(LOCK);
-    expect(registered).toMatchObject({ permitsInUse: 1, waiters: [queued.arn] });
+    expect(registered).toMatchObject({ permitsInUse: 1, waiters: [queued.holderId] });
     expect(registered.holders.find((h) => h.kind === 'lease')).toMatchObject({ owner: 'ci-job', permits: 0, collecting: true });
     expect((await cli('status', LOCK)).stdout).toMatch(/^lease\s+lease-[0-9a-f-]{36}\s+0 \(next: collecting\)\s+ci-job\s/m);
 
@@ -451,7 +451,7 @@ describe('CLI holders and workflow executions share one lock', () => {
     expect(held.holders).toEqual([expect.objectContaining({ id: leaseId, kind: 'lease', owner: 'ci-job', permits: 1 })]);
     expect(held.holders[0].collecting).toBeUndefined();
     // The queued execution still sleeps, its body not run: the permit went to the CLI.
-    expect(held.waiters).toEqual([queued.arn]);
+    expect(held.waiters).toEqual([queued.holderId]);
     expect(queued.status).toBe('RUNNING');
     expect(work.byExecution.has(queued.arn)).toBe(false);
 
@@ -518,7 +518,7 @@ describe('CLI holders and workflow executions share one lock', () => {
     // A second client finds a collector there: it polls, as before.
     expect(await runFlow(registerCollector(protocol, LOCK, 'lease-second', { limit: 1 }), clients)).toBe(false);
     await finishExecution(first);
-    expect(await client().status(LOCK)).toMatchObject({ permitsInUse: 0, waiters: [queued.arn] });
+    expect(await client().status(LOCK)).toMatchObject({ permitsInUse: 0, waiters: [queued.holderId] });
     expect(queued.status).toBe('RUNNING');
 
     // Its release serves the queue: the free permit is handed to the waiter, which is woken (or, had the
@@ -540,7 +540,7 @@ describe('CLI holders and workflow executions share one lock', () => {
     const ago = -(COLLECTOR_LEASE_SECONDS + 1) * 1000;
     expect(await runFlow(atClock(ago, registerCollector(protocol, LOCK, 'lease-crashed', { limit: 1 })), clients)).toBe(true);
     await finishExecution(first);
-    expect(await client().status(LOCK)).toMatchObject({ permitsInUse: 0, waiters: [queued.arn] });
+    expect(await client().status(LOCK)).toMatchObject({ permitsInUse: 0, waiters: [queued.holderId] });
 
     const tried = await cliWith({ CDK_SFN_SEMAPHORE_CLOCK_SKEW: '0s' }, 'acquire', LOCK, '--no-wait');
     // The permit went to the queue's waiter, first in line, not to the acquirer that freed it (which
@@ -967,6 +967,18 @@ describe('leases', () => {
     const forced = await cli('force-release', LOCK, lease!.leaseId, '--reason', 'script crashed');
     expect([forced.code, forced.stderr]).toEqual([0, `cdk-sfn-semaphore: ${LOCK}: released ${lease!.leaseId} by force: script crashed`]);
     expect((await cli('force-release', LOCK, lease!.leaseId, '--reason', 'again')).code).toBe(3);
+  });
+
+  test("an execution is listed by its holder id; force-release takes that id or the execution's ARN", async () => {
+    const execution = await executionInside();
+    const status = JSON.parse((await cli('status', LOCK, '--json')).stdout);
+    expect(status.holders).toMatchObject([{ id: execution.holderId, kind: 'execution' }]);
+    expect(execution.holderId).toMatch(/^[0-9a-f]{32}:/);
+    const forced = await cli('force-release', LOCK, execution.arn, '--reason', 'stuck');
+    expect([forced.code, forced.stderr]).toEqual([0, `cdk-sfn-semaphore: ${LOCK}: released ${execution.arn} by force: stuck`]);
+    expect((await client().status(LOCK)).permitsInUse).toBe(0);
+    expect((await cli('force-release', LOCK, execution.holderId, '--reason', 'again')).code).toBe(3);
+    await finishExecution(execution);
   });
 
   test('the client releases and renews leases only: an execution\'s permit needs forceRelease', async () => {

@@ -1,3 +1,4 @@
+import { createHash } from 'crypto';
 import { App, CfnParameter, Duration, RemovalPolicy, Stack } from 'aws-cdk-lib';
 import { Annotations, Match, Template } from 'aws-cdk-lib/assertions';
 import * as iam from 'aws-cdk-lib/aws-iam';
@@ -11,6 +12,9 @@ import { HOLDER_OWNER } from '../client/semaphore-client';
 import { itemSizeBytes } from '../simulator/dynamodb';
 import {
   ACQUIRE_CONDITION,
+  executionArnOfHolder,
+  executionHolderKey,
+  executionHolderKeyOfArn,
   HOLDER_ACQUIRED_AT,
   HOLDER_CLAIMED,
   HOLDER_COLLECTING,
@@ -22,6 +26,7 @@ import {
   HOLDER_LEASE_SECONDS,
   HOLDER_PERMITS,
   HOLDER_REDRIVE_COUNT,
+  isExecutionHolder,
   LOCK_KEY,
   MAX_CONCURRENCY_LIMIT,
   MAX_HOLDER_ENTRY_BYTES,
@@ -31,6 +36,12 @@ import {
   RELEASE_UPDATE,
   TAKE_TICKET_CONDITION,
 } from '../src/private/lock-schema';
+
+/** How a workflow's states name its own holder id: the MD5 of its state machine's (unqualified) ARN, ':', its execution's name. */
+const OWN_HOLDER_ID =
+  "States.Format('{}:{}', States.Hash(States.Format('arn:{}:states:{}:{}:stateMachine:{}', " +
+  "States.ArrayGetItem(States.StringSplit($$.StateMachine.Id, ':'), 1), States.ArrayGetItem(States.StringSplit($$.StateMachine.Id, ':'), 3), " +
+  "States.ArrayGetItem(States.StringSplit($$.StateMachine.Id, ':'), 4), $$.StateMachine.Name), 'MD5'), $$.Execution.Name)";
 
 function newStack() {
   return new Stack(new App(), 'Stack');
@@ -143,7 +154,7 @@ describe('definition', () => {
         // Its own entry lets the condition through and fails the update (a number plus a map): see ACQUIRE_CONDITION.
         ConditionExpression: ACQUIRE_CONDITION,
         UpdateExpression: 'SET #permits = if_not_exists(#permits, :zero) + :one, #holder = :entry, #limit = :limit, #fence = if_not_exists(#fence, :zero) + if_not_exists(#holder, :one)',
-        ExpressionAttributeNames: { '#permits': 'permitsInUse', '#holder.$': '$$.Execution.Id', '#limit': 'concurrencyLimit', '#fence': 'fencingToken' },
+        ExpressionAttributeNames: { '#permits': 'permitsInUse', '#holder.$': OWN_HOLDER_ID, '#limit': 'concurrencyLimit', '#fence': 'fencingToken' },
         ExpressionAttributeValues: {
           ':limit': { N: '3' },
           ':entry': { M: { a: { 'S.$': '$$.State.EnteredTime' } } },
@@ -175,7 +186,7 @@ describe('definition', () => {
     // The body's output and the release's holder in one object, without a state of their own.
     expect(def.States['Run Protected Body']).toMatchObject({
       Type: 'Parallel',
-      ResultSelector: { 'output.$': '$[0]', 'handoff': { 'holder.$': '$$.Execution.Id', 'redriveCount.$': '$$.Execution.RedriveCount' } },
+      ResultSelector: { 'output.$': '$[0]', 'handoff': { 'holder.$': OWN_HOLDER_ID, 'redriveCount.$': '$$.Execution.RedriveCount' } },
       Next: 'Release Permit',
       Catch: [{ ErrorEquals: ['States.ALL'], ResultPath: '$', Next: 'Prepare Release After Failure' }],
     });
@@ -349,7 +360,7 @@ describe('definition', () => {
         // A ticket skipped while its waiter was on its way has an item marked served: refused.
         ConditionExpression: 'attribute_not_exists(#servedBy) AND attribute_not_exists(#waiter)',
         ExpressionAttributeValues: {
-          ':me': { 'S.$': '$$.Execution.Id' },
+          ':me': { 'S.$': OWN_HOLDER_ID },
           ':redriveCount': { 'N.$': 'States.JsonToString($$.Execution.RedriveCount)' },
           ':lease': { N: '1800' },
           ':limit': { N: '1' }, // its own limit, for the reconciler's admissions
@@ -481,7 +492,11 @@ describe('cleanup', () => {
     expect(def.StartAt).toBe('Stopped Execution?');
     expect(def.States['Stopped Execution?'].Default).toBe('Prepare Release Of Stopped Execution');
     expect(def.States['Prepare Release Of Stopped Execution']).toMatchObject({
-      Parameters: { 'holder.$': '$.detail.executionArn', 'redriveCount.$': '$.detail.redriveCount' },
+      // The holder id: the MD5 of the state machine's ARN, and the execution's name, the eighth field of its ARN.
+      Parameters: {
+        'holder.$': "States.Format('{}:{}', States.Hash($.detail.stateMachineArn, 'MD5'), States.ArrayGetItem(States.StringSplit($.detail.executionArn, ':'), 7))",
+        'redriveCount.$': '$.detail.redriveCount',
+      },
       ResultPath: '$.handoff',
       Next: 'Release Permit Of Stopped Execution',
     });
@@ -513,12 +528,14 @@ describe('cleanup', () => {
 
     expect(def.States['Read Input From Event'].Parameters).toEqual({
       'executionArn.$': '$.detail.executionArn',
+      'stateMachineArn.$': '$.detail.stateMachineArn',
       'redriveCount.$': '$.detail.redriveCount',
       'input.$': 'States.StringToJson($.detail.input)',
     });
     // Described because the input was too large for the event: the run that stopped is still the event's.
     expect(def.States['Read Input From Description'].Parameters).toEqual({
       'executionArn.$': '$.detail.executionArn',
+      'stateMachineArn.$': '$.detail.stateMachineArn',
       'redriveCount.$': '$.detail.redriveCount',
       'input.$': '$.described.input',
     });
@@ -754,7 +771,7 @@ describe('reconciler, leases and metrics', () => {
     // 0.1 + 0.18 x 500 = 90.1 KB, 91 write units a write, three writes a hand-off: 3.7 a second, 500 / 3.66 = 137 s.
     Annotations.fromStack(high).hasWarning(
       '/Stack/Workflow',
-      Match.stringLikeRegexp('concurrencyLimit 500 with the queue: .*about 90 KB .*at most about 3\\.7 permits a second: bodies shorter than about 137 s .*cdk-sfn-semaphore:highQueueLimit'),
+      Match.stringLikeRegexp('concurrencyLimit 500 with the queue: .*about 55 KB .*at most about 6\\.0 permits a second: bodies shorter than about 84 s .*cdk-sfn-semaphore:highQueueLimit'),
     );
     for (const quiet of [{ concurrencyLimit: 99 }, { concurrencyLimit: 500, waitStrategy: WaitStrategy.POLLING }, { concurrencyLimit: sfn.JsonPath.numberAt('$.limit') }]) {
       Annotations.fromStack(workflow(quiet).stack).hasNoWarning('/Stack/Workflow', Match.stringLikeRegexp('with the queue'));
@@ -959,11 +976,36 @@ describe('the lock item', () => {
   const entryBytes = (holder: string, fields: Record<string, unknown>) =>
     itemSizeBytes({ [LOCK_KEY]: { S: 'lock' }, [holder]: { M: fields } }) - itemSizeBytes({ [LOCK_KEY]: { S: 'lock' } });
 
+  test("an execution's holder id turns back into its ARN given its state machine's, and old ARN ids still read", () => {
+    const sm = 'arn:aws:states:eu-west-1:123456789012:stateMachine:WorkflowStateMachine1A2B3C4D-AbCdEfGhIjKl';
+    const arn = 'arn:aws:states:eu-west-1:123456789012:execution:WorkflowStateMachine1A2B3C4D-AbCdEfGhIjKl:6f1c2a3b-0000-4000-8000-123456789abc';
+    // The same name in another account, in another Region, and another name.
+    const others = [sm.replace('123456789012', '210987654321'), sm.replace('eu-west-1', 'eu-west-2'), sm.replace(/[^:]+$/, 'Other')];
+    const key = executionHolderKeyOfArn(arn)!;
+    expect(key).toBe(`${createHash('md5').update(sm).digest('hex')}:6f1c2a3b-0000-4000-8000-123456789abc`);
+    // A version's or an alias's ARN names the same state machine.
+    expect([executionHolderKey(sm, '6f1c2a3b-0000-4000-8000-123456789abc'), executionHolderKey(`${sm}:7`, '6f1c2a3b-0000-4000-8000-123456789abc')]).toEqual([key, key]);
+    expect(arn.length - key.length).toBe(57); // the ARN's prefix (48), the state machine's name (41) and a colon, against 33
+    expect(executionArnOfHolder(key, [...others, sm])).toBe(arn);
+    expect(executionArnOfHolder(key, [`${sm}:prod`])).toBe(arn);
+    expect(executionArnOfHolder(key, others)).toBeUndefined();
+    // An id written by a version before the short ids: the ARN itself, ours only with its state machine.
+    expect(executionArnOfHolder(arn, [sm])).toBe(arn);
+    expect(executionArnOfHolder(arn, others)).toBeUndefined();
+    expect([key, arn, 'lease-6f1c2a3b-0000-4000-8000-123456789abc', 'abc:def'].map(isExecutionHolder)).toEqual([true, true, false, false]);
+    expect(executionHolderKeyOfArn('lease-6f1c2a3b')).toBeUndefined();
+    expect(executionHolderKeyOfArn(sm)).toBeUndefined();
+  });
+
   test('the largest holder entry fits the bound that caps concurrencyLimit', () => {
     // The longest execution ARN Step Functions allows: partition, a 14-character Region, two names of 80 characters.
+    // Versions before the short holder ids keyed an entry by it; an upgrade may find such entries.
     const arn = `arn:aws-us-gov:states:ap-southeast-4:123456789012:execution:${'s'.repeat(80)}:${'e'.repeat(80)}`;
+    const key = executionHolderKeyOfArn(arn)!;
+    const stateMachineArn = `arn:aws-us-gov:states:ap-southeast-4:123456789012:stateMachine:${'s'.repeat(80)}`;
+    expect(key).toBe(`${createHash('md5').update(stateMachineArn).digest('hex')}:${'e'.repeat(80)}`);
     // Every field an execution's entry can carry, at once (no entry has them all: an over-estimate).
-    const execution = entryBytes(arn, {
+    const fields = {
       [HOLDER_ACQUIRED_AT]: { S: '2026-11-28T20:00:00.000Z' },
       [HOLDER_REDRIVE_COUNT]: { N: '1000' },
       [HOLDER_LEASE_SECONDS]: { N: '31536000' },
@@ -974,7 +1016,9 @@ describe('the lock item', () => {
       [HOLDER_EXTRA_PERMITS]: { N: String(MAX_PERMITS - 1) },
       [HOLDER_COLLECTING]: { N: '1' },
       [HOLDER_IN_BODY]: { N: '1' },
-    });
+    };
+    const execution = entryBytes(arn, fields);
+    const keyed = entryBytes(key, fields);
     const client = entryBytes(`lease-${'0'.repeat(36)}`, {
       [HOLDER_ACQUIRED_AT]: { S: '2026-11-28T20:00:00.000Z' },
       [HOLDER_LEASE_EXPIRES_AT]: { N: '1795000000000' },
@@ -983,9 +1027,12 @@ describe('the lock item', () => {
       [HOLDER_EXTRA_PERMITS]: { N: String(MAX_PERMITS - 1) },
     });
     expect(execution).toBeLessThanOrEqual(MAX_HOLDER_ENTRY_BYTES);
+    expect(keyed).toBeLessThanOrEqual(MAX_HOLDER_ENTRY_BYTES);
     expect(client).toBeLessThanOrEqual(MAX_HOLDER_ENTRY_BYTES);
-    // One-letter field names: the ARN is most of an entry (over 200 of its bytes here).
+    // One-letter field names: the key is most of an entry; the short one saves the ARN's prefix and the state machine's name.
     expect(execution - arn.length).toBeLessThan(120);
+    expect(execution - keyed).toBe(arn.length - key.length);
+    expect(key.length).toBe(113);
     // A thousand of the largest entries and the counters stay inside DynamoDB's 400 KB (409,600 bytes) per item.
     expect(MAX_CONCURRENCY_LIMIT * MAX_HOLDER_ENTRY_BYTES + 1000).toBeLessThan(409600);
   });

@@ -89,9 +89,9 @@ export class WorkTracker {
   };
 }
 
-/** The lock items of a table, as plain objects: name, permits in use, holders. */
-export function lockState(sim: Simulator, table = 'WorkflowLockTable') {
-  return lockStates(sim, table);
+/** The lock items of a table, as plain objects: name, permits in use, holders (executions by their ARNs). */
+export async function lockState(sim: Simulator, table = 'WorkflowLockTable') {
+  return (await lockStates(sim, table)).map((lock) => ({ ...lock, holders: lock.holders.map((h) => sim.executionOfHolder(h)?.arn ?? h) }));
 }
 
 export function statuses(executions: Execution[]): Record<string, number> {
@@ -102,10 +102,13 @@ export function statuses(executions: Execution[]): Record<string, number> {
 
 /**
  * The waiters of a lock's queue in ticket order: each unserved ticket item past the lock's head, with
- * the waiter on it and the run that waits.
+ * the waiter on it (an execution by its ARN) and the run that waits.
  */
 export async function queuedWaiters(sim: Simulator, lockName: string, table = 'WorkflowLockTable'): Promise<Array<[string, string]>> {
-  return waitingTickets(await sim.scan(table), lockName).map((i) => [i[TICKET_WAITER].S!, i[HOLDER_REDRIVE_COUNT].N!]);
+  return waitingTickets(await sim.scan(table), lockName).map((i) => [
+    sim.executionOfHolder(i[TICKET_WAITER].S!)?.arn ?? i[TICKET_WAITER].S!,
+    i[HOLDER_REDRIVE_COUNT].N!,
+  ]);
 }
 
 /**

@@ -446,18 +446,18 @@ test('above the count, a run stopped in its body after its interval and redriven
   await simulate(stack, { timeScale: 0.1, lambdaHandlers: { [workFunctionId]: work.handler } }, async (sim) => {
     const sm = sim.stateMachine(stateMachineLogicalId(workflow.stateMachine));
     const x = sim.startExecution(sm, { x: true }, { name: 'x' });
-    await until(async () => (await lockItem(sim))?.[x.arn]?.M?.[HOLDER_PERMITS]?.N === '0', "X's permit to go back at the interval");
+    await until(async () => (await lockItem(sim))?.[x.holderId]?.M?.[HOLDER_PERMITS]?.N === '0', "X's permit to go back at the interval");
     x.abort();
     await x.done;
     const before = (await lockItem(sim))!;
     expect([before[PERMITS_IN_USE].N, before[BODIES_RUNNING].N]).toEqual(['0', '1']);
     const redriven = sim.redriveExecution(x.arn);
-    await until(async () => (await lockItem(sim))?.[x.arn]?.M?.[HOLDER_REDRIVE_COUNT]?.N === '1', 'the redrive guard to take a permit for the new run');
+    await until(async () => (await lockItem(sim))?.[x.holderId]?.M?.[HOLDER_REDRIVE_COUNT]?.N === '1', 'the redrive guard to take a permit for the new run');
     const after = (await lockItem(sim))!;
     // One permit again (no `permits` field), the same slot (never given back: bodiesRunning stayed 1),
     // the entry claimed for the new run, and a fencing token drawn for it.
-    expect(after[x.arn].M).toMatchObject({ [HOLDER_IN_BODY]: { N: '1' }, [HOLDER_CLAIMED]: { BOOL: true } });
-    expect(after[x.arn].M![HOLDER_PERMITS]).toBeUndefined();
+    expect(after[x.holderId].M).toMatchObject({ [HOLDER_IN_BODY]: { N: '1' }, [HOLDER_CLAIMED]: { BOOL: true } });
+    expect(after[x.holderId].M![HOLDER_PERMITS]).toBeUndefined();
     expect([after[PERMITS_IN_USE].N, after[BODIES_RUNNING].N]).toEqual(['1', '1']);
     expect(Number(after[FENCING_TOKEN].N)).toBe(Number(before[FENCING_TOKEN].N) + 1);
     const y = sim.startExecution(sm, { y: true }, { name: 'y' });
@@ -629,7 +629,7 @@ test.each([
     await until(() => work.starts.length === 2, "X's body to start again");
     // The guard (run by the redrive's status event) has taken a permit for the new run, or claimed X's
     // entry for it, before Y starts: waited for, not timed, since a busy machine can delay it.
-    const entryOfNewRun = async () => (await lockItem(sim))?.[x.arn]?.M?.[HOLDER_REDRIVE_COUNT]?.N === '1';
+    const entryOfNewRun = async () => (await lockItem(sim))?.[x.holderId]?.M?.[HOLDER_REDRIVE_COUNT]?.N === '1';
     await until(entryOfNewRun, 'the redrive guard to take a permit for the new run');
     const y = sim.startExecution(sm, { y: true }, { name: 'y' });
     const [xAgain, yDone] = await Promise.all([redriven, y.done]);
@@ -984,13 +984,18 @@ test('the CLI and the client beside a concurrency limit above the rate: a body p
     // Once the interval has passed, the permit is back and the body runs on in its slot.
     await until(async () => (await client.status(LOCK)).holders[0]?.permits === 0, 'the permit to go back at the interval');
     expect(work.inside).toBe(1);
-    expect(await client.status(LOCK)).toMatchObject({ permitsInUse: 0, bodyLimit: 2, bodiesRunning: 1, holders: [{ id: running.arn, permits: 0 }] });
+    expect(await client.status(LOCK)).toMatchObject({
+      permitsInUse: 0,
+      bodyLimit: 2,
+      bodiesRunning: 1,
+      holders: [{ id: running.holderId, permits: 0 }],
+    });
     const env = { AWS_ENDPOINT_URL_DYNAMODB: sim.db.endpoint, AWS_REGION: 'us-east-1', AWS_ACCESS_KEY_ID: 'local', AWS_SECRET_ACCESS_KEY: 'local' };
     const out: string[] = [];
     const io = { stdout: (l: string) => out.push(l), stderr: () => undefined, env: { ...env, CDK_SFN_SEMAPHORE_TABLE: tableName } };
     expect(await main(['status', LOCK], io)).toBe(0);
     expect(out[0]).toMatch(/^TestStack\/Workflow: 0 of 1 permits in use.*; 1 of 2 body slots taken$/);
-    expect(out.find((l) => l.includes(running.arn))).toMatch(/^execution\s+\S+\s+0\s/);
+    expect(out.find((l) => l.includes(running.holderId))).toMatch(/^execution\s+\S+\s+0\s/);
 
     // The free permit and the second slot go to a lease; the rate then refuses another.
     const lease = await client.acquire(LOCK, { leaseSeconds: 60 });

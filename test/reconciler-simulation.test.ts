@@ -43,7 +43,7 @@ test('with 60% of status events lost, one reconciler run leaves no permit held',
 
     const result = await sweep(sim);
 
-    expect(result.reclaimed.map((r: any) => r.holder).sort()).toEqual([...before.holders].sort());
+    expect(result.reclaimed.map((r: any) => r.executionArn).sort()).toEqual([...before.holders].sort());
     expect(result.reclaimed.every((r: any) => r.reason === 'execution ABORTED')).toBe(true);
     expect(await lockState(sim)).toEqual([{ lockName: 'TestStack/Workflow', permitsInUse: 0, holders: [] }]);
   } finally {
@@ -76,7 +76,7 @@ test('DescribeExecution eventually consistent: a sweep that sees a stopped holde
     // Past the window, the answer is current: ABORTED, and the permit is freed.
     await sim.sleep(61);
     const later = await sweep(sim);
-    expect(later.reclaimed.map((r: any) => [r.holder, r.reason])).toEqual([[holder.arn, 'execution ABORTED']]);
+    expect(later.reclaimed.map((r: any) => [r.holder, r.executionArn, r.reason])).toEqual([[holder.holderId, holder.arn, 'execution ABORTED']]);
     expect(await lockState(sim)).toEqual([{ lockName: 'TestStack/Workflow', permitsInUse: 0, holders: [] }]);
   } finally {
     await sim.stop();
@@ -108,7 +108,7 @@ test('aborts during acquire (the late-acquire race) never leak after a reconcile
         ConditionExpression: ACQUIRE_CONDITION,
         ExpressionAttributeNames: {
           [NAMES.permits]: PERMITS_IN_USE,
-          [NAMES.holder]: late.arn,
+          [NAMES.holder]: late.holderId,
           [NAMES.limit]: CONCURRENCY_LIMIT,
           [NAMES.fence]: FENCING_TOKEN,
           [NAMES.collecting]: COLLECTING,
@@ -150,7 +150,7 @@ test('the queue: the sweep drops a waiter stopped while queued and hands the per
     // The permit is held by an execution that does not exist (as after a lost event): nobody will release it.
     const first = sim.startExecution(sm, {}, { name: 'first' });
     await first.done;
-    const ghost = first.arn.replace(/:first$/, ':ghost');
+    const ghost = first.holderId.replace(/:first$/, ':ghost');
     await sim.db.client.send(
       new UpdateItemCommand({
         TableName: sim.tableName('WorkflowLockTable'),
@@ -191,7 +191,8 @@ test('the queue: the sweep drops a waiter stopped while queued and hands the per
 
     const result = await sweep(sim);
 
-    expect(result.reclaimed).toEqual([{ lockName: 'TestStack/Workflow', holder: ghost, reason: 'execution DOES_NOT_EXIST' }]);
+    const ghostArn = first.arn.replace(/:first$/, ':ghost');
+    expect(result.reclaimed).toEqual([{ lockName: 'TestStack/Workflow', holder: ghost, executionArn: ghostArn, reason: 'execution DOES_NOT_EXIST' }]);
     expect([result.waitersRemoved, result.waitersAdmitted]).toEqual([1, 1]);
     expect(await queued()).toEqual([c.arn]);
     await Promise.all([a.done, c.done]);
@@ -427,7 +428,7 @@ describe('redrive guard', () => {
     const sim: Simulator = await Simulator.start(stack, {
       lambdaHandlers: {
         [workFunctionId]: async (input, context) => {
-          if (input.name === 'waiter') entryInBody = (await sim.scan('WorkflowLockTable')).find((i) => i.lockName.S === 'TestStack/Workflow')![context.execution.arn];
+          if (input.name === 'waiter') entryInBody = (await sim.scan('WorkflowLockTable')).find((i) => i.lockName.S === 'TestStack/Workflow')![context.execution.holderId];
           return work.handler(input, context);
         },
       },

@@ -26,15 +26,15 @@ function loseRedriveEvents(sim: Simulator): void {
 }
 
 /** The holder entry of an execution, as the lock item has it now. */
-async function entryOf(sim: Simulator, arn: string) {
+async function entryOf(sim: Simulator, holderId: string) {
   // The lock item, not one of its queue's ticket items.
-  return (await sim.scan(TABLE)).find((item) => !isTicketKey(item[LOCK_KEY]?.S ?? ''))?.[arn]?.M;
+  return (await sim.scan(TABLE)).find((item) => !isTicketKey(item[LOCK_KEY]?.S ?? ''))?.[holderId]?.M;
 }
 
 /** A work function that records the redrive count of its execution's entry when it starts. */
 function recordingEntries(sim: () => Simulator, work: WorkTracker, entries: Map<string, string | undefined>) {
   return async (input: any, context: TaskContext) => {
-    const entry = await entryOf(sim(), context.execution.arn);
+    const entry = await entryOf(sim(), context.execution.holderId);
     entries.set(`${context.execution.name}#${context.execution.redriveCount}`, entry?.[HOLDER_REDRIVE_COUNT]?.N);
     return work.handler(input, context);
   };

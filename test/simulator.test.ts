@@ -1,3 +1,4 @@
+import { createHash } from 'crypto';
 import * as fs from 'fs';
 import * as os from 'os';
 import * as path from 'path';
@@ -13,6 +14,8 @@ import * as sfn from 'aws-cdk-lib/aws-stepfunctions';
 import * as tasks from 'aws-cdk-lib/aws-stepfunctions-tasks';
 import { CodeDynamoDbEndpoint, DynamoTaskRunner, jsonPath, LocalDynamoDb, matchesFilterPattern, matchesPattern, metricFilterSums, REDRIVE_RESUME, refuseWhatItCannotRun, seededRandom, Simulator, targetInput, unsupportedPattern } from '../simulator';
 import { logicalId, until, workflowStack } from './helpers';
+import { executionHolderKeyOfArn } from '../src/private/lock-schema';
+import { holderKeyAt, ownHolderKey } from '../src/private/lock-tasks';
 
 /*
  * The simulator is only worth what its fidelity is worth: these tests pin the AWS behaviour it
@@ -708,6 +711,35 @@ describe('state machines', () => {
       expect(outputs.every((o) => Object.keys(o).join() === 'drawn')).toBe(true);
       expect(new Set(outputs.map((o) => o.drawn.one))).toEqual(new Set([1]));
       expect(new Set(outputs.map((o) => o.drawn.any)).size).toBeGreaterThan(15);
+    } finally {
+      await sim.stop();
+    }
+  });
+
+  test("States.Hash gives lower-case hex, nested in States.Format with States.StringSplit and the context's names: the holder id's intrinsics", async () => {
+    const { stack, sm } = machineStack((s) =>
+      new sfn.Pass(s, 'Key', {
+        parameters: {
+          own: ownHolderKey(),
+          fromEvent: holderKeyAt('$.stateMachineArn', '$.executionArn'),
+          sha1: sfn.JsonPath.hash('input data', 'SHA-1'),
+        },
+      }),
+    );
+    const sim = await Simulator.start(stack);
+    try {
+      const machine = sim.stateMachine(logicalId(sm.node.defaultChild as any));
+      const md5 = (text: string) => createHash('md5').update(text).digest('hex');
+      const other = { stateMachineArn: 'arn:aws:states:eu-west-1:123456789012:stateMachine:Other-Machine_1', executionArn: 'arn:aws:states:eu-west-1:123456789012:execution:Other-Machine_1:a-b_c' };
+      const run = await sim.startExecution(machine, other, { name: 'named-run' }).done;
+      expect(machine.arn).toMatch(/^arn:aws:states:[a-z0-9-]+:\d{12}:stateMachine:[^:]+$/);
+      expect(run.output).toEqual({
+        own: `${md5(machine.arn)}:named-run`,
+        fromEvent: `${md5(other.stateMachineArn)}:a-b_c`,
+        // AWS's example of States.Hash (the intrinsic functions page prints it with a digit missing).
+        sha1: 'aaff4a450a104cd177d28d18d74485e8cae074b7',
+      });
+      expect(run.output).toMatchObject({ own: run.holderId, fromEvent: executionHolderKeyOfArn(other.executionArn) });
     } finally {
       await sim.stop();
     }

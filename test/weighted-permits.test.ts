@@ -430,7 +430,7 @@ test('redriven while its stopped run\'s release was handing its permits on: the 
       TableName: sim.tableName('WorkflowLockTable'),
       Key: { lockName: { S: LOCK } },
       UpdateExpression: `SET #next = :entry, #holder.${HOLDER_PERMITS} = #holder.${HOLDER_PERMITS} - :one, #holder.${HOLDER_EXTRA_PERMITS} = #holder.${HOLDER_EXTRA_PERMITS} - :one`,
-      ExpressionAttributeNames: { '#next': 'lease-waiter', '#holder': heavy.arn },
+      ExpressionAttributeNames: { '#next': 'lease-waiter', '#holder': heavy.holderId },
       ExpressionAttributeValues: { ':one': { N: '1' }, ':entry': { M: { [HOLDER_ACQUIRED_AT]: { S: new Date(sim.now()).toISOString() } } } },
     });
     sim.eventFaults = {};
@@ -439,11 +439,11 @@ test('redriven while its stopped run\'s release was handing its permits on: the 
     // The guard frees the two permits left, and takes three for the redriven run.
     await until(async () => {
       const [lock] = await sim.scan('WorkflowLockTable');
-      return lock[heavy.arn]?.M?.[HOLDER_PERMITS]?.N === '3';
+      return lock[heavy.holderId]?.M?.[HOLDER_PERMITS]?.N === '3';
     }, 'the redriven run holding three permits');
     const [lock] = await sim.scan('WorkflowLockTable');
     expect(lock.permitsInUse).toEqual({ N: '4' });
-    expect(lock[heavy.arn].M?.[HOLDER_REDRIVE_COUNT]).toEqual({ N: '1' });
+    expect(lock[heavy.holderId].M?.[HOLDER_REDRIVE_COUNT]).toEqual({ N: '1' });
     expect((await redriven).status).toBe('SUCCEEDED');
     await sim.idle();
     expect(await lockState(sim)).toEqual([{ lockName: LOCK, permitsInUse: 1, holders: ['lease-waiter'] }]);

@@ -1,3 +1,4 @@
+import { createHash } from 'crypto';
 import { DynamoDBClient, UpdateItemCommand } from '@aws-sdk/client-dynamodb';
 import { App, CfnElement, Duration, Stack } from 'aws-cdk-lib';
 import * as lambda from 'aws-cdk-lib/aws-lambda';
@@ -6,7 +7,7 @@ import * as tasks from 'aws-cdk-lib/aws-stepfunctions-tasks';
 import { ConcurrencyControlledWorkflow, RateLimit, SemaphoreTable, WaitStrategy } from '../src';
 import { cleanupsEnded, lockState, logicalId, simulate, stateMachineLogicalId, statuses, until as waitUntil, WORK_FUNCTION_TIMEOUT, WorkTracker, workflowStack } from './helpers';
 import { Execution, LockMonitor, seededRandom, Simulator, TaskContext, TaskError } from '../simulator';
-import { HOLDER_REDRIVE_COUNT, isTicketKey, TICKET_SERVED_BY, TICKET_WAITER, ticketKey } from '../src/private/lock-schema';
+import { executionHolderKey, HOLDER_REDRIVE_COUNT, isTicketKey, TICKET_SERVED_BY, TICKET_WAITER, ticketKey } from '../src/private/lock-schema';
 
 /*
  * Executed behaviour: the synthesized workflow and cleanup state machines run in the local simulator
@@ -17,7 +18,8 @@ import { HOLDER_REDRIVE_COUNT, isTicketKey, TICKET_SERVED_BY, TICKET_WAITER, tic
 const BODY_STATES = new Set(['Do Work']);
 
 /** Execution ARNs of the test stack's workflow, without the execution name. */
-const ARN_PREFIX = 'arn:aws:states:us-east-1:123456789012:execution:TestStack-WorkflowStateMachine8F1B1C15:';
+/** The holder id of the test workflow's execution named `name`. */
+const holderIdOf = (name: string) => executionHolderKey('arn:aws:states:us-east-1:123456789012:stateMachine:TestStack-WorkflowStateMachine8F1B1C15', name);
 
 /** A DynamoDB client of the simulator's tables, for writes a test makes beside the state machines. */
 function localDynamoDb(sim: Simulator): DynamoDBClient {
@@ -89,6 +91,32 @@ describe('one execution', () => {
       // The cleanup found the permit still held, and freed it.
       const [cleanup] = cleanupExecutions(sim, workflow);
       expect(cleanup.status).toBe('SUCCEEDED');
+      expect(cleanup.stateTransitions.get('Release Permit Of Stopped Execution')).toBe(1);
+      expect(cleanup.stateTransitions.has('Permit Not Held')).toBe(false);
+    });
+  });
+});
+
+describe('the holder id', () => {
+  test("an entry is named by the MD5 of the state machine's ARN and the execution's name; the cleanup finds it from the event", async () => {
+    const { stack, workflow, workFunctionId } = workflowStack();
+    const work = new WorkTracker(() => 100);
+    await simulate(stack, { lambdaHandlers: { [workFunctionId]: work.handler } }, async (sim) => {
+      const sm = sim.stateMachine(stateMachineLogicalId(workflow.stateMachine));
+      const e = sim.startExecution(sm, {}, { name: 'keyed-by-name' });
+      await waitUntil(() => work.byExecution.has(e.arn), 'the execution in its body');
+      const item = (await sim.scan('WorkflowLockTable')).find((i) => i.lockName.S === 'TestStack/Workflow')!;
+      // What States.Hash computed in the definition, against Node's own MD5.
+      const key = `${createHash('md5').update(sm.arn, 'utf8').digest('hex')}:keyed-by-name`;
+      expect(Object.keys(item).filter((k) => item[k].M !== undefined)).toEqual([key]);
+      expect(e.holderId).toBe(key);
+      expect(e.arn.length - key.length).toBe(48 + sm.name.length + 1 - 33);
+
+      e.abort();
+      await e.done;
+      await sim.idle();
+      expect(await lockState(sim)).toEqual([{ lockName: 'TestStack/Workflow', permitsInUse: 0, holders: [] }]);
+      const [cleanup] = cleanupExecutions(sim, workflow);
       expect(cleanup.stateTransitions.get('Release Permit Of Stopped Execution')).toBe(1);
       expect(cleanup.stateTransitions.has('Permit Not Held')).toBe(false);
     });
@@ -489,9 +517,10 @@ function lockProbes(sim: () => Simulator) {
   const items = async () => sim().scan('WorkflowLockTable');
   const item = async () => (await items()).find((i) => i.lockName.S === 'TestStack/Workflow');
   return {
-    holds: async (name: string) => (await item())?.[`${ARN_PREFIX}${name}`] !== undefined,
+    holds: async (name: string) => (await item())?.[holderIdOf(name)] !== undefined,
     // Waiting on a ticket: its ticket item names it and is not served yet.
-    queued: async (name: string) => (await items()).some((i) => isTicketKey(i.lockName.S!) && i[TICKET_WAITER]?.S === `${ARN_PREFIX}${name}` && i[TICKET_SERVED_BY] === undefined),
+    queued: async (name: string) =>
+      (await items()).some((i) => isTicketKey(i.lockName.S!) && i[TICKET_WAITER]?.S === holderIdOf(name) && i[TICKET_SERVED_BY] === undefined),
     // Bounded in real time, and failing past it (as the helpers' until): a busy machine makes the condition slower to hold.
     until: async (condition: () => Promise<boolean>) => {
       const end = Date.now() + 20_000;
@@ -535,7 +564,8 @@ describe('payload edges: the release needs 4 KiB beside the body\'s output', () 
       expect(fits.map((e) => e.stateTransitions.get('Wake Next Waiter') ?? 0).reduce((a, b) => a + b)).toBe(1);
       expect(Buffer.byteLength(JSON.stringify(fits[1].output))).toBe(252 * 1024);
 
-      const tooLarge = await sim.startExecution(sm, { bytes: 256 * 1024 - 100 }).done;
+      // Under the limit on its own, over it with the release's holder id (about 40 characters here) and run beside it.
+      const tooLarge = await sim.startExecution(sm, { bytes: 256 * 1024 - 40 }).done;
       await sim.idle();
       expect([tooLarge.status, tooLarge.error]).toEqual(['FAILED', 'States.DataLimitExceeded']);
       // States.ALL does not catch it: the in-band release may not run, and the cleanup frees the permit.
@@ -606,7 +636,7 @@ async function queueBesideFreedPermit(sim: Simulator, workflow: ConcurrencyContr
       TableName: sim.tableName('WorkflowLockTable'),
       Key: { lockName: { S: 'TestStack/Workflow' } },
       UpdateExpression: 'SET permitsInUse = permitsInUse - :one REMOVE #holder',
-      ExpressionAttributeNames: { '#holder': holder.arn },
+      ExpressionAttributeNames: { '#holder': holder.holderId },
       ExpressionAttributeValues: { ':one': { N: '1' } },
     }),
   );
@@ -1013,11 +1043,11 @@ describe('the queue', () => {
       // Inside, it held the permit, and had the fencing token the poll drew; its ticket still waited,
       // without an item (or with the waiter's, when it could not leave).
       const lockInBody = itemsInBody!.find((i) => i.lockName.S === 'TestStack/Workflow')!;
-      expect(lockInBody[waiter.arn]).toBeDefined();
+      expect(lockInBody[waiter.holderId]).toBeDefined();
       expect(permitInBody).toEqual({ fencingToken: Number(lockInBody.fencingToken.N) });
       expect([lockInBody.queueHead.N, lockInBody.queueTail.N]).toEqual(['0', '1']);
       const ticketsInBody = itemsInBody!.filter((i) => isTicketKey(i.lockName.S));
-      expect(ticketsInBody.map((i) => [i.lockName.S, i[TICKET_WAITER]?.S])).toEqual(throttled ? [[ticketKey('TestStack/Workflow', 1), waiter.arn]] : []);
+      expect(ticketsInBody.map((i) => [i.lockName.S, i[TICKET_WAITER]?.S])).toEqual(throttled ? [[ticketKey('TestStack/Workflow', 1), waiter.holderId]] : []);
       // Its own release claimed that ticket and skipped it, as one whose waiter never wrote its item
       // (or, when it could not leave, as one whose waiter holds a permit: a refused hand-off): no
       // wake-up, and the permit was given back.
@@ -1044,7 +1074,7 @@ describe('the queue', () => {
     const body = async (input: any, context: TaskContext) => {
       if (context.execution.name === 'waiter') {
         const items = await context.simulator.scan('WorkflowLockTable');
-        entryInBody = items.find((i) => i.lockName.S === 'TestStack/Workflow')?.[context.execution.arn];
+        entryInBody = items.find((i) => i.lockName.S === 'TestStack/Workflow')?.[context.execution.holderId];
       }
       await context.simulator.sleep(input.seconds, context.signal);
       return {};

@@ -102,7 +102,11 @@ export async function runWorkflowScenario(workflow: ConcurrencyControlledWorkflo
   return runScenario(subject, { ...options, taskHandlers: handlers });
 }
 
-/** A lock as the workflow sees it: its holders, the executions waiting in its queue, its permits in use. */
+/**
+ * A lock as the workflow sees it: its holders, the executions waiting in its queue, its permits in use.
+ * Executions are named by their ARNs (the lock item keys them by a shorter holder id, `Execution.holderId`),
+ * leases by their ids.
+ */
 export interface LockView extends LockState {
   /** Execution ARNs waiting in the lock's queue, first come first. */
   readonly waiters: string[];
@@ -134,10 +138,18 @@ export class WorkflowSimulator {
 
   /** Every lock of the workflow's table (or the one named): holders, waiters and permits in use. */
   public async locks(lockName?: string): Promise<LockView[]> {
+    const simulator = this.simulator;
     const items = await this.simulator.scan(this.subject.table);
     return lockStatesIn(items)
       .filter((lock) => lockName === undefined || lock.lockName === lockName)
-      .map((lock) => ({ ...lock, waiters: waitingTickets(items, lock.lockName).map((ticket) => ticket[TICKET_WAITER].S!) }));
+      .map((lock) => ({
+        ...lock,
+        holders: lock.holders.map(arnOf),
+        waiters: waitingTickets(items, lock.lockName).map((ticket) => arnOf(ticket[TICKET_WAITER].S!)),
+      }));
+    function arnOf(this: void, holderId: string): string {
+      return simulator.executionOfHolder(holderId)?.arn ?? holderId;
+    }
   }
 
   /** Run every scheduled rule once, as its schedule would (the reconciler's sweep), and wait for the work it started. */

@@ -9,7 +9,7 @@
  *   concurrencyLimit (N)             the limit of the last acquire that succeeded (for `status`;
  *                                    every acquire brings its own limit)
  *   <holder id>  (M)                 one top-level attribute per holder, named by its id (for a
- *                                    workflow, the execution ARN): { a: S (acquired at, ISO-8601),
+ *                                    workflow, `executionHolderKey` below): { a: S (acquired at, ISO-8601),
  *                                    r?: N (executions: the run that took it), l?: N (workflow
  *                                    lease, seconds), e?: N (lease of a holder that is not an
  *                                    execution: its end, epoch ms), o?: S (its owner), h?: S (hand-
@@ -29,6 +29,8 @@
  * when the map does not exist yet, which would need a separate "initialize the item" step (the AWS
  * sample's, at two extra transitions on every first use). `UpdateItem` creates the item on first use.
  */
+
+import { createHash } from 'crypto';
 
 /** Partition key of the lock table (type S). */
 export const LOCK_KEY = 'lockName';
@@ -90,9 +92,59 @@ export const HOLDER_REDRIVE_COUNT = 'r';
 /** Field of a holder entry that is not an execution: when its lease ends, epoch milliseconds. */
 export const HOLDER_LEASE_EXPIRES_AT = 'e';
 
-/** Whether a holder id is a Step Functions execution (else it is a lease id of a script or an operator). */
+/**
+ * The hash that names a state machine in an execution's holder id (`States.Hash` of its ARN): 32 hex
+ * digits, where the ARN takes 48 characters and the state machine's name up to 80 more.
+ */
+export const STATE_MACHINE_KEY_HASH = 'MD5';
+
+const EXECUTION_KEY = /^([0-9a-f]{32}):([^:]+)$/;
+const EXECUTION_ARN = /^arn:(aws[a-z-]*):states:([^:]*):(\d*):execution:([^:]+):([^:]+)$/;
+
+/**
+ * An execution's holder id: the MD5 of its state machine's ARN (unqualified: no version or alias), `:`,
+ * its name; 33 + up to 80 characters, where an execution ARN is 48 + up to 161. Every write of the lock
+ * item is billed for the whole item, so the holder id, written once per holder entry, sets most of its
+ * size. The name alone would not do: two workflows sharing a lock may name executions alike. The hash
+ * covers the state machine's partition, Region and account as the ARN did (a table may be shared across
+ * accounts). Execution and state machine names never contain `:` (Step Functions refuses them), so the
+ * ARN splits into its fields unambiguously.
+ */
+export function executionHolderKey(stateMachineArn: string, executionName: string): string {
+  return `${stateMachineKeyHash(stateMachineArn)}:${executionName}`;
+}
+
+/** What `States.Hash(<the unqualified ARN>, 'MD5')` returns: lower-case hex of the UTF-8 bytes' MD5. */
+function stateMachineKeyHash(stateMachineArn: string): string {
+  return createHash('md5').update(stateMachineArn.split(':').slice(0, 7).join(':'), 'utf8').digest('hex');
+}
+
+/** The holder id of an execution by its ARN; undefined for anything else. */
+export function executionHolderKeyOfArn(executionArn: string): string | undefined {
+  const m = EXECUTION_ARN.exec(executionArn);
+  return m ? executionHolderKey(`arn:${m[1]}:states:${m[2]}:${m[3]}:stateMachine:${m[4]}`, m[5]) : undefined;
+}
+
+/**
+ * The ARN of the execution a holder id names, given the ARNs of the state machines it may belong to;
+ * undefined if none of them matches. A holder id written by a version before the short ids is the
+ * ARN itself.
+ */
+export function executionArnOfHolder(holderId: string, stateMachineArns: readonly string[]): string | undefined {
+  const prefixOf = (sm: string) => `${sm.split(':').slice(0, 7).join(':').replace(':stateMachine:', ':execution:')}:`;
+  if (EXECUTION_ARN.test(holderId)) return stateMachineArns.some((sm) => holderId.startsWith(prefixOf(sm))) ? holderId : undefined;
+  const m = EXECUTION_KEY.exec(holderId);
+  if (!m) return undefined;
+  const sm = stateMachineArns.find((arn) => stateMachineKeyHash(arn) === m[1]);
+  return sm === undefined ? undefined : `${prefixOf(sm)}${m[2]}`;
+}
+
+/**
+ * Whether a holder id is a Step Functions execution (else it is a lease id of a script or an operator,
+ * which starts with `lease-`): a holder key, or the ARN a version before the short keys wrote.
+ */
 export function isExecutionHolder(holderId: string): boolean {
-  return /^arn:aws[a-z-]*:states:[^:]*:\d*:execution:/.test(holderId);
+  return EXECUTION_KEY.test(holderId) || EXECUTION_ARN.test(holderId);
 }
 
 /** Expression attribute names used by every expression below. */
@@ -323,7 +375,7 @@ export const MAX_CONCURRENCY_LIMIT = 1000;
  *   lock item      queueTail (N): tickets issued; queueHead (N): tickets passed (served, dropped or
  *                  skipped). Waiters: tail - head. Both appear with the first ticket.
  *   ticket item    key `<lock name><US><ticket>` (US: the ASCII unit separator, which no lock name may
- *                  contain): w (S, the waiter's execution ARN), r (N, its run), l (N, its lease),
+ *                  contain): w (S, the waiter's holder id), r (N, its run), l (N, its lease),
  *                  concurrencyLimit (N), t (S, the task token of its current wait), s
  *                  (S, set once its turn has come: the id of the hand-off that served it).
  *
@@ -356,7 +408,7 @@ export function isTicketKey(key: string): boolean {
 }
 /** The key of a ticket item as a States.Format template: the lock name, then the ticket. */
 export const TICKET_KEY_FORMAT = `{}${TICKET_KEY_SEPARATOR}{}`;
-/** Field of a ticket item: the waiter's execution ARN. */
+/** Field of a ticket item: the waiter's holder id (an execution's: `executionHolderKey`). */
 export const TICKET_WAITER = 'w';
 /** Field of a ticket item: the task token of the waiter's current wait. */
 export const TICKET_WAIT_TOKEN = 't';

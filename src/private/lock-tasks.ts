@@ -18,11 +18,34 @@ import {
   NAMES,
   PERMITS_IN_USE,
   RATE_INTERVAL,
+  STATE_MACHINE_KEY_HASH,
   VALUES,
   WEIGHTED_ACQUIRE_CONDITION,
   WEIGHTED_ACQUIRE_UPDATE,
 } from './lock-schema';
 import { ISemaphoreTable } from '../semaphore-table';
+
+/**
+ * The holder id of the running execution (`executionHolderKey`): the MD5 of its state machine's ARN,
+ * rebuilt from `$$.StateMachine.Id`'s partition, Region and account and `$$.StateMachine.Name` (so that
+ * a version's or an alias's ARN gives the same), `:`, `$$.Execution.Name`. Nine intrinsic functions:
+ * Step Functions allows ten in a field.
+ */
+export function ownHolderKey(): string {
+  const field = (i: number) => sfn.JsonPath.arrayGetItem(sfn.JsonPath.stringSplit(sfn.JsonPath.stringAt('$$.StateMachine.Id'), ':'), i);
+  const stateMachineArn = sfn.JsonPath.format('arn:{}:states:{}:{}:stateMachine:{}', field(1), field(3), field(4), sfn.JsonPath.stateMachineName);
+  return sfn.JsonPath.format('{}:{}', sfn.JsonPath.hash(stateMachineArn, STATE_MACHINE_KEY_HASH), sfn.JsonPath.executionName);
+}
+
+/**
+ * The holder id (`executionHolderKey`) of the execution whose ARN is at `executionArnPath`, of the state
+ * machine whose ARN is at `stateMachineArnPath` (a status-change event's `stateMachineArn`, unqualified):
+ * the execution's name is the ARN's eighth `:`-separated field.
+ */
+export function holderKeyAt(stateMachineArnPath: string, executionArnPath: string): string {
+  const name = sfn.JsonPath.arrayGetItem(sfn.JsonPath.stringSplit(sfn.JsonPath.stringAt(executionArnPath), ':'), 7);
+  return sfn.JsonPath.format('{}:{}', sfn.JsonPath.hash(sfn.JsonPath.stringAt(stateMachineArnPath), STATE_MACHINE_KEY_HASH), name);
+}
 
 /** The execution's current run (`$$.Execution.RedriveCount`), as a DynamoDB number: the stamp of its entries. */
 export function currentRun(): tasks.DynamoAttributeValue {
@@ -34,7 +57,7 @@ export interface LockTaskProps {
   readonly table: ISemaphoreTable;
   /** The lock name, literal or JSONPath. */
   readonly lockName: tasks.DynamoAttributeValue;
-  /** The holder id, a JSONPath string token (for a workflow, the execution ARN). */
+  /** The holder id, a JSONPath string token (for a workflow, `ownHolderKey()`). */
   readonly holder: string;
 }
 

@@ -63,7 +63,7 @@ import {
   DELETE_SERVED_CONDITION,
   WAIT_ON_TICKET_UPDATE,
 } from './lock-schema';
-import { currentRun, fencingTokenSelector } from './lock-tasks';
+import { currentRun, fencingTokenSelector, ownHolderKey } from './lock-tasks';
 import { STATE } from './state-names';
 import { ISemaphoreTable } from '../semaphore-table';
 
@@ -678,7 +678,7 @@ export function takeTicketTask(scope: Construct, id: string, props: WaiterProps)
     updateExpression: TAKE_TICKET_UPDATE,
     expressionAttributeNames: {
       [NAMES.permits]: PERMITS_IN_USE,
-      [NAMES.holder]: sfn.JsonPath.stringAt('$$.Execution.Id'),
+      [NAMES.holder]: ownHolderKey(),
       [QUEUE_NAMES.tail]: QUEUE_TAIL,
       [QUEUE_NAMES.head]: QUEUE_HEAD,
       [NAMES.collecting]: COLLECTING,
@@ -718,7 +718,7 @@ export function waitOnTicketTask(scope: Construct, id: string, props: WaiterProp
         [NAMES.limit]: CONCURRENCY_LIMIT,
       },
       ExpressionAttributeValues: {
-        [QUEUE_VALUES.me]: { S: sfn.JsonPath.stringAt('$$.Execution.Id') },
+        [QUEUE_VALUES.me]: { S: ownHolderKey() },
         [VALUES.redriveCount]: { N: sfn.JsonPath.jsonToString(sfn.JsonPath.objectAt('$$.Execution.RedriveCount')) },
         [QUEUE_VALUES.lease]: { N: String(props.leaseSeconds) },
         // Its own limit: the reconciler hands it a free permit only below it.
@@ -753,7 +753,7 @@ export function leaveQueueTask(scope: Construct, id: string, props: WaiterProps,
       [QUEUE_NAMES.run]: HOLDER_REDRIVE_COUNT,
     },
     expressionAttributeValues: {
-      [QUEUE_VALUES.me]: tasks.DynamoAttributeValue.fromString(sfn.JsonPath.stringAt('$$.Execution.Id')),
+      [QUEUE_VALUES.me]: tasks.DynamoAttributeValue.fromString(ownHolderKey()),
       [VALUES.redriveCount]: currentRun(),
     },
     resultPath: sfn.JsonPath.DISCARD,
@@ -813,7 +813,7 @@ export function fencingTokenTask(
     conditionExpression: props.condition ?? (props.weight ? WEIGHTED_CLAIM_CONDITION : CLAIM_CONDITION),
     updateExpression: CLAIM_UPDATE,
     expressionAttributeNames: {
-      [NAMES.holder]: sfn.JsonPath.stringAt('$$.Execution.Id'),
+      [NAMES.holder]: ownHolderKey(),
       [NAMES.fence]: FENCING_TOKEN,
     },
     expressionAttributeValues: {

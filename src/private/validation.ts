@@ -46,13 +46,13 @@ export const HIGH_QUEUE_LIMIT = 100;
  * Why a fixed `concurrencyLimit` of HIGH_QUEUE_LIMIT or more with the queue may wait for DynamoDB rather
  * than for permits, with the figures (README, "The ceiling of a high limit"): a full lock passes on a
  * permit with three writes of the lock item (the refused give-back, the claim, the hand-off), billed by
- * its size, about 0.1 KB plus 0.18 KB per holder (a hand-off's entry for a CDK-named state machine and a
- * UUID execution name; 0.14 KB on the bench's shorter ARNs, up to MAX_HOLDER_ENTRY_BYTES for the longest),
+ * its size, about 0.1 KB plus 0.11 KB per holder (a hand-off's entry for a UUID execution name, whatever
+ * the state machine's name; 83 bytes on the bench's shorter names, up to MAX_HOLDER_ENTRY_BYTES at most),
  * against one partition's 1,000 write units a second. Undefined below that limit, or for a token.
  */
 export function highQueueLimitWarning(limit: number): string | undefined {
   if (Token.isUnresolved(limit) || limit < HIGH_QUEUE_LIMIT) return undefined;
-  const itemKb = 0.1 + 0.18 * limit;
+  const itemKb = 0.1 + 0.11 * limit;
   const perSecond = 1000 / (3 * Math.ceil(itemKb));
   const shortest = limit / perSecond;
   return (

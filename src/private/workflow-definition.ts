@@ -48,7 +48,7 @@ import {
   TICKET_KEY_SEPARATOR,
   VALUES,
 } from './lock-schema';
-import { acquireTask, currentRun, fencingTokenSelector, LockTaskProps, PermitWeight } from './lock-tasks';
+import { acquireTask, currentRun, fencingTokenSelector, LockTaskProps, ownHolderKey, PermitWeight } from './lock-tasks';
 import {
   claimStampValues,
   fencingTokenTask,
@@ -93,7 +93,7 @@ export function renderDefinition(scope: Construct, table: ISemaphoreTable, spec:
   const lockNameText =
     spec.lockName.inputPath === undefined ? spec.lockName.fixed! : sfn.JsonPath.stringAt(pathFromExecutionInput(spec.lockName.inputPath));
   const lockName = tasks.DynamoAttributeValue.fromString(lockNameText);
-  const lockTask: LockTaskProps = { table: table, lockName, holder: sfn.JsonPath.stringAt('$$.Execution.Id') };
+  const lockTask: LockTaskProps = { table: table, lockName, holder: ownHolderKey() };
   const limit =
     spec.limit.inputPath === undefined
       ? tasks.DynamoAttributeValue.fromNumber(spec.limit.fixed!)
@@ -109,7 +109,7 @@ export function renderDefinition(scope: Construct, table: ISemaphoreTable, spec:
   // The release reads its holder and run from the state data, so that it can also give back the
   // permit of a waiter it could not wake.
   const holderOfThisRun = {
-    holder: sfn.JsonPath.stringAt('$$.Execution.Id'),
+    holder: ownHolderKey(),
     redriveCount: sfn.JsonPath.numberAt('$$.Execution.RedriveCount'),
   };
 
@@ -354,7 +354,7 @@ function checkPermitAfterFailure(
     key: { [LOCK_KEY]: lockName },
     conditionExpression: STILL_HELD_CONDITION,
     updateExpression: STILL_HELD_UPDATE,
-    expressionAttributeNames: { [NAMES.permits]: PERMITS_IN_USE, [NAMES.holder]: sfn.JsonPath.stringAt('$$.Execution.Id') },
+    expressionAttributeNames: { [NAMES.permits]: PERMITS_IN_USE, [NAMES.holder]: ownHolderKey() },
     expressionAttributeValues: {
       [VALUES.redriveCount]: currentRun(),
     },
@@ -971,7 +971,7 @@ function bodySlotGate(
       conditionExpression: TAKE_BODY_SLOT_CONDITION,
       updateExpression: TAKE_BODY_SLOT_UPDATE,
       expressionAttributeNames: {
-        [NAMES.holder]: sfn.JsonPath.stringAt('$$.Execution.Id'),
+        [NAMES.holder]: ownHolderKey(),
         [NAMES.fence]: FENCING_TOKEN,
         [NAMES.bodies]: BODIES_RUNNING,
         [NAMES.bodyLimit]: BODY_LIMIT,
@@ -1041,7 +1041,7 @@ function releaseBodySlot(
     key: { [LOCK_KEY]: lockName },
     conditionExpression: RELEASE_BODY_SLOT_CONDITION,
     updateExpression: RELEASE_BODY_SLOT_UPDATE,
-    expressionAttributeNames: { [NAMES.holder]: sfn.JsonPath.stringAt('$$.Execution.Id'), [NAMES.bodies]: BODIES_RUNNING },
+    expressionAttributeNames: { [NAMES.holder]: ownHolderKey(), [NAMES.bodies]: BODIES_RUNNING },
     expressionAttributeValues: { [VALUES.one]: tasks.DynamoAttributeValue.fromNumber(1) },
     resultPath: sfn.JsonPath.DISCARD,
   })
@@ -1053,7 +1053,7 @@ function releaseBodySlot(
     key: { [LOCK_KEY]: lockName },
     conditionExpression: RELEASE_BODY_SLOT_AND_ENTRY_CONDITION,
     updateExpression: RELEASE_BODY_SLOT_AND_ENTRY_UPDATE,
-    expressionAttributeNames: { [NAMES.holder]: sfn.JsonPath.stringAt('$$.Execution.Id'), [NAMES.bodies]: BODIES_RUNNING },
+    expressionAttributeNames: { [NAMES.holder]: ownHolderKey(), [NAMES.bodies]: BODIES_RUNNING },
     expressionAttributeValues: { [VALUES.zero]: tasks.DynamoAttributeValue.fromNumber(0), [VALUES.one]: tasks.DynamoAttributeValue.fromNumber(1) },
     resultPath: sfn.JsonPath.DISCARD,
   })

@@ -39,6 +39,7 @@ import {
   ticketKey,
   WEIGHTED_ACQUIRE_CONDITION,
   WEIGHTED_CLAIM_CONDITION,
+  executionHolderKey,
 } from '../../src/private/lock-schema';
 import { RATE_HOLD_STATES, STATE } from '../../src/private/state-names';
 
@@ -54,6 +55,8 @@ const raw = mockClient(DynamoDBClient);
 const sfn = mockClient(SFNClient);
 const SM = 'arn:aws:states:us-east-1:123456789012:stateMachine:Guarded';
 const exec = (name: string, sm = 'Guarded') => `arn:aws:states:us-east-1:123456789012:execution:${sm}:${name}`;
+/** The holder id the workflow writes for that execution (the tests below that key entries by the ARN are those of versions before it). */
+const key = (name: string, sm = 'Guarded') => executionHolderKey(`arn:aws:states:us-east-1:123456789012:stateMachine:${sm}`, name);
 /** A holder entry, by default taken two minutes ago: past the sweep's grace period. */
 const entry = (acquiredAt = new Date(Date.now() - 2 * GRACE_MS).toISOString(), extra: Record<string, unknown> = {}) => ({
   [HOLDER_ACQUIRED_AT]: acquiredAt,
@@ -146,7 +149,7 @@ test('F5: judges runs: a description older than the entry leaves it, an entry of
 
   expect(releasedHolders()).toEqual([exec('left')]);
   expect(ddb.commandCalls(UpdateCommand)[0].args[0].input.ExpressionAttributeValues).toMatchObject({ ':redriveCount': 0 });
-  expect(result.reclaimed).toEqual([{ lockName: 'db', holder: exec('left'), reason: 'entry of run 0; the execution runs run 1' }]);
+  expect(result.reclaimed).toEqual([{ lockName: 'db', holder: exec('left'), executionArn: exec('left'), reason: 'entry of run 0; the execution runs run 1' }]);
 });
 
 test('stops a running execution past its lease, and only then releases it', async () => {
@@ -297,8 +300,25 @@ test('an expired registration of a waiting client (no permit, the collector\'s m
   expect(lines).toContainEqual(expect.objectContaining({ TableName: 'locks', PermitsReclaimed: 1 }));
 });
 
+test('sweeps entries named by holder ids: describes each execution by the ARN its id names, and releases by the id', async () => {
+  ddb.on(ScanCommand).resolves({ Items: [{ lockName: 'db', permitsInUse: 3, [key('done')]: entry(), [key('busy')]: entry(), [exec('old')]: entry() }] });
+  statuses({ [exec('done')]: 'ABORTED', [exec('busy')]: 'RUNNING', [exec('old')]: 'FAILED' });
+  ddb.on(UpdateCommand).resolves({});
+
+  const result = await sweep({});
+
+  expect(sfn.commandCalls(DescribeExecutionCommand).map((c) => c.args[0].input.executionArn).sort()).toEqual([exec('busy'), exec('done'), exec('old')]);
+  expect(releasedHolders().sort()).toEqual([exec('old'), key('done')].sort());
+  expect(result.reclaimed).toEqual(
+    expect.arrayContaining([
+      { lockName: 'db', holder: key('done'), executionArn: exec('done'), reason: 'execution ABORTED' },
+      { lockName: 'db', holder: exec('old'), executionArn: exec('old'), reason: 'execution FAILED' },
+    ]),
+  );
+});
+
 test("leaves other state machines' executions to their own reconcilers", async () => {
-  ddb.on(ScanCommand).resolves({ Items: [{ lockName: 'shared', permitsInUse: 1, [exec('x', 'Other')]: entry() }] });
+  ddb.on(ScanCommand).resolves({ Items: [{ lockName: 'shared', permitsInUse: 2, [exec('x', 'Other')]: entry(), [key('y', 'Other')]: entry() }] });
 
   const result = await sweep({});
 
@@ -478,7 +498,7 @@ describe('redrive guard', () => {
       Key: { lockName: 'db' },
       // The user's body needs a body slot too, wherever the lock records a limit of them (a rate above the concurrency limit).
       ConditionExpression: ACQUIRE_WITH_BODY_SLOT_CONDITION,
-      ExpressionAttributeNames: { '#holder': exec('r1'), '#bodies': 'bodiesRunning', '#bodyLimit': 'bodyLimit' },
+      ExpressionAttributeNames: { '#holder': key('r1'), '#bodies': 'bodiesRunning', '#bodyLimit': 'bodyLimit' },
       ExpressionAttributeValues: { ':limit': 2, ':entry': { [HOLDER_REDRIVE_COUNT]: 1, [HOLDER_ACQUIRED_AT]: expect.any(String), [HOLDER_IN_BODY]: 1 } },
     });
     expect(sfn.commandCalls(StopExecutionCommand)).toHaveLength(0);
@@ -525,7 +545,7 @@ describe('redrive guard', () => {
       // A new acquire time and run: a sweep that read the old entry, or a late cleanup of the run
       // before the redrive, leaves it alone; claimed, so a releaser that handed it over never takes it back.
       UpdateExpression: CLAIM_UPDATE,
-      ExpressionAttributeNames: { '#holder': exec('r3') },
+      ExpressionAttributeNames: { '#holder': key('r3') },
       ExpressionAttributeValues: { ':acquiredAt': expect.stringMatching(/^\d{4}-\d\d-\d\dT/), ':redriveCount': 1, ':claimed': true },
     });
     expect(sfn.commandCalls(StopExecutionCommand)).toHaveLength(0);
@@ -543,7 +563,7 @@ describe('redrive guard', () => {
     expect(conditions).toEqual([ACQUIRE_WITH_BODY_SLOT_CONDITION, BODY_SLOT_AND_PERMIT_HELD_CONDITION, CLAIM_WITH_BODY_SLOT_CONDITION]);
     expect(calls[2]).toMatchObject({
       UpdateExpression: CLAIM_WITH_BODY_SLOT_UPDATE,
-      ExpressionAttributeNames: { '#holder': exec('r4'), '#bodies': 'bodiesRunning', '#bodyLimit': 'bodyLimit' },
+      ExpressionAttributeNames: { '#holder': key('r4'), '#bodies': 'bodiesRunning', '#bodyLimit': 'bodyLimit' },
       ExpressionAttributeValues: { ':redriveCount': 1, ':claimed': true },
     });
   });
@@ -567,7 +587,7 @@ describe('redrive guard', () => {
     // Under the limit read from the input, for this run or an earlier one's entry, claimed for this run.
     // Exactly the names and values the two expressions use: DynamoDB rejects any other.
     expect(calls[3].UpdateExpression).toBe(RETAKE_PERMIT_IN_SLOT_UPDATE);
-    expect(calls[3].ExpressionAttributeNames).toEqual({ '#holder': exec('r5'), '#permits': 'permitsInUse', '#fence': 'fencingToken', '#collecting': 'collecting' });
+    expect(calls[3].ExpressionAttributeNames).toEqual({ '#holder': key('r5'), '#permits': 'permitsInUse', '#fence': 'fencingToken', '#collecting': 'collecting' });
     expect(calls[3].ExpressionAttributeValues).toEqual({
       ':limit': 2,
       ':redriveCount': 1,
