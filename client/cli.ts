@@ -128,8 +128,8 @@ ${COMMON_HELP}`,
   'force-release': `Usage: ${NAME} force-release LOCK HOLDER --reason TEXT
 
 Free the permit of any holder: a lease id, or an execution's ARN or holder id (as status shows it).
-An execution keeps running: stop it first. The reason is printed with the release, for the log of whoever runs it. Exit 3 when HOLDER
-holds no permit of LOCK.
+An execution keeps running: stop it first. The reason is printed with the release, for the log of
+whoever runs it. Exit 3 when HOLDER holds no permit of LOCK.
 
   --reason TEXT   why (required)
 
