@@ -220,7 +220,8 @@ const RELEASABLE_STATUSES = ['SUCCEEDED', 'FAILED', 'TIMED_OUT', 'ABORTED', 'DOE
 
 /** Whether an execution ARN belongs to one of our state machines. */
 export function isOurs(config: ReconcilerConfig, executionArn: string): boolean {
-  return config.stateMachineArns.some((sm) => executionArn.startsWith(`${sm.replace(':stateMachine:', ':execution:')}:`));
+  // An ARN names itself; a holder id would name another string.
+  return executionArnOfHolder(executionArn, config.stateMachineArns) === executionArn;
 }
 
 /** The two parts of a sweep (both, by default): the lock table's holders and queues, and the redriven executions. */
