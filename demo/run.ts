@@ -76,8 +76,10 @@ export function demoSubject(limit: number, props: Partial<ConcurrencyControlledW
   const { stack, workflow } = demoApp(limit, props);
   const id = (c: CfnElement) => stack.getLogicalId(c);
   // A rate's count other than the limit: the limit counts the bodies in their slots, and the rate's permits
-  // are held for another span (longer below the count, shorter above it).
-  const slots = props.rateLimit !== undefined && limit !== props.rateLimit.count;
+  // are held for another span (longer below the count, shorter above it). A rate alone (the props unset
+  // `concurrencyLimit`) has no slots: its bodies run in the protected body, beside the permits.
+  const concurrencyLimit = 'concurrencyLimit' in props ? props.concurrencyLimit : limit;
+  const slots = props.rateLimit !== undefined && concurrencyLimit !== undefined && concurrencyLimit !== props.rateLimit.count;
   return {
     name: 'cdk-sfn-semaphore',
     stack,
