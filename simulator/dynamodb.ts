@@ -8,7 +8,47 @@ import { chance, Random } from './random';
 // eslint-disable-next-line @typescript-eslint/no-require-imports
 const dynalite = require('dynalite') as (options: Record<string, unknown>) => http.Server;
 // eslint-disable-next-line @typescript-eslint/no-require-imports
-const dynaliteDb = require('dynalite/db') as { itemSize(item: Record<string, unknown>): number };
+const dynaliteDb = require('dynalite/db') as { itemSize(item: Record<string, unknown>): number; create(options: Record<string, unknown>): DynaliteStore };
+
+/** dynalite's database: what its actions read and write. */
+interface DynaliteStore {
+  getTable(name: string, checkStatus: boolean, done: (err: Error | null, table?: { TableStatus?: string }) => void): void;
+}
+/** An error dynalite answers with: its HTTP status and the JSON body DynamoDB sends. */
+interface DynaliteError {
+  readonly statusCode?: number;
+  readonly body?: { readonly __type?: string; readonly message?: string; readonly Message?: string };
+}
+type DynaliteAction = (store: DynaliteStore, data: unknown, done: (err: DynaliteError | null, result?: unknown) => void) => void;
+interface DynaliteValidation {
+  readonly types: unknown;
+  readonly custom?: unknown;
+}
+// eslint-disable-next-line @typescript-eslint/no-require-imports
+const dynaliteValidations = require('dynalite/validations') as {
+  checkTypes(data: unknown, types: unknown): unknown;
+  checkValidations(data: unknown, types: unknown, custom: unknown, store: DynaliteStore): void;
+};
+/** The actions dynalite serves (its `validOperations`, less table management that tests do not send raw). */
+const DYNALITE_ACTIONS = new Set([
+  'BatchGetItem',
+  'BatchWriteItem',
+  'CreateTable',
+  'DeleteItem',
+  'DeleteTable',
+  'DescribeTable',
+  'DescribeTimeToLive',
+  'GetItem',
+  'ListTables',
+  'PutItem',
+  'Query',
+  'Scan',
+  'TagResource',
+  'UntagResource',
+  'ListTagsOfResource',
+  'UpdateItem',
+  'UpdateTable',
+]);
 
 /**
  * An item's size as DynamoDB counts it: the lengths of its attribute names plus the sizes of their
@@ -177,15 +217,26 @@ export class CodeDynamoDbEndpoint {
   }
 }
 
-/** A running dynalite server, with an SDK client and a fast raw client for it. */
+/** A running dynalite server (for SDK clients of code under test), with an SDK client, and `call`, which serves a request without HTTP. */
 export class LocalDynamoDb {
   /** Start dynalite on a free port of 127.0.0.1. */
   public static async start(): Promise<LocalDynamoDb> {
-    const server = dynalite({ createTableMs: 0, deleteTableMs: 0, updateTableMs: 0 });
+    // The server's database, which `call` serves directly: dynalite creates it inside and does not
+    // hand it out, so it is caught on its way.
+    const create = dynaliteDb.create;
+    let store: DynaliteStore | undefined;
+    dynaliteDb.create = (options) => (store = create(options));
+    let server: http.Server;
+    try {
+      server = dynalite({ createTableMs: 0, deleteTableMs: 0, updateTableMs: 0 });
+    } finally {
+      dynaliteDb.create = create;
+    }
+    if (store === undefined) throw new Error('dynalite no longer creates its database through db.create: the simulator cannot call it directly');
     keepIdleConnections(server);
     await new Promise<void>((resolve) => server.listen(0, '127.0.0.1', () => resolve()));
     const { port } = server.address() as AddressInfo;
-    return new LocalDynamoDb(server, port);
+    return new LocalDynamoDb(server, port, store);
   }
 
   /** Requests dynalite has received, answered or not: `stop()` answers every one of them first. */
@@ -197,7 +248,6 @@ export class LocalDynamoDb {
   public readonly endpoint: string;
   /** An SDK client, for tests and tools. */
   public readonly client: ddb.DynamoDBClient;
-  private readonly agent = new http.Agent({ keepAlive: true, maxSockets: 64 });
   /** Requests dynalite has received and not yet answered. */
   private inFlight = 0;
   private received = 0;
@@ -205,7 +255,8 @@ export class LocalDynamoDb {
 
   private constructor(
     private readonly server: http.Server,
-    private readonly port: number,
+    port: number,
+    private readonly store: DynaliteStore,
   ) {
     this.endpoint = `http://127.0.0.1:${port}`;
     server.on('request', (_req: http.IncomingMessage, res: http.ServerResponse) => {
@@ -223,44 +274,75 @@ export class LocalDynamoDb {
   }
 
   /**
-   * Call an action with the JSON protocol directly: the same request DynamoDB receives, without the
-   * SDK's middleware, which costs three times as much CPU and would slow the simulated clock.
-   * Throws an error named as the SDK names it (`ConditionalCheckFailedException`, ...).
+   * Call an action the way dynalite's server does, without HTTP: the same JSON request DynamoDB
+   * receives, checked by dynalite's own type and validation checks, then its action on the server's
+   * database, and the answer as JSON. (An HTTP round trip per call cost the simulated clock: a burst
+   * of executions made DynamoDB calls slower than the executions' bodies.) The request and the
+   * answer pass through JSON, so neither shares an object with the caller. Throws an error named as
+   * the SDK names it (`ConditionalCheckFailedException`, ...).
    */
   public call(action: string, input: unknown): Promise<Record<string, unknown>> {
-    const body = JSON.stringify(input);
-    return new Promise((resolve, reject) => {
-      const req = http.request(
-        {
-          host: '127.0.0.1',
-          port: this.port,
-          method: 'POST',
-          path: '/',
-          agent: this.agent,
-          headers: {
-            'Content-Type': 'application/x-amz-json-1.0',
-            'X-Amz-Target': `DynamoDB_20120810.${action}`,
-            'Content-Length': Buffer.byteLength(body),
-            // dynalite checks that a request is signed, not the signature.
-            'Authorization': 'AWS4-HMAC-SHA256 Credential=local/20200101/us-east-1/dynamodb/aws4_request, SignedHeaders=host, Signature=0',
-            'X-Amz-Date': '20200101T000000Z',
-          },
-        },
-        (res) => {
-          const chunks: Buffer[] = [];
-          res.on('data', (c: Buffer) => chunks.push(c));
-          res.on('end', () => {
-            const payload = JSON.parse(Buffer.concat(chunks).toString() || '{}');
-            if (res.statusCode === 200) {
-              resolve(payload);
-            } else {
-              reject(new TaskError(String(payload.__type ?? 'UnknownError').split('#').pop()!, payload.message ?? payload.Message ?? ''));
-            }
-          });
-        },
-      );
-      req.on('error', reject);
-      req.end(body);
+    this.inFlight++;
+    this.received++;
+    return this.serve(action, input).finally(() => this.answered());
+  }
+
+  /**
+   * `call`'s work. dynalite creates a table in the state CREATING and makes it ACTIVE on a timer
+   * (`createTableMs`, 0 here: "at once"), and refuses item calls before that, as DynamoDB does
+   * ("Requested resource not found"). Over HTTP a call never came that soon; served directly it can,
+   * so a call refused while its table was CREATING (it is CREATING or ACTIVE now: the timer may have
+   * run since) waits for the timer and is served then.
+   */
+  private async serve(action: string, input: unknown): Promise<Record<string, unknown>> {
+    for (let attempt = 1; ; attempt++) {
+      try {
+        return await this.serveOnce(action, input);
+      } catch (e) {
+        const tableName = (input as { TableName?: unknown } | undefined)?.TableName;
+        const created = (e as Error).name === 'ResourceNotFoundException' && typeof tableName === 'string' && attempt < 100;
+        if (!created || !['CREATING', 'ACTIVE'].includes((await this.tableStatus(tableName)) ?? '')) throw e;
+        await new Promise((resolve) => setTimeout(resolve, 1));
+      }
+    }
+  }
+
+  private tableStatus(tableName: string): Promise<string | undefined> {
+    return new Promise((resolve) => this.store.getTable(tableName, false, (err, table) => resolve(err ? undefined : table?.TableStatus)));
+  }
+
+  private serveOnce(action: string, input: unknown): Promise<Record<string, unknown>> {
+    return new Promise<Record<string, unknown>>((resolve, reject) => {
+      const refuse = (e: DynaliteError) => {
+        const body = e.body ?? {};
+        reject(new TaskError(String(body.__type ?? 'UnknownError').split('#').pop()!, body.message ?? body.Message ?? ''));
+      };
+      if (!DYNALITE_ACTIONS.has(action)) {
+        refuse({ body: { __type: 'com.amazon.coral.service#UnknownOperationException', message: `unknown action ${action}` } });
+        return;
+      }
+      const name = action.charAt(0).toLowerCase() + action.slice(1);
+      // eslint-disable-next-line @typescript-eslint/no-require-imports
+      const validation = require(`dynalite/validations/${name}`) as DynaliteValidation;
+      // eslint-disable-next-line @typescript-eslint/no-require-imports
+      const act = require(`dynalite/actions/${name}`) as DynaliteAction;
+      let data: unknown;
+      try {
+        data = dynaliteValidations.checkTypes(JSON.parse(JSON.stringify(input ?? {})), validation.types);
+        dynaliteValidations.checkValidations(data, validation.types, validation.custom, this.store);
+      } catch (e) {
+        if ((e as DynaliteError).statusCode) refuse(e as DynaliteError);
+        else reject(e);
+        return;
+      }
+      act(this.store, data, (err, result) => {
+        if (err) {
+          if (err.statusCode) refuse(err);
+          else reject(err);
+          return;
+        }
+        resolve(JSON.parse(JSON.stringify(result ?? {})));
+      });
     });
   }
 
@@ -294,7 +376,6 @@ export class LocalDynamoDb {
   public async stop(): Promise<void> {
     if (this.inFlight > 0) await new Promise<void>((resolve) => (this.drained = resolve));
     this.client.destroy();
-    this.agent.destroy();
     // Idle keep-alive connections stay open (keepIdleConnections): close them, or close() would wait.
     this.server.closeAllConnections();
     await new Promise<void>((resolve) => this.server.close(() => resolve()));
