@@ -209,6 +209,13 @@ export interface ScenarioResult {
   readonly rate?: { readonly count: number; readonly intervalSeconds: number };
   readonly mostAdmissionsInInterval?: number;
   readonly drainSeconds: number;
+  /**
+   * Simulated seconds from the start until the last execution's first acquire was answered. The
+   * executions start at once, so this is near 0 unless the calls land late (injected latency) or the
+   * machine cannot keep up with the clock: then they arrive over this span instead, and the figures
+   * measure the machine as well (run at a slower `timeScale`).
+   */
+  readonly lastArrivalSeconds: number;
   readonly idealSeconds: number;
   readonly drainRatio: number;
   readonly realSeconds: number;
@@ -411,6 +418,7 @@ export async function runScenario(subject: Subject, options: ScenarioOptions): P
       acquisitionsPerSecond: admissionRate(admitted),
       ...(options.rate ? { rate: options.rate, mostAdmissionsInInterval: mostInAnyWindow(entries, options.rate.intervalSeconds * 1000) } : {}),
       drainSeconds,
+      lastArrivalSeconds: arrived.size === 0 ? 0 : (Math.max(...arrived.values()) - simStart) / 1000,
       idealSeconds,
       drainRatio: drainSeconds / idealSeconds,
       realSeconds: (Date.now() - realStart) / 1000,
