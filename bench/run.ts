@@ -131,7 +131,7 @@ const SCENARIOS: Scenario[] = [
   },
 ];
 
-/** Run only when named (`--only burst`): about 12 minutes in the simulator here (50 with the queue in the lock item). */
+/** Run only when named (`--only burst`): about 17 minutes in the simulator here (50 with the queue in the lock item). */
 const ON_REQUEST: Scenario[] = [
   { name: 'burst', description: '2,000 executions at once, limit 10, work 1 s', options: { executions: 2000, limit: 10, workSeconds: 1 }, timeScale: 0.5 },
 ];
