@@ -29,7 +29,7 @@ const dynaliteValidations = require('dynalite/validations') as {
   checkTypes(data: unknown, types: unknown): unknown;
   checkValidations(data: unknown, types: unknown, custom: unknown, store: DynaliteStore): void;
 };
-/** The actions dynalite serves (its `validOperations`, less table management that tests do not send raw). */
+/** The actions dynalite serves (its `validOperations`); any other is refused as its server refuses it. */
 const DYNALITE_ACTIONS = new Set([
   'BatchGetItem',
   'BatchWriteItem',

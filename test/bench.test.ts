@@ -1,5 +1,7 @@
 import { fellBehind, Scenario } from '../bench/run';
-import { ScenarioResult } from '../simulator';
+import { demoSubject } from '../demo/run';
+import { BODY_ENTER, BODY_LEAVE, BODY_SLOT_ENTER, ScenarioResult } from '../simulator';
+import { RateLimit } from '../src';
 
 const scenario = (options: Partial<Scenario['options']>): Scenario => ({
   name: 'burst',
@@ -21,4 +23,15 @@ test('the bench flags a scenario whose executions arrived after the first bodies
   expect(fellBehind(scenario({ workSeconds: undefined, dynamoFaults: { maxLatencySeconds: 10 } }), result(26))).toContain('(25.0 s)');
   // One execution has nothing to arrive with.
   expect(fellBehind(scenario({ executions: 1 }), result(30))).toBeUndefined();
+});
+
+test('the bench counts the bodies of a rate alone in the protected body, and those beside another limit in their slots', () => {
+  // A rate alone (the props unset concurrencyLimit) has no body slots: counted where the body runs.
+  const alone = demoSubject(30, { concurrencyLimit: undefined, rateLimit: RateLimit.perSecond(5) });
+  expect(alone.enterStates).toEqual(BODY_ENTER);
+  expect(alone.leaveStates).toEqual(BODY_LEAVE);
+  // A concurrencyLimit other than the rate's count: the bodies take slots.
+  expect(demoSubject(30, { rateLimit: RateLimit.perSecond(5) }).enterStates).toEqual(BODY_SLOT_ENTER);
+  // The same count: no slots.
+  expect(demoSubject(5, { rateLimit: RateLimit.perSecond(5) }).enterStates).toEqual(BODY_ENTER);
 });
