@@ -119,10 +119,11 @@ project.addBins({ 'cdk-sfn-semaphore': 'assets/client/cli/cdk-sfn-semaphore.js' 
 // These are optional dependencies: installed by default, and outside jsii's check that every dependency
 // is a jsii module (`npm install --omit=optional` leaves the kit out). aws-local-stepfunctions is pinned
 // exactly (a bundled dependency, above): the load-time patches are written against its code, and fail
-// loudly on any other.
+// loudly on any other. dynalite is pinned exactly too: the simulator serves requests through its
+// internal checks and actions (simulator/dynamodb.ts), which it loads at start and fails loudly without.
 // (projen renders no optionalDependencies of its own: the field is written here.)
 project.package.addField('optionalDependencies', {
-  'dynalite': '^4.0.0',
+  'dynalite': '4.0.0',
   '@aws-sdk/client-dynamodb': '^3.600.0',
   '@aws-sdk/client-sfn': '^3.600.0',
   '@aws-sdk/lib-dynamodb': '^3.600.0',

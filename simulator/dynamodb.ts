@@ -29,26 +29,36 @@ const dynaliteValidations = require('dynalite/validations') as {
   checkTypes(data: unknown, types: unknown): unknown;
   checkValidations(data: unknown, types: unknown, custom: unknown, store: DynaliteStore): void;
 };
-/** The actions dynalite serves (its `validOperations`); any other is refused as its server refuses it. */
-const DYNALITE_ACTIONS = new Set([
-  'BatchGetItem',
-  'BatchWriteItem',
-  'CreateTable',
-  'DeleteItem',
-  'DeleteTable',
-  'DescribeTable',
-  'DescribeTimeToLive',
-  'GetItem',
-  'ListTables',
-  'PutItem',
-  'Query',
-  'Scan',
-  'TagResource',
-  'UntagResource',
-  'ListTagsOfResource',
-  'UpdateItem',
-  'UpdateTable',
-]);
+/**
+ * The actions dynalite serves (its `validOperations`), each with its checks and its code, loaded here
+ * so that a dynalite whose files moved fails loudly at load (dynalite is pinned exactly for this).
+ * Any other action is refused as its server refuses it.
+ */
+const DYNALITE_ACTIONS = new Map(
+  [
+    'BatchGetItem',
+    'BatchWriteItem',
+    'CreateTable',
+    'DeleteItem',
+    'DeleteTable',
+    'DescribeTable',
+    'DescribeTimeToLive',
+    'GetItem',
+    'ListTables',
+    'PutItem',
+    'Query',
+    'Scan',
+    'TagResource',
+    'UntagResource',
+    'ListTagsOfResource',
+    'UpdateItem',
+    'UpdateTable',
+  ].map((action) => {
+    const name = action.charAt(0).toLowerCase() + action.slice(1);
+    // eslint-disable-next-line @typescript-eslint/no-require-imports
+    return [action, { validation: require(`dynalite/validations/${name}`) as DynaliteValidation, act: require(`dynalite/actions/${name}`) as DynaliteAction }];
+  }),
+);
 
 /**
  * An item's size as DynamoDB counts it: the lengths of its attribute names plus the sizes of their
@@ -251,6 +261,7 @@ export class LocalDynamoDb {
   /** Requests dynalite has received and not yet answered. */
   private inFlight = 0;
   private received = 0;
+  private stopping = false;
   private drained?: () => void;
 
   private constructor(
@@ -282,6 +293,8 @@ export class LocalDynamoDb {
    * the SDK names it (`ConditionalCheckFailedException`, ...).
    */
   public call(action: string, input: unknown): Promise<Record<string, unknown>> {
+    // A call after `stop()` (of an execution stopped meanwhile) is refused, as a closed server refused it.
+    if (this.stopping) return Promise.reject(new Error(`connect ECONNREFUSED: the simulator's DynamoDB has stopped (${action})`));
     this.inFlight++;
     this.received++;
     return this.serve(action, input).finally(() => this.answered());
@@ -295,9 +308,11 @@ export class LocalDynamoDb {
    * run since) waits for the timer and is served then.
    */
   private async serve(action: string, input: unknown): Promise<Record<string, unknown>> {
+    // The request as it is now, as DynamoDB would receive it: a retry does not see later changes.
+    const request = JSON.stringify(input ?? {});
     for (let attempt = 1; ; attempt++) {
       try {
-        return await this.serveOnce(action, input);
+        return await this.serveOnce(action, request);
       } catch (e) {
         const tableName = (input as { TableName?: unknown } | undefined)?.TableName;
         const created = (e as Error).name === 'ResourceNotFoundException' && typeof tableName === 'string' && attempt < 100;
@@ -311,34 +326,39 @@ export class LocalDynamoDb {
     return new Promise((resolve) => this.store.getTable(tableName, false, (err, table) => resolve(err ? undefined : table?.TableStatus)));
   }
 
-  private serveOnce(action: string, input: unknown): Promise<Record<string, unknown>> {
+  private serveOnce(action: string, request: string): Promise<Record<string, unknown>> {
     return new Promise<Record<string, unknown>>((resolve, reject) => {
       const refuse = (e: DynaliteError) => {
         const body = e.body ?? {};
         reject(new TaskError(String(body.__type ?? 'UnknownError').split('#').pop()!, body.message ?? body.Message ?? ''));
       };
-      if (!DYNALITE_ACTIONS.has(action)) {
+      // An error dynalite does not answer with (a fault of its own, "Database is closed") fails the
+      // call and is thrown uncaught as well, as its server throws it: loud, not a task error that a
+      // Retry or Catch on States.ALL would hide.
+      const fault = (e: unknown) => {
+        reject(e);
+        setImmediate(() => {
+          throw e;
+        });
+      };
+      const served = DYNALITE_ACTIONS.get(action);
+      if (served === undefined) {
         refuse({ body: { __type: 'com.amazon.coral.service#UnknownOperationException', message: `unknown action ${action}` } });
         return;
       }
-      const name = action.charAt(0).toLowerCase() + action.slice(1);
-      // eslint-disable-next-line @typescript-eslint/no-require-imports
-      const validation = require(`dynalite/validations/${name}`) as DynaliteValidation;
-      // eslint-disable-next-line @typescript-eslint/no-require-imports
-      const act = require(`dynalite/actions/${name}`) as DynaliteAction;
       let data: unknown;
       try {
-        data = dynaliteValidations.checkTypes(JSON.parse(JSON.stringify(input ?? {})), validation.types);
-        dynaliteValidations.checkValidations(data, validation.types, validation.custom, this.store);
+        data = dynaliteValidations.checkTypes(JSON.parse(request), served.validation.types);
+        dynaliteValidations.checkValidations(data, served.validation.types, served.validation.custom, this.store);
       } catch (e) {
         if ((e as DynaliteError).statusCode) refuse(e as DynaliteError);
-        else reject(e);
+        else fault(e);
         return;
       }
-      act(this.store, data, (err, result) => {
+      served.act(this.store, data, (err, result) => {
         if (err) {
           if (err.statusCode) refuse(err);
-          else reject(err);
+          else fault(err);
           return;
         }
         resolve(JSON.parse(JSON.stringify(result ?? {})));
@@ -374,6 +394,7 @@ export class LocalDynamoDb {
    * lock.
    */
   public async stop(): Promise<void> {
+    this.stopping = true;
     if (this.inFlight > 0) await new Promise<void>((resolve) => (this.drained = resolve));
     this.client.destroy();
     // Idle keep-alive connections stay open (keepIdleConnections): close them, or close() would wait.

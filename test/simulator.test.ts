@@ -1437,11 +1437,15 @@ test('stopping DynamoDB answers the requests it has first: a call that outlived 
     await db.stop();
     await new Promise((resolve) => setTimeout(resolve, 200));
     expect(uncaught).toEqual([]);
-    // Every call settles. The requests dynalite had when told to stop were answered first (64 go out
-    // at once), and none succeeded that it did not receive (the table's creation was one of those).
+    // Every call settles. The requests dynalite had when told to stop were answered first (all 200 went
+    // in at once, queued on the item's lock), and none succeeded that it did not receive (the table's
+    // creation was one of those). The calls are served without HTTP; code under test still uses HTTP.
     const succeeded = (await Promise.all(calls)).reduce((a, b) => a + b, 0);
     expect(succeeded).toBeGreaterThan(answeredBeforeStop);
     expect(succeeded).toBeLessThanOrEqual(db.requestsReceived - 1);
+    // A call after the stop is refused, not served by a closed database (whose error would be thrown uncaught).
+    await expect(db.call('UpdateItem', add)).rejects.toThrow(/has stopped/);
+    expect(uncaught).toEqual([]);
   } finally {
     process.off('uncaughtException', record);
   }
