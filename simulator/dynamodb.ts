@@ -26,6 +26,7 @@ interface DynaliteValidation {
 }
 // eslint-disable-next-line @typescript-eslint/no-require-imports
 const dynaliteValidations = require('dynalite/validations') as {
+  toLowerFirst(action: string): string;
   checkTypes(data: unknown, types: unknown): unknown;
   checkValidations(data: unknown, types: unknown, custom: unknown, store: DynaliteStore): void;
 };
@@ -54,7 +55,8 @@ const DYNALITE_ACTIONS = new Map(
     'UpdateItem',
     'UpdateTable',
   ].map((action) => {
-    const name = action.charAt(0).toLowerCase() + action.slice(1);
+    // Named as dynalite's server names them.
+    const name = dynaliteValidations.toLowerFirst(action);
     // eslint-disable-next-line @typescript-eslint/no-require-imports
     return [action, { validation: require(`dynalite/validations/${name}`) as DynaliteValidation, act: require(`dynalite/actions/${name}`) as DynaliteAction }];
   }),
