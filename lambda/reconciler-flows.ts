@@ -346,10 +346,11 @@ export function* sweep(
 }
 
 /**
- * A ticket item whose ticket the lock has passed: delete it if it was served (its waiter was woken,
- * or its wake-up failed: the releaser deletes the item only after a wake-up it delivered), or mark it
- * served if a waiter sleeps on it (a run that resumed its first wait after the item was deleted), so
- * that its next wait is refused and it takes a new ticket. True when the item went.
+ * A ticket item whose ticket the lock has passed: delete it if it was marked served (a ticket a
+ * workflow's release skipped, or one the client or this queue service served and whose wake-up
+ * failed; a workflow's release deletes the item of a ticket it serves), or mark it served if a waiter
+ * sleeps on it (a run that resumed its first wait after the item was deleted), so that its next wait
+ * is refused and it takes a new ticket. True when the item went.
  */
 function* tidyTicket(config: ReconcilerConfig, key: string, item: Record<string, any>, heads: Map<string, number>): Flow<boolean> {
   const at = key.lastIndexOf(TICKET_KEY_SEPARATOR);

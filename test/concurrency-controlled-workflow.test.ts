@@ -210,18 +210,18 @@ describe('definition', () => {
       Parameters: { UpdateExpression: 'SET #head = #head + :one', ConditionExpression: expect.stringContaining('AND #head < #tail'), ReturnValues: 'UPDATED_NEW' },
       ResultSelector: { 'ticket.$': 'States.StringToJson($.Attributes.queueHead.N)' },
     });
-    // Its ticket item (key: lock name, unit separator, ticket) is marked served, which returns the waiter and its token.
+    // Its ticket item (key: lock name, unit separator, ticket) is served by deleting it, which returns the waiter and its token.
     const ticketKey = { 'S.$': "States.Format('{}\u001f{}', 'db-migrations', $.handoff.next.ticket)" };
     // Only a ticket with a waiter is served: success leads straight to the hand-off.
     expect(def.States['Serve Ticket']).toMatchObject({
+      Resource: expect.stringContaining(':states:::dynamodb:deleteItem'),
       Next: 'Hand Off Permit',
       ResultPath: '$.handoff.ticket',
       Parameters: {
         Key: { lockName: ticketKey },
-        UpdateExpression: 'SET #servedBy = :servedBy',
         ConditionExpression: 'attribute_not_exists(#servedBy) AND attribute_exists(#waiter)',
         ExpressionAttributeNames: { '#servedBy': 's', '#waiter': 'w' },
-        ReturnValues: 'ALL_NEW',
+        ReturnValues: 'ALL_OLD',
       },
       Catch: [{ ErrorEquals: ['DynamoDB.ConditionalCheckFailedException'], ResultPath: null, Next: 'Mark Ticket Served' }],
     });
@@ -263,9 +263,11 @@ describe('definition', () => {
     });
     expect(def.States['Wake Next Waiter'].Parameters['Output.$']).toBe('States.JsonToString($.handoff.wake)');
     expect(def.States['Wake Next Waiter'].Parameters['TaskToken.$']).toBe('$.handoff.ticket.Item.t.S');
+    // The wake-up is the hand-off's last call (the ticket's item went when it was served): it ends the execution.
     expect(def.States['Wake Next Waiter']).toMatchObject({
       Resource: expect.stringContaining(':states:::aws-sdk:sfn:sendTaskSuccess'),
-      Next: 'Delete Served Ticket',
+      OutputPath: '$.output',
+      End: true,
       Catch: [
         { ErrorEquals: ['Sfn.TaskTimedOutException', 'Sfn.TaskDoesNotExistException', 'Sfn.InvalidTokenException'], ResultPath: null, Next: 'Take Back Permit' },
         { ErrorEquals: ['Sfn.SfnException', 'Sfn.ThrottlingException'], ResultPath: null, Next: 'Is Waiter Still Waiting' },
@@ -283,18 +285,12 @@ describe('definition', () => {
       Catch: [{ ErrorEquals: ['States.ALL'], ResultPath: null, Next: 'Wake-Up Lost' }],
     });
     expect(def.States['Wake Next Waiter Again']).toMatchObject({
-      Next: 'Delete Served Ticket',
+      OutputPath: '$.output',
+      End: true,
       Catch: [{ ErrorEquals: ['States.ALL'], ResultPath: null, Next: 'Wake-Up Lost' }],
     });
     expect(def.States['Wake Next Waiter Again'].Retry).toBeUndefined();
-    // The woken waiter never waits on its ticket again: its item goes, unless a sweep took it first.
-    expect(def.States['Delete Served Ticket']).toMatchObject({
-      Resource: expect.stringContaining(':states:::dynamodb:deleteItem'),
-      OutputPath: '$.output',
-      End: true,
-      Parameters: { Key: { lockName: ticketKey }, ConditionExpression: '#servedBy = :servedBy' },
-      Catch: [{ ErrorEquals: ['DynamoDB.ConditionalCheckFailedException'], ResultPath: null, Next: 'Served Ticket Gone' }],
-    });
+    expect(def.States['Delete Served Ticket']).toBeUndefined();
     // A hand-off hidden by a server error, confirmed by its id, is woken; one refused goes to the next ticket.
     expect(def.States['Hand Off Permit'].Catch).toEqual([
       { ErrorEquals: ['DynamoDB.ConditionalCheckFailedException', 'DynamoDB.AmazonDynamoDBException'], ResultPath: null, Next: 'Peek At Next Waiter' },

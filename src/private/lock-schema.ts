@@ -412,7 +412,12 @@ export const TICKET_KEY_FORMAT = `{}${TICKET_KEY_SEPARATOR}{}`;
 export const TICKET_WAITER = 'w';
 /** Field of a ticket item: the task token of the waiter's current wait. */
 export const TICKET_WAIT_TOKEN = 't';
-/** Field of a ticket item, set once its turn has come: the id of the hand-off that served it. */
+/**
+ * Field of a ticket item, set once its turn has come, where the item stays: the id of the hand-off
+ * that served it. A workflow's release serves a ticket with a waiter by deleting its item
+ * (SERVE_TICKET_CONDITION); it marks a ticket without one, and the client and the reconciler's queue
+ * service mark the tickets they serve (deleting them once the waiter was woken).
+ */
 export const TICKET_SERVED_BY = 's';
 /** Field of a holder entry that came from the reconciler's queue service: the fencing token it was handed. */
 export const HOLDER_FENCING_TOKEN = 'f';
@@ -536,16 +541,18 @@ export const MARK_TICKET_CONDITION = `attribute_not_exists(${QUEUE_NAMES.servedB
 export const SERVE_TICKET_UPDATE = `SET ${QUEUE_NAMES.servedBy} = ${QUEUE_VALUES.servedBy}`;
 
 /**
- * Serve a ticket whose waiter wrote its item (the common case): as MARK_TICKET_CONDITION, and only
- * if the item has a waiter, so that the write that serves the ticket also tells the release it may
- * hand off, with no Choice after it. Refused (a ticket without an item, or served already), the
+ * Serve a ticket whose waiter wrote its item (the common case): delete the item (ALL_OLD: the waiter,
+ * its run, its lease and the token of its current wait, which no wait can renew from now on, since
+ * WAIT_AGAIN_CONDITION needs the item) if it is not marked served and has a waiter, so that the write
+ * that serves the ticket also tells the release it may hand off, with no Choice after it, and leaves
+ * nothing to delete after the wake-up. Refused (a ticket without an item, or served already), the
  * release marks the ticket with MARK_TICKET_CONDITION, or reads it, and then looks for its waiter.
  */
 export const SERVE_TICKET_CONDITION = `${MARK_TICKET_CONDITION} AND attribute_exists(${QUEUE_NAMES.waiter})`;
 
 /**
- * Delete a ticket's item once its waiter was woken (it will never wait on it again). Only the item this
- * hand-off served: a sweep may have deleted it meanwhile.
+ * Delete a ticket's item marked served (by the client's or the reconciler's queue service once its
+ * waiter was woken, or by the sweep). Only the item this hand-off served: a sweep may have deleted it meanwhile.
  */
 export const DELETE_SERVED_CONDITION = `${QUEUE_NAMES.servedBy} = ${QUEUE_VALUES.servedBy}`;
 

@@ -60,7 +60,6 @@ import {
   VALUES,
   FIRST_WAIT_CONDITION,
   WAIT_AGAIN_CONDITION,
-  DELETE_SERVED_CONDITION,
   WAIT_ON_TICKET_UPDATE,
 } from './lock-schema';
 import { currentRun, fencingTokenSelector, ownHolderKey } from './lock-tasks';
@@ -78,7 +77,7 @@ import { ISemaphoreTable } from '../semaphore-table';
  *                                                Poll For Permit Again ─full─▶ Wait In Queue Again (same ticket, new token)
  *
  * Release:  Release Permit (only if nobody waits) ─waiters─▶ Peek At Next Waiter ─▶ Serve Ticket
- *           ─▶ Hand Off Permit ─▶ Wake Next Waiter ─▶ Delete Served Ticket
+ *           (deletes the ticket's item, reading it) ─▶ Hand Off Permit ─▶ Wake Next Waiter
  *           Serve Ticket refused (the ticket has no waiter yet, or was served) ─▶ Mark Ticket Served
  *           (or Read Served Ticket) ─▶ Check Ticket ─waiter─▶ Hand Off Permit; none ─▶ Peek At Next Waiter
  *           Peek claims the next ticket for this releaser; after a ticket without a waiter, or one
@@ -130,8 +129,6 @@ export function releaseStateNames(suffix: string) {
     readTicket: `${STATE.readTicket}${suffix}`,
     checkTicket: `${STATE.checkTicket}${suffix}`,
     handOff: `${STATE.handOff}${suffix}`,
-    deleteTicket: `${STATE.deleteTicket}${suffix}`,
-    ticketGone: `${STATE.ticketGone}${suffix}`,
     wake: `${STATE.wakeNextWaiter}${suffix}`,
     isWaiterWaiting: `${STATE.isWaiterWaiting}${suffix}`,
     wakeAgain: `${STATE.wakeAgain}${suffix}`,
@@ -145,7 +142,6 @@ export function releaseStateNames(suffix: string) {
     wakeWaiterOfOne: `${STATE.wakeWaiterOfOne}${suffix}`,
     isWaiterOfOneWaiting: `${STATE.isWaiterOfOneWaiting}${suffix}`,
     wakeWaiterOfOneAgain: `${STATE.wakeWaiterOfOneAgain}${suffix}`,
-    deleteTicketOfOne: `${STATE.deleteTicketOfOne}${suffix}`,
     takeBackOne: `${STATE.takeBackOne}${suffix}`,
     keepBodySlot: `${STATE.keepBodySlot}${suffix}`,
     keepBodySlotWithoutHandOff: `${STATE.keepBodySlotWithoutHandOff}${suffix}`,
@@ -194,9 +190,9 @@ export function ticketItemKey(lockNameText: string, ticketPath: string): tasks.D
  * The release of the queue strategy, for the holder at `$.handoff.holder` (run `$.handoff.redriveCount`).
  *
  * Nobody waiting, it is one conditional write, as without a queue. With waiters, it claims the next
- * ticket (a write: it must still hold the permit), serves the ticket's item (which returns the waiter
- * and its token), moves the holder entry to the waiter (drawing its fencing token in the same write),
- * wakes it and deletes the ticket's item: four writes and a call.
+ * ticket (a write: it must still hold the permit), serves the ticket (deletes its item, which returns
+ * the waiter and its token), moves the holder entry to the waiter (drawing its fencing token in the
+ * same write) and wakes it: three writes and a call, beside the refused first one.
  */
 export function handOffChain(scope: Construct, props: HandOffProps): sfn.State {
   const names = releaseStateNames(props.suffix);
@@ -334,30 +330,39 @@ export function handOffChain(scope: Construct, props: HandOffProps): sfn.State {
   // The hand-off's id: the ticket this release claimed (no other claim ever gets it: the head only
   // grows) and the releaser's run (HOLDER_HANDOFF_ID). A few bytes in the waiter's entry, where a UUID took 36.
   const handoffIdText = sfn.JsonPath.format('{}/{}', sfn.JsonPath.stringAt(`${HANDOFF_PATH}.next.ticket`), sfn.JsonPath.stringAt('$$.Execution.RedriveCount'));
-  // Serve the ticket: mark its item, which refuses every wait on it from now on (a waiter whose
-  // wake-up is lost finds its permit instead of sleeping again), and read it back (ALL_NEW): the
-  // waiter and the token of its current wait, final now. Only an item with a waiter is served, so
-  // that success leads straight to the hand-off.
-  const serveTask = (id: string, condition: string, attributeNames: Record<string, string>) =>
-    new tasks.DynamoUpdateItem(scope, id, {
-      table,
-      key: ticketItemKeyMap,
-      conditionExpression: condition,
-      updateExpression: SERVE_TICKET_UPDATE,
-      expressionAttributeNames: attributeNames,
-      expressionAttributeValues: { [QUEUE_VALUES.servedBy]: tasks.DynamoAttributeValue.fromString(handoffIdText) },
-      returnValues: tasks.DynamoReturnValues.ALL_NEW,
-      resultSelector: { Item: sfn.JsonPath.objectAt('$.Attributes') },
-      resultPath: ticketPath,
-    }).addRetry(retry);
+  // Serve the ticket: delete its item, which refuses every wait on it from now on (a waiter whose
+  // wake-up is lost finds its permit instead of sleeping again: WAIT_AGAIN_CONDITION needs the item),
+  // and read it in the same write (ALL_OLD): the waiter and the token of its current wait, final now.
+  // Only an item with a waiter is served, so that success leads straight to the hand-off; and since
+  // the item is gone, the hand-off's wake-up is the release's last call.
   const servedByName = { [QUEUE_NAMES.servedBy]: TICKET_SERVED_BY };
-  const serveTicket = serveTask(names.serveTicket, SERVE_TICKET_CONDITION, { ...servedByName, [QUEUE_NAMES.waiter]: TICKET_WAITER });
+  const serveTicket = new tasks.DynamoDeleteItem(scope, names.serveTicket, {
+    table,
+    key: ticketItemKeyMap,
+    conditionExpression: SERVE_TICKET_CONDITION,
+    expressionAttributeNames: { ...servedByName, [QUEUE_NAMES.waiter]: TICKET_WAITER },
+    returnValues: tasks.DynamoReturnValues.ALL_OLD,
+    resultSelector: { Item: sfn.JsonPath.objectAt('$.Attributes') },
+    resultPath: ticketPath,
+  }).addRetry(retry);
   peek.next(serveTicket);
   // Refused: the ticket has no item (its waiter is still on its way, or it is an orphan), or it was
   // served already. Mark it all the same: on a ticket without an item the write creates it marked,
   // without a waiter, so that a waiter still on its way is refused and takes a new ticket (one that
   // wrote its item just now is served here).
-  const markTicket = serveTask(names.markTicket, MARK_TICKET_CONDITION, servedByName);
+  // (A serve whose response was lost, retried, finds no item either: its waiter was not woken, and the
+  // mark passes its ticket. The waiter finds out when its wait times out, and takes a new ticket.)
+  const markTicket = new tasks.DynamoUpdateItem(scope, names.markTicket, {
+    table,
+    key: ticketItemKeyMap,
+    conditionExpression: MARK_TICKET_CONDITION,
+    updateExpression: SERVE_TICKET_UPDATE,
+    expressionAttributeNames: servedByName,
+    expressionAttributeValues: { [QUEUE_VALUES.servedBy]: tasks.DynamoAttributeValue.fromString(handoffIdText) },
+    returnValues: tasks.DynamoReturnValues.ALL_NEW,
+    resultSelector: { Item: sfn.JsonPath.objectAt('$.Attributes') },
+    resultPath: ticketPath,
+  }).addRetry(retry);
   serveTicket.addCatch(markTicket, { errors: [CONDITIONAL_CHECK_FAILED], resultPath: sfn.JsonPath.DISCARD });
   // Served already: a retry of a write that landed, or marked by the sweep (its releaser stopped
   // before it served it). Read it, and serve it from here.
@@ -424,28 +429,36 @@ export function handOffChain(scope: Construct, props: HandOffProps): sfn.State {
   // grant in the role's default policy, which the state machine depends on, and the grant names the
   // state machines of the waiters (this one among them): a dependency cycle. wake-grants.ts grants these
   // calls in a policy of their own, on the state machines whose executions wait on the table's locks.
-  const sfnCall = (id: string, action: string, parameters: object) =>
+  const sfnCall = (id: string, action: string, parameters: object, outputPath?: string) =>
     new sfn.CustomState(scope, id, {
       stateJson: {
         Type: 'Task',
         Resource: `arn:${Aws.PARTITION}:states:::aws-sdk:sfn:${action}`,
         Parameters: parameters,
         ResultPath: null,
+        ...(outputPath === undefined ? {} : { OutputPath: outputPath }),
       },
     });
-  const sendWakeUp = (id: string) =>
-    sfnCall(id, 'sendTaskSuccess', { 'TaskToken.$': tokenPath, 'Output.$': `States.JsonToString(${HANDOFF_PATH}.wake)` });
+  // The wake-up is the last call of a hand-off: where it ends the execution, it gives its output.
+  const sendWakeUp = (id: string, endsExecution: boolean) =>
+    sfnCall(
+      id,
+      'sendTaskSuccess',
+      { 'TaskToken.$': tokenPath, 'Output.$': `States.JsonToString(${HANDOFF_PATH}.wake)` },
+      endsExecution && !props.next ? props.outputPath : undefined,
+    );
 
   /**
    * What follows a hand-off (of a whole entry, or of one of a weighted entry's permits): confirm it
-   * after a server error (did it land? its id is in the waiter's entry if and only if it did), wake the
-   * waiter, and delete its ticket's item. A waiter whose task is gone has its permit taken back
-   * (`takeBack`); any other failure to wake it is a lost wake-up (`lost`), which the waiter finds when
-   * its wait times out. After the delete the chain goes to `then`, else it ends as the release does.
-   * `takeBack` is built after the confirm, so that the rendered definitions keep their order.
+   * after a server error (did it land? its id is in the waiter's entry if and only if it did), and
+   * wake the waiter (its ticket's item went when the ticket was served). A waiter whose task is gone
+   * has its permit taken back (`takeBack`); any other failure to wake it is a lost wake-up (`lost`),
+   * which the waiter finds when its wait times out. After the wake-up the chain goes to `then`, else
+   * it ends as the release does. `takeBack` is built after the confirm, so that the rendered
+   * definitions keep their order.
    */
   const wakeChain = (
-    ids: { confirm: string; wake: string; isWaiting: string; wakeAgain: string; deleteTicket: string },
+    ids: { confirm: string; wake: string; isWaiting: string; wakeAgain: string },
     to: { takeBack: () => sfn.IChainable; lost: sfn.IChainable; then?: sfn.IChainable },
   ) => {
     const confirm = new tasks.DynamoUpdateItem(scope, ids.confirm, {
@@ -462,46 +475,33 @@ export function handOffChain(scope: Construct, props: HandOffProps): sfn.State {
       .addRetry(retry)
       .addCatch(release, { errors: [CONDITIONAL_CHECK_FAILED], resultPath: sfn.JsonPath.DISCARD });
     const takeBack = to.takeBack();
-    // The waiter is awake and will never wait on its ticket again: its item goes (a sweep deletes the
-    // items of tickets whose wake-up failed). Only the item this hand-off served: a sweep may have
-    // deleted it meanwhile.
-    const deleteTicket = new tasks.DynamoDeleteItem(scope, ids.deleteTicket, {
-      table,
-      key: ticketItemKeyMap,
-      conditionExpression: DELETE_SERVED_CONDITION,
-      expressionAttributeNames: { [QUEUE_NAMES.servedBy]: TICKET_SERVED_BY },
-      expressionAttributeValues: { [QUEUE_VALUES.servedBy]: handoffId },
-      resultPath: sfn.JsonPath.DISCARD,
-      ...(to.then ? {} : endProps),
-    }).addRetry(retry);
-    if (to.then) {
-      deleteTicket.addCatch(to.then, { errors: [CONDITIONAL_CHECK_FAILED], resultPath: sfn.JsonPath.DISCARD }).next(to.then);
-    } else {
-      end(deleteTicket).addCatch(props.next ?? new sfn.Succeed(scope, names.ticketGone, { outputPath: props.outputPath }), {
-        errors: [CONDITIONAL_CHECK_FAILED],
-        resultPath: sfn.JsonPath.DISCARD,
-      });
-    }
+    const after = to.then ?? props.next;
+    const woken = <T extends sfn.CustomState>(state: T): T => {
+      if (after) state.next(after);
+      return state;
+    };
     // The wake-up is never retried blindly: a retry of a call that did wake the waiter would hear
     // TaskTimedOut and take back the permit the waiter is using. After a throttled call (SFN_THROTTLED_ERRORS),
     // whatever it did, a heartbeat on the token tells: it is refused once the task has ended (woken, timed
     // out or stopped), and succeeds only while the waiter still waits, when a second wake-up is safe.
-    const wakeAgain = sendWakeUp(ids.wakeAgain)
-      // Whatever fails now, the waiter finds its permit when its wait times out (no take-back from here).
-      .addCatch(to.lost, { errors: [sfn.Errors.ALL], resultPath: sfn.JsonPath.DISCARD })
-      .next(deleteTicket);
+    const wakeAgain = woken(
+      sendWakeUp(ids.wakeAgain, !to.then)
+        // Whatever fails now, the waiter finds its permit when its wait times out (no take-back from here).
+        .addCatch(to.lost, { errors: [sfn.Errors.ALL], resultPath: sfn.JsonPath.DISCARD }),
+    );
     const isWaiting = sfnCall(ids.isWaiting, 'sendTaskHeartbeat', { 'TaskToken.$': tokenPath })
       // A heartbeat changes nothing but the task's heartbeat clock: any failure of it may be retried.
       .addRetry({ errors: SFN_THROTTLED_ERRORS, interval: Duration.seconds(1), backoffRate: 2, maxAttempts: 5, jitterStrategy: sfn.JitterType.FULL })
       // The token is closed (the wake-up landed, or the wait ended): as a lost wake-up.
       .addCatch(to.lost, { errors: [sfn.Errors.ALL], resultPath: sfn.JsonPath.DISCARD })
       .next(wakeAgain);
-    const wake = sendWakeUp(ids.wake)
-      .addCatch(takeBack, { errors: TOKEN_GONE_ERRORS, resultPath: sfn.JsonPath.DISCARD })
-      .addCatch(isWaiting, { errors: SFN_THROTTLED_ERRORS, resultPath: sfn.JsonPath.DISCARD })
-      // Any other failure is a lost wake-up: the waiter finds its permit when its wait times out.
-      .addCatch(to.lost, { errors: [sfn.Errors.ALL], resultPath: sfn.JsonPath.DISCARD })
-      .next(deleteTicket);
+    const wake = woken(
+      sendWakeUp(ids.wake, !to.then)
+        .addCatch(takeBack, { errors: TOKEN_GONE_ERRORS, resultPath: sfn.JsonPath.DISCARD })
+        .addCatch(isWaiting, { errors: SFN_THROTTLED_ERRORS, resultPath: sfn.JsonPath.DISCARD })
+        // Any other failure is a lost wake-up: the waiter finds its permit when its wait times out.
+        .addCatch(to.lost, { errors: [sfn.Errors.ALL], resultPath: sfn.JsonPath.DISCARD }),
+    );
     confirm.next(wake);
     return { confirm, wake };
   };
@@ -558,7 +558,6 @@ export function handOffChain(scope: Construct, props: HandOffProps): sfn.State {
       wake: names.wake,
       isWaiting: names.isWaiterWaiting,
       wakeAgain: names.wakeAgain,
-      deleteTicket: names.deleteTicket,
     },
     { takeBack: takeBackPermit, lost: wakeUpLost },
   );
@@ -620,7 +619,6 @@ export function handOffChain(scope: Construct, props: HandOffProps): sfn.State {
         wake: names.wakeWaiterOfOne,
         isWaiting: names.isWaiterOfOneWaiting,
         wakeAgain: names.wakeWaiterOfOneAgain,
-        deleteTicket: names.deleteTicketOfOne,
       },
       { takeBack: () => takeBackOne, lost: release, then: release },
     );

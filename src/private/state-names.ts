@@ -106,8 +106,6 @@ export const STATE = {
   wakeNextWaiter: 'Wake Next Waiter',
   isWaiterWaiting: 'Is Waiter Still Waiting',
   wakeAgain: 'Wake Next Waiter Again',
-  deleteTicket: 'Delete Served Ticket',
-  ticketGone: 'Served Ticket Gone',
   confirmHandOff: 'Confirm Hand-Off',
   takeBackPermit: 'Take Back Permit',
   wakeUpLost: 'Wake-Up Lost',
@@ -118,7 +116,6 @@ export const STATE = {
   wakeWaiterOfOne: 'Wake Waiter Of One',
   isWaiterOfOneWaiting: 'Is Waiter Of One Still Waiting',
   wakeWaiterOfOneAgain: 'Wake Waiter Of One Again',
-  deleteTicketOfOne: 'Delete Ticket Of One',
   takeBackOne: 'Take Back One Permit',
   releaseWithoutHandOffAfterFailure: 'Release Permit Without Hand-Off After Failure',
   peekAtNextWaiterAfterFailure: 'Peek At Next Waiter After Failure',
@@ -130,8 +127,6 @@ export const STATE = {
   wakeNextWaiterAfterFailure: 'Wake Next Waiter After Failure',
   isWaiterWaitingAfterFailure: 'Is Waiter Still Waiting After Failure',
   wakeAgainAfterFailure: 'Wake Next Waiter Again After Failure',
-  deleteTicketAfterFailure: 'Delete Served Ticket After Failure',
-  ticketGoneAfterFailure: 'Served Ticket Gone After Failure',
   confirmHandOffAfterFailure: 'Confirm Hand-Off After Failure',
   takeBackPermitAfterFailure: 'Take Back Permit After Failure',
   wakeUpLostAfterFailure: 'Wake-Up Lost After Failure',
@@ -141,7 +136,6 @@ export const STATE = {
   wakeWaiterOfOneAfterFailure: 'Wake Waiter Of One After Failure',
   isWaiterOfOneWaitingAfterFailure: 'Is Waiter Of One Still Waiting After Failure',
   wakeWaiterOfOneAgainAfterFailure: 'Wake Waiter Of One Again After Failure',
-  deleteTicketOfOneAfterFailure: 'Delete Ticket Of One After Failure',
   takeBackOneAfterFailure: 'Take Back One Permit After Failure',
 
   // Idempotency (before the permit is taken, and after it is given back).
