@@ -284,6 +284,41 @@ test('the CLI takes several permits with --permits, status shows them, and its r
   });
 });
 
+test('a weighted lease that expires, and a weighted execution force-released: the sweep and force-release give back all their permits', async () => {
+  const { stack, workflow, workFunctionId } = workflowStack({ permits: 2, concurrencyLimit: 3, reconcilerScheduleEnabled: false });
+  const work = new WorkTracker(() => 600);
+  await simulate(stack, { schedules: false, lambdaHandlers: { [workFunctionId]: work.handler } }, async (sim) => {
+    const sm = sim.stateMachine(stateMachineLogicalId(workflow.stateMachine));
+    const env = { ...process.env, CDK_SFN_SEMAPHORE_TABLE: sim.tableName('WorkflowLockTable') };
+    const out: string[] = [];
+    const cli = (...argv: string[]) => {
+      out.length = 0;
+      return main(argv, { stdout: (l) => out.push(l), stderr: () => undefined, env });
+    };
+
+    // A lease of 3 permits (the whole limit) whose holder crashed: the sweep, on the simulation's clock
+    // (far faster than the lease's real one), past the lease's 10 s and the 30 s margin, reclaims all three at once.
+    expect(await cli('acquire', LOCK, '--permits', '3', '--limit', '3', '--lease', '10s', '--no-wait', '--json')).toBe(0);
+    const { leaseId } = JSON.parse(out.join('\n'));
+    expect(await lockState(sim)).toEqual([{ lockName: LOCK, permitsInUse: 3, holders: [leaseId] }]);
+    await sim.sleep(120);
+    const swept = (await sim.invokeFunction('WorkflowReconcilerFunction', {})) as { reclaimed: Array<{ holder: string }> };
+    expect(swept.reclaimed.map((r) => r.holder)).toEqual([leaseId]);
+    expect(await lockState(sim)).toEqual([{ lockName: LOCK, permitsInUse: 0, holders: [] }]);
+
+    // An execution of weight 2 inside its body, freed by force: both its permits come back.
+    const inside = sim.startExecution(sm, {});
+    await until(async () => work.inside === 1, 'the execution inside');
+    expect(await lockState(sim)).toMatchObject([{ lockName: LOCK, permitsInUse: 2 }]);
+    expect(await cli('force-release', LOCK, inside.arn, '--reason', 'stuck')).toBe(0);
+    expect(await lockState(sim)).toEqual([{ lockName: LOCK, permitsInUse: 0, holders: [] }]);
+    inside.abort();
+    await inside.done;
+    await sim.idle();
+    expect(await lockState(sim)).toEqual([{ lockName: LOCK, permitsInUse: 0, holders: [] }]);
+  });
+});
+
 test('a weighted execution stopped with its status event lost: the reconciler\'s sweep gives back all its permits', async () => {
   const { stack, workflow, workFunctionId } = workflowStack({
     permits: 3,
