@@ -1,6 +1,6 @@
 import { marshall, unmarshall } from '@aws-sdk/util-dynamodb';
 import { AslHost, BranchEnd, isEnd, Leaf, Thread } from './asl';
-import { AttributeValue, clone, DynamoDbError, Item, ModelDynamoDb, stableStringify, UpdateItemInput } from './dynamodb-model';
+import { AttributeValue, clone, DeleteItemInput, DynamoDbError, Item, ModelDynamoDb, stableStringify, UpdateItemInput, UpdateItemOutput } from './dynamodb-model';
 import { BODY_TASK, MachineInfo, System } from './system';
 import { Effect, Flow } from '../client/effects';
 import { abandonCollecting, acquireAttempt, ClientProtocolOptions, completeCollecting, registerCollector, releaseHolder, shouldCollect } from '../client/semaphore-client';
@@ -217,7 +217,8 @@ export interface ModelOptions {
 /** An UpdateItem as the model evaluated it: the item before, the request, the outcome, the item after. */
 export interface RecordedUpdate {
   readonly before?: Item;
-  readonly input: UpdateItemInput;
+  /** An UpdateItem, or a DeleteItem (no `UpdateExpression`). */
+  readonly input: UpdateItemInput | (DeleteItemInput & { readonly UpdateExpression?: undefined });
   /** The error's name, or undefined when the write was applied. */
   readonly error?: string;
   readonly attributes?: Item;
@@ -1091,12 +1092,11 @@ export class Model {
     const db = new ModelDynamoDb(w.tables, { [this.s.tableName]: this.s.keySchema });
     const record = this.options.onUpdateItem;
     if (!record) return db;
-    const updateItem = db.updateItem.bind(db);
-    db.updateItem = (input) => {
+    const recorded = <I extends RecordedUpdate['input']>(write: (input: I) => UpdateItemOutput) => (input: I) => {
       const item = () => db.getItem({ TableName: input.TableName, Key: input.Key }).Item;
       const before = item();
       try {
-        const out = updateItem(input);
+        const out = write(input);
         record({ before, input: clone(input), attributes: out.Attributes, after: item() });
         return out;
       } catch (e) {
@@ -1104,6 +1104,8 @@ export class Model {
         throw e;
       }
     };
+    db.updateItem = recorded(db.updateItem.bind(db));
+    db.deleteItem = recorded(db.deleteItem.bind(db));
     return db;
   }
 

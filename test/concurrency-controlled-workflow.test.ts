@@ -813,7 +813,7 @@ describe('least privilege', () => {
     const onTable = {
       'Fn::Join': ['', ['arn:', { Ref: 'AWS::Partition' }, ':dynamodb:', { Ref: 'AWS::Region' }, ':', { Ref: 'AWS::AccountId' }, ':table/', { Ref: tableId }]],
     };
-    // UpdateItem everywhere; GetItem to read a ticket another releaser served; DeleteItem for a ticket once its waiter is woken.
+    // UpdateItem everywhere; GetItem to read a ticket another releaser served; DeleteItem to serve a ticket, and to leave the queue.
     expect(dynamo.map((s) => s.Action).sort()).toEqual(['dynamodb:DeleteItem', 'dynamodb:GetItem', 'dynamodb:UpdateItem']);
     for (const statement of dynamo) expect(statement).toEqual({ Action: statement.Action, Effect: 'Allow', Resource: onTable });
     const actions = policyStatements(template, 'WorkflowStateMachineRole').flatMap((s) => [s.Action].flat());

@@ -381,10 +381,10 @@ export const MAX_CONCURRENCY_LIMIT = 1000;
  *
  * An execution that finds the lock full takes a ticket in a conditional write that checks the lock
  * is still full, then writes its ticket item with its task token and sleeps in that `.waitForTaskToken`
- * task. A release that finds waiters does not give the permit back: it reads the next ticket, marks
- * the ticket's item served (which returns the waiter and its current token, and refuses any later
- * wait on it), moves the holder entry to that waiter while passing the ticket in one write on the lock
- * item (the count stays), and wakes it. Newcomers can only take a permit that is really free, so
+ * task. A release that finds waiters does not give the permit back: it claims the next ticket, serves
+ * it by deleting its item (which returns the waiter and its current token, and refuses any later wait
+ * again on it), moves the holder entry to that waiter in one write on the lock item (the count
+ * stays), and wakes it. Newcomers can only take a permit that is really free, so
  * nobody barges in ahead of a waiter.
  *
  * A ticket whose item is missing when its turn comes (taken by a write whose response was lost, or by
@@ -485,7 +485,10 @@ export const TAKE_TICKET_UPDATE = `SET ${QUEUE_NAMES.tail} = if_not_exists(${QUE
  * item nobody wrote (a ticket skipped while its waiter was on its way has one, marked served: the
  * waiter then takes a new ticket). A wait again, after one timed out, needs the item this execution's
  * run wrote, not served yet: a run redriven while its stopped run waited never waits on, nor is handed
- * a permit through, the ticket of the run before.
+ * a permit through, the ticket of the run before while that ticket waits. Once the ticket was served
+ * (its item deleted), a redriven run's first wait writes the item anew and sleeps on a ticket the
+ * queue has passed, renewing it at each check, until the sweep marks it passed (tidyTicket) and its
+ * next wait is refused: it then takes a new ticket. No permit comes through that ticket.
  */
 export const FIRST_WAIT_CONDITION = `attribute_not_exists(${QUEUE_NAMES.servedBy}) AND attribute_not_exists(${QUEUE_NAMES.waiter})`;
 export const WAIT_AGAIN_CONDITION = `attribute_not_exists(${QUEUE_NAMES.servedBy}) AND ${QUEUE_NAMES.waiter} = ${QUEUE_VALUES.me} AND ${QUEUE_NAMES.run} = ${VALUES.redriveCount}`;

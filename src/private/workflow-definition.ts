@@ -85,8 +85,8 @@ const RELEASE_AT_INTERVAL_RESULT = 'releaseAtInterval';
  *   (Take Ticket, Wait In Queue; or polling)
  *
  * The uncontended path is three transitions and two writes. A waiter adds three transitions and two
- * writes (the Parallel, its ticket, the wait on it); a release that hands off adds six transitions,
- * four writes and a call (claim, serve, check, hand off, wake, delete).
+ * writes (the Parallel, its ticket, the wait on it); a release that hands off adds four transitions,
+ * three writes and a call (claim, serve, hand off, wake) beside its refused give-back.
  */
 export function renderDefinition(scope: Construct, table: ISemaphoreTable, spec: DefinitionSpec): sfn.IChainable {
   // The lock name, literal or a JSONPath string (the keys of the queue's ticket items start with it).
