@@ -439,14 +439,9 @@ export function handOffChain(scope: Construct, props: HandOffProps): sfn.State {
         ...(outputPath === undefined ? {} : { OutputPath: outputPath }),
       },
     });
-  // The wake-up is the last call of a hand-off: where it ends the execution, it gives its output.
-  const sendWakeUp = (id: string, endsExecution: boolean) =>
-    sfnCall(
-      id,
-      'sendTaskSuccess',
-      { 'TaskToken.$': tokenPath, 'Output.$': `States.JsonToString(${HANDOFF_PATH}.wake)` },
-      endsExecution && !props.next ? props.outputPath : undefined,
-    );
+  // The wake-up is the last call of a hand-off: where it ends the execution, it gives its output (`outputPath`).
+  const sendWakeUp = (id: string, outputPath?: string) =>
+    sfnCall(id, 'sendTaskSuccess', { 'TaskToken.$': tokenPath, 'Output.$': `States.JsonToString(${HANDOFF_PATH}.wake)` }, outputPath);
 
   /**
    * What follows a hand-off (of a whole entry, or of one of a weighted entry's permits): confirm it
@@ -476,6 +471,8 @@ export function handOffChain(scope: Construct, props: HandOffProps): sfn.State {
       .addCatch(release, { errors: [CONDITIONAL_CHECK_FAILED], resultPath: sfn.JsonPath.DISCARD });
     const takeBack = to.takeBack();
     const after = to.then ?? props.next;
+    // Nothing after the wake-up: it ends the execution, with the release's output.
+    const wakeOutputPath = after ? undefined : props.outputPath;
     const woken = <T extends sfn.CustomState>(state: T): T => {
       if (after) state.next(after);
       return state;
@@ -485,7 +482,7 @@ export function handOffChain(scope: Construct, props: HandOffProps): sfn.State {
     // whatever it did, a heartbeat on the token tells: it is refused once the task has ended (woken, timed
     // out or stopped), and succeeds only while the waiter still waits, when a second wake-up is safe.
     const wakeAgain = woken(
-      sendWakeUp(ids.wakeAgain, !to.then)
+      sendWakeUp(ids.wakeAgain, wakeOutputPath)
         // Whatever fails now, the waiter finds its permit when its wait times out (no take-back from here).
         .addCatch(to.lost, { errors: [sfn.Errors.ALL], resultPath: sfn.JsonPath.DISCARD }),
     );
@@ -496,7 +493,7 @@ export function handOffChain(scope: Construct, props: HandOffProps): sfn.State {
       .addCatch(to.lost, { errors: [sfn.Errors.ALL], resultPath: sfn.JsonPath.DISCARD })
       .next(wakeAgain);
     const wake = woken(
-      sendWakeUp(ids.wake, !to.then)
+      sendWakeUp(ids.wake, wakeOutputPath)
         .addCatch(takeBack, { errors: TOKEN_GONE_ERRORS, resultPath: sfn.JsonPath.DISCARD })
         .addCatch(isWaiting, { errors: SFN_THROTTLED_ERRORS, resultPath: sfn.JsonPath.DISCARD })
         // Any other failure is a lost wake-up: the waiter finds its permit when its wait times out.
