@@ -919,6 +919,41 @@ test('the CLI and the client on a rate-limited lock: a lease at least the interv
   });
 });
 
+test('executions and client leases at once, in real time: the rate counts both in the same windows', async () => {
+  const interval = 4000;
+  const { stack, workflow, workFunctionId } = workflowStack({ rateLimit: RateLimit.of(2, Duration.seconds(interval / 1000)), reconcilerScheduleEnabled: false });
+  const work = new WorkTracker(() => 0.2);
+  // In real time (a time scale of 1) the executions' clock is the client's: their windows are the same.
+  await simulate(stack, { timeScale: 1, schedules: false, lambdaHandlers: { [workFunctionId]: work.handler } }, async (sim) => {
+    const sm = sim.stateMachine(stateMachineLogicalId(workflow.stateMachine));
+    // One execution first, so that the lock records its rate before the client reads it.
+    const first = sim.startExecution(sm, { i: 0 });
+    await until(async () => (await lockState(sim))[0]?.permitsInUse === 1, 'the first execution\'s acquire');
+    const client = new SemaphoreClient({ tableName: sim.tableName('WorkflowLockTable'), dynamodb: sim.db.client });
+    const clientAcquisitions: number[] = [];
+    const lease = async (): Promise<void> => {
+      const held = await client.acquire(LOCK, { leaseSeconds: 1, waitSeconds: 60, pollSeconds: 0.5 });
+      expect(held).toBeDefined();
+      clientAcquisitions.push(Date.now());
+      expect(held!.expiresAt - Date.now()).toBeGreaterThan(interval - 500);
+      // Released at once: the release holds the permit until the interval has passed.
+      expect(await client.release(LOCK, held!.leaseId)).toBe(true);
+    };
+    const executions = [first, ...Array.from({ length: 3 }, (_, i) => sim.startExecution(sm, { i: i + 1 }))];
+    await Promise.all([...executions.map((e) => e.done), lease(), lease()]);
+
+    expect(executions.map((e) => e.status)).toEqual(Array(4).fill('SUCCEEDED'));
+    expect(clientAcquisitions).toHaveLength(2);
+    const all = [...work.starts, ...clientAcquisitions];
+    // Six acquisitions at 2 per 4 s: three windows. Each time is taken a little after its acquire (a
+    // body's start, a client's return), so the windows are checked 0.2 s short of the interval.
+    expect(mostInAnyWindow(all, interval - 200)).toBe(2);
+    expect(Math.max(...all) - Math.min(...all)).toBeGreaterThanOrEqual(2 * interval - 200);
+    await sim.idle();
+    expect(await lockState(sim)).toEqual([{ lockName: LOCK, permitsInUse: 0, holders: [] }]);
+  });
+});
+
 test('the CLI and the client on a lock with body slots: a lease takes a slot too, and holds it until it releases', async () => {
   const { stack, workflow, workFunctionId } = workflowStack({
     rateLimit: RateLimit.of(3, Duration.seconds(2)),
