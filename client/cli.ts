@@ -435,7 +435,8 @@ async function printStatus(client: SemaphoreClient, lock: string, json: boolean,
     io.stdout(JSON.stringify(status, null, 2));
     return EXIT.ok;
   }
-  const queued = status.waiting === 0 ? '' : `, ${status.waiting} execution${status.waiting === 1 ? '' : 's'} queued`;
+  const forRate = status.waitingForRate === undefined ? '' : ` (${status.waitingForRate} for the rate)`;
+  const queued = status.waiting === 0 ? '' : `, ${status.waiting} execution${status.waiting === 1 ? '' : 's'} queued${forRate}`;
   const rate =
     status.rateIntervalSeconds === undefined
       ? ''

@@ -3,7 +3,7 @@ import { AttributeValue, DynamoDBClient } from '@aws-sdk/client-dynamodb';
 import { SFNClient } from '@aws-sdk/client-sfn';
 import { clock, dynamodb, errorName, Flow, runFlow, stepFunctions, uuid } from './effects';
 import { QueueServiceResult, serveQueue } from './queue-service';
-import { deleteServedTicket, readTicket, serveTicket, waitingTickets } from './ticket-queue';
+import { deleteServedTicket, readTicket, serveTicket, waitingForRate, waitingTickets } from './ticket-queue';
 import {
   BODIES_RUNNING,
   BODY_LIMIT,
@@ -220,6 +220,12 @@ export interface LockStatus {
    * permits the rate, rather than the concurrency limit, may be keeping from the waiters.
    */
   readonly permitsHeldForRate?: number;
+  /**
+   * On a lock with a rate: of the executions queued (`waiting`), how many the rate keeps waiting, one
+   * for each permit it holds (`permitsHeldForRate`), at most all of them. The others wait for permits
+   * that running bodies or leases hold.
+   */
+  readonly waitingForRate?: number;
   /**
    * On a lock whose rate's count is above its workflows' concurrency limit: how many bodies may run at
    * once (each takes a body slot beside its permit, and a client lease one for as long as it holds), and
@@ -448,25 +454,21 @@ export class SemaphoreClient {
     }
     holders.sort((a, b) => a.acquiredAt.localeCompare(b.acquiredAt));
     const queue = waitingTickets(item);
+    const waiting = Math.max(0, queue.tail - queue.head);
     const waiters: string[] = [];
     for (let ticket = queue.head + 1; ticket <= Math.min(queue.tail, queue.head + STATUS_WAITERS); ticket++) {
-      const waiting = await this.run(readTicket(this.tableName, lockName, ticket));
-      const id = waiting?.[TICKET_WAITER]?.S;
-      if (id !== undefined && waiting?.[TICKET_SERVED_BY] === undefined) waiters.push(id);
+      const ticketItem = await this.run(readTicket(this.tableName, lockName, ticket));
+      const id = ticketItem?.[TICKET_WAITER]?.S;
+      if (id !== undefined && ticketItem?.[TICKET_SERVED_BY] === undefined) waiters.push(id);
     }
     return {
       lockName,
       permitsInUse: Number(item?.[PERMITS_IN_USE]?.N ?? 0),
       limit: item?.[CONCURRENCY_LIMIT]?.N === undefined ? undefined : Number(item[CONCURRENCY_LIMIT].N),
-      ...(rateSeconds === undefined
-        ? {}
-        : {
-          rateIntervalSeconds: rateSeconds,
-          permitsHeldForRate: holders.filter((h) => h.rateHoldEndsAt! > now).reduce((sum, h) => sum + h.permits, 0),
-        }),
+      ...(rateSeconds === undefined ? {} : rateStatus(rateSeconds, holders, now, waiting)),
       ...(item?.[BODY_LIMIT] === undefined ? {} : { bodyLimit: numberOf(item[BODY_LIMIT]), bodiesRunning: numberOf(item[BODIES_RUNNING]) ?? 0 }),
       holders,
-      waiting: Math.max(0, queue.tail - queue.head),
+      waiting,
       waiters,
     };
   }
@@ -490,6 +492,12 @@ export class SemaphoreClient {
       `handed the permit to the queued execution ${waiter} but could not wake it (${error.name}: ${String(error.message).split('\n')[0]}); ` +
         'it finds the permit when its queueCheckInterval ends (is states:SendTaskSuccess allowed? see SemaphoreTable.grantClient)',
     );
+}
+
+/** A rate-limited lock's part of its status: the interval, the permits the rate holds at `now`, the waiters it keeps. */
+function rateStatus(rateIntervalSeconds: number, holders: HolderStatus[], now: number, waiting: number) {
+  const permitsHeldForRate = holders.filter((h) => h.rateHoldEndsAt! > now).reduce((sum, h) => sum + h.permits, 0);
+  return { rateIntervalSeconds, permitsHeldForRate, waitingForRate: waitingForRate(waiting, permitsHeldForRate) };
 }
 
 /*

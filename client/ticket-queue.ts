@@ -20,6 +20,15 @@ import {
 
 type Item = Record<string, AttributeValue>;
 
+/**
+ * Of a lock's queued executions, how many the rate keeps waiting: one for each permit the rate holds
+ * (`permitsHeldForRate`), at most all of them. Were those permits given back, as many waiters would get
+ * in; the others wait for permits that running bodies (or leases) hold.
+ */
+export function waitingForRate(queued: number, heldForRate: number): number {
+  return Math.min(queued, heldForRate);
+}
+
 /** The tickets a lock item says are waiting: from `head + 1` to `tail`. */
 export function waitingTickets(item: Item | undefined): { head: number; tail: number } {
   const tail = Number(item?.[QUEUE_TAIL]?.N ?? '0');

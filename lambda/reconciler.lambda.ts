@@ -3,6 +3,7 @@ import { SFNClient } from '@aws-sdk/client-sfn';
 import { DynamoDBDocumentClient } from '@aws-sdk/lib-dynamodb';
 import { guardRedrive, permitsHeldForRate, ReconcilerConfig, ReconcilerResult, RedriveGuardResult, StatusChangeDetail, sweep } from './reconciler-flows';
 import { runFlow } from '../client/effects';
+import { waitingForRate } from '../client/ticket-queue';
 
 export type { ReconcilerResult, RedriveGuardResult, StatusChangeDetail, Reclaimed } from './reconciler-flows';
 
@@ -89,6 +90,14 @@ function configFromEnvironment(): ReconcilerConfig {
 }
 
 /**
+ * The rate's gauges of a lock: the permits it holds, and the queued executions it keeps waiting
+ * (waitingForRate: as many as those permits, at most the queue).
+ */
+function rateMetrics(heldForRate: number, queued: number): { PermitsHeldForRate: number; WaitingForRate: number } {
+  return { PermitsHeldForRate: heldForRate, WaitingForRate: waitingForRate(queued, heldForRate) };
+}
+
+/**
  * CloudWatch metrics in the Embedded Metric Format: log lines that CloudWatch turns into metrics, so
  * the function needs no cloudwatch:PutMetricData permission.
  */
@@ -101,7 +110,7 @@ function emitMetrics(table: string, result: ReconcilerResult): void {
     { Name: 'Queued', Unit: 'Count' },
   ];
   // Only a lock with a rate has permits the rate holds (a zero elsewhere would read as "the rate holds none").
-  const withRate = [...perLock, { Name: 'PermitsHeldForRate', Unit: 'Count' }];
+  const withRate = [...perLock, { Name: 'PermitsHeldForRate', Unit: 'Count' }, { Name: 'WaitingForRate', Unit: 'Count' }];
   for (const [lockName, permits] of Object.entries(result.permitsInUse)) {
     const rateHolds = result.rateHoldsByLock[lockName];
     console.log(
@@ -115,7 +124,7 @@ function emitMetrics(table: string, result: ReconcilerResult): void {
         PermitsInUse: permits,
         Holders: result.holdersByLock[lockName] ?? 0,
         Queued: result.queuedByLock[lockName] ?? 0,
-        ...(rateHolds ? { PermitsHeldForRate: permitsHeldForRate(rateHolds, timestamp) } : {}),
+        ...(rateHolds ? rateMetrics(permitsHeldForRate(rateHolds, timestamp), result.queuedByLock[lockName] ?? 0) : {}),
       }),
     );
   }

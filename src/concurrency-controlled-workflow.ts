@@ -708,15 +708,12 @@ export class ConcurrencyControlledWorkflow extends Construct {
   }
 
   /**
-   * Executions that found the lock full and had to wait, from the state machine's log. With a
-   * `rateLimit` and no `concurrencyLimit` (or one above its count), a permit goes back when its interval
-   * ends, whatever the body does, so these are waits caused by the rate (but for permits held longer: a failed body's, a body's
-   * whose release beside it failed, a redriven run's, a client's lease, another workflow's on the same
-   * lock with a `concurrencyLimit`). With a `concurrencyLimit` below the rate's count,
-   * `metricBodySlotWaits()` counts the waits for the concurrency limit, and these the waits for one of
-   * the rate's permits, which an execution holds from its acquire until both its interval and its body
-   * have ended, its wait for a slot included: while `metricBodySlotWaits()` stays flat and bodies are
-   * shorter than the interval, these are waits caused by the rate alone.
+   * Executions that found the lock full and had to wait, from the state machine's log: every wait for a
+   * permit, whatever holds the permits. With a `rateLimit`, the reconciler's
+   * `metricWaitingForRate(lockName)` tells how many of the queued executions the rate keeps waiting
+   * (and `metricPermitsHeldForRate(lockName)` the permits it holds); with a `concurrencyLimit` below
+   * the rate's count, `metricBodySlotWaits()` counts the waits for the concurrency limit, which come
+   * after the permit.
    */
   public metricWaits(props?: cloudwatch.MetricOptions): cloudwatch.Metric {
     return this.logMetric('Waits', props);
@@ -807,7 +804,7 @@ export class ConcurrencyControlledWorkflow extends Construct {
                   this.reconciler.metricPermitsInUse(lockName),
                   this.reconciler.metricHolders(lockName),
                   this.reconciler.metricQueued(lockName),
-                  ...(withRate ? [this.reconciler.metricPermitsHeldForRate(lockName)] : []),
+                  ...(withRate ? [this.reconciler.metricPermitsHeldForRate(lockName), this.reconciler.metricWaitingForRate(lockName)] : []),
                 ]),
             ],
           }),

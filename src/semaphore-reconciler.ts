@@ -369,6 +369,16 @@ export class SemaphoreReconciler extends Construct {
     return this.lockMetric('PermitsHeldForRate', lockName, props);
   }
 
+  /**
+   * On a lock with a rate (`rateLimit`): the waits caused by the rate when the last sweep ended. Of the
+   * queued executions (`metricQueued`), one for each permit the rate holds (`metricPermitsHeldForRate`),
+   * at most all of them: were those permits given back, as many would get in. The other queued
+   * executions wait for permits that running bodies or leases hold. Published only for locks with a rate.
+   */
+  public metricWaitingForRate(lockName: string, props?: cloudwatch.MetricOptions): cloudwatch.Metric {
+    return this.lockMetric('WaitingForRate', lockName, props);
+  }
+
   private lockMetric(metricName: string, lockName: string, props?: cloudwatch.MetricOptions): cloudwatch.Metric {
     return new cloudwatch.Metric({
       namespace: this.namespace,

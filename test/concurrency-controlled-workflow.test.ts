@@ -792,10 +792,12 @@ describe('reconciler, leases and metrics', () => {
     expect(body).toContain('Queued');
     // Only a workflow with a rate shows the permits the rate holds.
     expect(body).not.toContain('PermitsHeldForRate');
+    expect(body).not.toContain('WaitingForRate');
     const rated = JSON.stringify(
       workflow({ dashboard: true, lockName: 'db', rateLimit: RateLimit.perSecond(5) }).template.findResources('AWS::CloudWatch::Dashboard'),
     );
     expect(rated).toContain('PermitsHeldForRate');
+    expect(rated).toContain('WaitingForRate');
     expect(rated).not.toContain('BodySlotWaits');
     const slots = JSON.stringify(
       workflow({ dashboard: true, lockName: 'db', rateLimit: RateLimit.perSecond(5), concurrencyLimit: 2 }).template.findResources('AWS::CloudWatch::Dashboard'),

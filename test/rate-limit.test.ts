@@ -172,6 +172,12 @@ describe.each([WaitStrategy.QUEUE, WaitStrategy.POLLING])('%s', (waitStrategy) =
   });
 });
 
+/** The CLI's environment for the simulator's lock table. */
+function cliEnv(sim: Simulator): Record<string, string> {
+  const aws = { AWS_ENDPOINT_URL_DYNAMODB: sim.db.endpoint, AWS_REGION: 'us-east-1', AWS_ACCESS_KEY_ID: 'local', AWS_SECRET_ACCESS_KEY: 'local' };
+  return { ...aws, CDK_SFN_SEMAPHORE_TABLE: sim.tableName('WorkflowLockTable') };
+}
+
 /** The lock item as the table holds it (undefined before the first acquire). */
 async function lockItem(sim: Simulator) {
   return (await sim.scan('WorkflowLockTable')).find((i) => i[LOCK_KEY]?.S === LOCK);
@@ -538,7 +544,7 @@ test('with a concurrency limit at the rate\'s count, the count also bounds the b
   });
 });
 
-test('the reconciler publishes the queue and the permits the rate holds: the dashboard can tell waits for the rate', async () => {
+test('the reconciler, the client and the CLI tell the waits the rate causes: the queue and the permits the rate holds', async () => {
   // A long interval (5 minutes, 3 s of real time): the sweep must see the first two still inside it.
   const { stack, workflow, workFunctionId } = workflowStack({ rateLimit: RateLimit.of(2, Duration.minutes(5)), reconcilerScheduleEnabled: false });
   const work = new WorkTracker(() => 1);
@@ -558,14 +564,25 @@ test('the reconciler publishes the queue and the permits the rate holds: the das
     // Two bodies ran and ended; the rate holds their permits for the rest of the interval, and two wait.
     await until(async () => work.runs === 2 && work.inside === 0 && (await client.status(LOCK)).waiting === 2, 'two bodies done, two queued');
     const during = await sweep();
-    expect(during).toMatchObject({ LockName: LOCK, PermitsInUse: 2, Holders: 2, Queued: 2, PermitsHeldForRate: 2 });
-    expect(during._aws.CloudWatchMetrics[0].Metrics.map((m: { Name: string }) => m.Name)).toEqual(['PermitsInUse', 'Holders', 'Queued', 'PermitsHeldForRate']);
+    expect(during).toMatchObject({ LockName: LOCK, PermitsInUse: 2, Holders: 2, Queued: 2, PermitsHeldForRate: 2, WaitingForRate: 2 });
+    expect(during._aws.CloudWatchMetrics[0].Metrics.map((m: { Name: string }) => m.Name)).toEqual([
+      'PermitsInUse',
+      'Holders',
+      'Queued',
+      'PermitsHeldForRate',
+      'WaitingForRate',
+    ]);
+    expect(await client.status(LOCK)).toMatchObject({ waiting: 2, permitsHeldForRate: 2, waitingForRate: 2 });
+    const out: string[] = [];
+    const io = { stdout: (l: string) => out.push(l), stderr: () => undefined, env: cliEnv(sim) };
+    expect(await main(['status', LOCK], io)).toBe(0);
+    expect(out[0]).toBe(`${LOCK}: 2 of 2 permits in use, each held at least 300s (the lock's rate), 2 still inside that interval, 2 executions queued (2 for the rate)`);
 
     await Promise.all(executions.map((e) => e.done));
     expect(executions.every((e) => e.status === 'SUCCEEDED')).toBe(true);
     // The last acquisitions' interval passes after their bodies: their executions end with it.
     await sim.idle();
-    expect(await sweep()).toMatchObject({ PermitsInUse: 0, Holders: 0, Queued: 0, PermitsHeldForRate: 0 });
+    expect(await sweep()).toMatchObject({ PermitsInUse: 0, Holders: 0, Queued: 0, PermitsHeldForRate: 0, WaitingForRate: 0 });
   });
 });
 
@@ -875,7 +892,6 @@ test('the CLI and the client on a rate-limited lock: a lease at least the interv
     const done = await sim.startExecution(sim.stateMachine(stateMachineLogicalId(workflow.stateMachine)), {}).done;
     expect(done.status).toBe('SUCCEEDED');
     const tableName = sim.tableName('WorkflowLockTable');
-    const env = { AWS_ENDPOINT_URL_DYNAMODB: sim.db.endpoint, AWS_REGION: 'us-east-1', AWS_ACCESS_KEY_ID: 'local', AWS_SECRET_ACCESS_KEY: 'local' };
     const client = new SemaphoreClient({ tableName, dynamodb: sim.db.client });
 
     // The workflow's acquire recorded its rate on the lock; the client's lease is at least its interval.
@@ -885,7 +901,7 @@ test('the CLI and the client on a rate-limited lock: a lease at least the interv
     expect(lease!.expiresAt - before).toBeGreaterThanOrEqual(3000);
     const out: string[] = [];
     const err: string[] = [];
-    const io = { stdout: (l: string) => out.push(l), stderr: (l: string) => err.push(l), env: { ...env, CDK_SFN_SEMAPHORE_TABLE: tableName } };
+    const io = { stdout: (l: string) => out.push(l), stderr: (l: string) => err.push(l), env: cliEnv(sim) };
     expect(await main(['status', LOCK, '--json'], io)).toBe(0);
     const status = JSON.parse(out.join('\n'));
     expect(status).toMatchObject({ permitsInUse: 1, limit: 2, rateIntervalSeconds: 3, permitsHeldForRate: 1 });
@@ -921,7 +937,8 @@ test('the CLI and the client on a rate-limited lock: a lease at least the interv
 
 test('executions and client leases at once, in real time: the rate counts both in the same windows', async () => {
   const interval = 4000;
-  const { stack, workflow, workFunctionId } = workflowStack({ rateLimit: RateLimit.of(2, Duration.seconds(interval / 1000)), reconcilerScheduleEnabled: false });
+  const rateLimit = RateLimit.of(2, Duration.seconds(interval / 1000));
+  const { stack, workflow, workFunctionId } = workflowStack({ rateLimit, reconcilerScheduleEnabled: false });
   const work = new WorkTracker(() => 0.2);
   // In real time (a time scale of 1) the executions' clock is the client's: their windows are the same.
   await simulate(stack, { timeScale: 1, schedules: false, lambdaHandlers: { [workFunctionId]: work.handler } }, async (sim) => {
@@ -973,9 +990,8 @@ test('the CLI and the client on a lock with body slots: a lease takes a slot too
     const lease = await client.acquire(LOCK, { leaseSeconds: 60 });
     expect(lease).toBeDefined();
     expect(await client.status(LOCK)).toMatchObject({ bodyLimit: 1, bodiesRunning: 1 });
-    const env = { AWS_ENDPOINT_URL_DYNAMODB: sim.db.endpoint, AWS_REGION: 'us-east-1', AWS_ACCESS_KEY_ID: 'local', AWS_SECRET_ACCESS_KEY: 'local' };
     const out: string[] = [];
-    const io = { stdout: (l: string) => out.push(l), stderr: () => undefined, env: { ...env, CDK_SFN_SEMAPHORE_TABLE: tableName } };
+    const io = { stdout: (l: string) => out.push(l), stderr: () => undefined, env: cliEnv(sim) };
     expect(await main(['status', LOCK], io)).toBe(0);
     expect(out[0]).toMatch(/; 1 of 1 body slots taken$/);
 
@@ -1025,9 +1041,8 @@ test('the CLI and the client beside a concurrency limit above the rate: a body p
       bodiesRunning: 1,
       holders: [{ id: running.holderId, permits: 0 }],
     });
-    const env = { AWS_ENDPOINT_URL_DYNAMODB: sim.db.endpoint, AWS_REGION: 'us-east-1', AWS_ACCESS_KEY_ID: 'local', AWS_SECRET_ACCESS_KEY: 'local' };
     const out: string[] = [];
-    const io = { stdout: (l: string) => out.push(l), stderr: () => undefined, env: { ...env, CDK_SFN_SEMAPHORE_TABLE: tableName } };
+    const io = { stdout: (l: string) => out.push(l), stderr: () => undefined, env: cliEnv(sim) };
     expect(await main(['status', LOCK], io)).toBe(0);
     expect(out[0]).toMatch(/^TestStack\/Workflow: 0 of 1 permits in use.*; 1 of 2 body slots taken$/);
     expect(out.find((l) => l.includes(running.holderId))).toMatch(/^execution\s+\S+\s+0\s/);

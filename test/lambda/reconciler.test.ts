@@ -413,7 +413,7 @@ test('a weighted holder\'s permits all count: PermitsInUse by weight, Holders by
   expect(lines).toContainEqual(expect.objectContaining({ LockName: 'db', PermitsInUse: 3, Holders: 1 }));
 });
 
-test('publishes the queue\'s length, and on a lock with a rate the permits still inside their interval (only there)', async () => {
+test('publishes the queue\'s length, and on a lock with a rate the permits still inside their interval and the waits they cause (only there)', async () => {
   const now = Date.now();
   const at = (msAgo: number) => entry(new Date(now - msAgo).toISOString());
   ddb.on(ScanCommand).resolves({
@@ -422,6 +422,9 @@ test('publishes the queue\'s length, and on a lock with a rate the permits still
       {
         lockName: 'api',
         permitsInUse: 5,
+        // Six queued: the rate holds 4 permits, so it keeps 4 of them waiting; 2 wait for the others.
+        queueHead: 2,
+        queueTail: 8,
         rateIntervalSeconds: 300,
         [exec('recent')]: at(120_000),
         [exec('old')]: at(600_000),
@@ -437,11 +440,12 @@ test('publishes the queue\'s length, and on a lock with a rate the permits still
 
   const lines = log.mock.calls.map(([line]) => JSON.parse(line));
   const api = lines.find((l) => l.LockName === 'api');
-  expect(api).toMatchObject({ PermitsInUse: 5, Holders: 3, Queued: 0, PermitsHeldForRate: 4 });
-  expect(api._aws.CloudWatchMetrics[0].Metrics.map((m: { Name: string }) => m.Name)).toContain('PermitsHeldForRate');
+  expect(api).toMatchObject({ PermitsInUse: 5, Holders: 3, Queued: 6, PermitsHeldForRate: 4, WaitingForRate: 4 });
+  expect(api._aws.CloudWatchMetrics[0].Metrics.map((m: { Name: string }) => m.Name)).toEqual(['PermitsInUse', 'Holders', 'Queued', 'PermitsHeldForRate', 'WaitingForRate']);
   const db = lines.find((l) => l.LockName === 'db');
   expect(db).toMatchObject({ PermitsInUse: 1, Holders: 1, Queued: 3 });
   expect(db).not.toHaveProperty('PermitsHeldForRate');
+  expect(db).not.toHaveProperty('WaitingForRate');
   expect(db._aws.CloudWatchMetrics[0].Metrics.map((m: { Name: string }) => m.Name)).toEqual(['PermitsInUse', 'Holders', 'Queued']);
 });
 
@@ -456,7 +460,10 @@ test('a holder the sweep releases no longer counts for the rate', async () => {
 
   expect(result).toMatchObject({ reclaimed: [{ holder: exec('gone') }] });
   // Both were taken 2 minutes ago, inside the 5-minute interval; only the one left holds a permit.
-  expect(log.mock.calls.map(([line]) => JSON.parse(line))).toContainEqual(expect.objectContaining({ LockName: 'api', PermitsInUse: 1, PermitsHeldForRate: 1 }));
+  // Nobody is queued: the rate keeps nobody waiting.
+  expect(log.mock.calls.map(([line]) => JSON.parse(line))).toContainEqual(
+    expect.objectContaining({ LockName: 'api', PermitsInUse: 1, PermitsHeldForRate: 1, Queued: 0, WaitingForRate: 0 }),
+  );
   expect(result).not.toHaveProperty('rateHoldsByLock');
   expect(result).not.toHaveProperty('queuedByLock');
 });
