@@ -223,7 +223,7 @@ export interface LockStatus {
   /**
    * On a lock with a rate: of the executions queued (`waiting`), how many the rate keeps waiting, one
    * for each permit it holds (`permitsHeldForRate`), at most all of them. The others wait for permits
-   * that running bodies or leases hold.
+   * that only running bodies or leases hold.
    */
   readonly waitingForRate?: number;
   /**

@@ -22,8 +22,9 @@ type Item = Record<string, AttributeValue>;
 
 /**
  * Of a lock's queued executions, how many the rate keeps waiting: one for each permit the rate holds
- * (`permitsHeldForRate`), at most all of them. Were those permits given back, as many waiters would get
- * in; the others wait for permits that running bodies (or leases) hold.
+ * (`permitsHeldForRate`: still inside its acquisition's interval), at most all of them; the others wait
+ * for permits that only running bodies (or leases) hold. Where a body keeps its permit until it ends
+ * (a `concurrencyLimit` at or below the rate's count), one inside its interval holds it for both.
  */
 export function waitingForRate(queued: number, heldForRate: number): number {
   return Math.min(queued, heldForRate);

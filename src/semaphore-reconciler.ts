@@ -372,8 +372,11 @@ export class SemaphoreReconciler extends Construct {
   /**
    * On a lock with a rate (`rateLimit`): the waits caused by the rate when the last sweep ended. Of the
    * queued executions (`metricQueued`), one for each permit the rate holds (`metricPermitsHeldForRate`),
-   * at most all of them: were those permits given back, as many would get in. The other queued
-   * executions wait for permits that running bodies or leases hold. Published only for locks with a rate.
+   * at most all of them; the others wait for permits that only running bodies or leases hold. With a
+   * rate alone, or a `concurrencyLimit` above its count, a permit goes back at its interval whatever its
+   * body does, so these wait for the rate alone; with a `concurrencyLimit` at or below the count, a body
+   * still inside its interval holds its permit too, and these wait for the rate and those bodies
+   * together. Published only for locks with a rate.
    */
   public metricWaitingForRate(lockName: string, props?: cloudwatch.MetricOptions): cloudwatch.Metric {
     return this.lockMetric('WaitingForRate', lockName, props);
