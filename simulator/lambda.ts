@@ -31,7 +31,8 @@ function sdkNodeModules(): string {
 
 /**
  * Load a CommonJS module whose `Date` is the simulation's clock (`Date.now()` and `new Date()` give
- * simulated time), so that code comparing timestamps written by state machines sees one clock, and
+ * simulated time, and a date made outside the module is still `instanceof Date`), so that code
+ * comparing timestamps written by state machines sees one clock, and
  * whose `console` writes to `log` (as a function's output goes to its log group).
  */
 function loadWithClock(file: string, clock: () => number, log: (line: string) => void): Record<string, unknown> {
@@ -39,6 +40,14 @@ function loadWithClock(file: string, clock: () => number, log: (line: string) =>
   class SimulatedDate extends RealDate {
     public static now(): number {
       return clock();
+    }
+    /**
+     * Every date is a Date: the AWS SDK, loaded outside the module, parses timestamps (a
+     * DescribeExecution's stopDate) into the real Date, which `value instanceof Date` in the module must
+     * accept, as it does on Lambda, where there is one Date.
+     */
+    public static [Symbol.hasInstance](value: unknown): boolean {
+      return value instanceof RealDate;
     }
     constructor(...args: unknown[]) {
       if (args.length === 0) super(clock());

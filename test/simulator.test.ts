@@ -1116,6 +1116,38 @@ describe('Lambda functions, schedules and the Step Functions API', () => {
   });
 });
 
+test('a function\'s Date is the simulated clock, and a date the AWS SDK parses is still instanceof Date in it', async () => {
+  const stack = new Stack(new App(), 'Dates');
+  const sm = new sfn.StateMachine(stack, 'Machine', { definitionBody: sfn.DefinitionBody.fromChainable(new sfn.Pass(stack, 'Done')) });
+  const fn = new lambda.Function(stack, 'Describer', {
+    runtime: lambda.Runtime.NODEJS_18_X,
+    handler: 'index.handler',
+    timeout: Duration.minutes(15),
+    code: lambda.Code.fromInline(
+      `const sfn = require('@aws-sdk/client-sfn');
+       const client = new sfn.SFNClient({});
+       exports.handler = async (event) => {
+         const d = await client.send(new sfn.DescribeExecutionCommand({ executionArn: event.executionArn }));
+         return { isDate: d.stopDate instanceof Date, stopMs: d.stopDate.getTime(), now: Date.now(), made: new Date() instanceof Date };
+       };`,
+    ),
+  });
+  // Ten minutes in 0.6 s: the function's clock runs with the simulation's, not the machine's.
+  const sim = await Simulator.start(stack, { timeScale: 0.001 });
+  try {
+    const e = sim.startExecution(sim.stateMachine(logicalId(sm.node.defaultChild as any)));
+    await e.done;
+    await sim.sleep(600);
+    const seen = (await sim.invokeFunction(logicalId(fn.node.defaultChild as any), { executionArn: e.arn })) as Record<string, unknown>;
+    // The SDK's Date is the real one; the function's is the simulation's: on Lambda there is one Date.
+    expect(seen).toMatchObject({ isDate: true, made: true, stopMs: e.stopDate });
+    expect(seen.now as number).toBeGreaterThanOrEqual(e.stopDate! + 600_000);
+    expect(seen.now as number).toBeGreaterThan(Date.now() + 500_000);
+  } finally {
+    await sim.stop();
+  }
+});
+
 test('one simulator at a time: a second start fails clearly until the first stops', async () => {
   const { stack } = workflowStack();
   const sim = await Simulator.start(stack);
