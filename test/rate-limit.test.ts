@@ -763,10 +763,16 @@ test.each([false, true])('a rate alone (idempotent: %s): a body that fails after
 });
 
 describe('scenarios, under DynamoDB\'s capacity rules', () => {
-  /** The faults of both fault scenarios: failing and stopped bodies, duplicated and late events, throttling, stale reads. */
+  /**
+   * The faults of the fault scenarios: failing and stopped bodies, lost, duplicated and late events (a
+   * lost one leaves its permit to the reconciler, which holds it for the interval too), lost wake-ups,
+   * throttling, stale reads.
+   */
   const FAULTS = {
     failureRate: 0.1,
     abortInsideRate: 0.1,
+    lostEventRate: 0.1,
+    lostWakeUpRate: 0.1,
     duplicateEventRate: 0.3,
     maxEventDelaySeconds: 20,
     dynamoFaults: { throttleRate: 0.05 },
@@ -788,7 +794,7 @@ describe('scenarios, under DynamoDB\'s capacity rules', () => {
   };
 
   test.each([WaitStrategy.QUEUE, WaitStrategy.POLLING])(
-    '%s: 10%% failing and 10%% stopped bodies, duplicated and delayed events, throttling: every invariant, the rate included',
+    '%s: 10%% failing and 10%% stopped bodies, lost, duplicated and delayed events, lost wake-ups, throttling: every invariant, the rate included',
     async (waitStrategy) => {
       const rate = { count: 4, intervalSeconds: 10 };
       const result = await runScenario(
@@ -811,7 +817,7 @@ describe('scenarios, under DynamoDB\'s capacity rules', () => {
   );
 
   test.each([WaitStrategy.QUEUE, WaitStrategy.POLLING])(
-    '%s: a rate alone with bodies three times its interval, failing and stopped bodies, duplicated and delayed events, throttling: every invariant',
+    '%s: a rate alone with bodies three times its interval, failing and stopped bodies, lost, duplicated and delayed events, lost wake-ups, throttling: every invariant',
     async (waitStrategy) => {
       const rate = { count: 4, intervalSeconds: 10 };
       // No concurrency limit: `limit` is only the scenario's bound on the bodies at once (none here).
@@ -834,7 +840,7 @@ describe('scenarios, under DynamoDB\'s capacity rules', () => {
   );
 
   test.each([WaitStrategy.QUEUE, WaitStrategy.POLLING])(
-    '%s: body slots beside the rate, with failing and stopped bodies, duplicated and delayed events, throttling: every invariant',
+    '%s: body slots beside the rate, with failing and stopped bodies, lost, duplicated and delayed events, lost wake-ups, throttling: every invariant',
     async (waitStrategy) => {
       const rate = { count: 4, intervalSeconds: 10 };
       const result = await runScenario(
@@ -859,7 +865,7 @@ describe('scenarios, under DynamoDB\'s capacity rules', () => {
   );
 
   test.each([WaitStrategy.QUEUE, WaitStrategy.POLLING])(
-    '%s: a concurrency limit above the rate, with failing and stopped bodies, duplicated and delayed events, throttling: every invariant',
+    '%s: a concurrency limit above the rate, with failing and stopped bodies, lost, duplicated and delayed events, lost wake-ups, throttling: every invariant',
     async (waitStrategy) => {
       const rate = { count: 3, intervalSeconds: 10 };
       const result = await runScenario(
