@@ -111,7 +111,7 @@ test('a weight read from the input is checked first: not an integer from 1 to 10
   });
 });
 
-test.each([WaitStrategy.POLLING, WaitStrategy.QUEUE])('%s: mixed weights 1 to 4 at limit 10, 10%% failing and 10%% stopped bodies, lost and delayed events, throttling: never over 10 by weight, nothing left held', async (waitStrategy) => {
+test.each([WaitStrategy.POLLING, WaitStrategy.QUEUE])('%s: mixed weights 1 to 4 at limit 10, 10%% failing and 10%% stopped bodies, stops at random moments, lost and delayed events, lost wake-ups, throttling: never over 10 by weight, nothing left held', async (waitStrategy) => {
   // The queue's check interval is scaled down as the run is, as in the fault suite: a releaser stopped
   // between its peek and its serve leaves its waiter asleep until the waiter's next check. The run's
   // ideal drain is 75 s, and the horizon's extension goes on while an execution ends in each half of
@@ -131,7 +131,10 @@ test.each([WaitStrategy.POLLING, WaitStrategy.QUEUE])('%s: mixed weights 1 to 4 
     permits: weight,
     failureRate: 0.1,
     abortInsideRate: 0.1,
+    // Stops at any moment: waiting, acquiring, collecting its permits, releasing, handing them on.
+    abortRate: 0.1,
     lostEventRate: 0.1,
+    lostWakeUpRate: 0.1,
     duplicateEventRate: 0.2,
     maxEventDelaySeconds: 20,
     dynamoFaults: { throttleRate: 0.05 },
