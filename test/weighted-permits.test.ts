@@ -322,6 +322,40 @@ test('a weighted lease that expires, and a weighted execution force-released: th
   });
 });
 
+test('a weighted execution past its leaseDuration: the sweep stops it and gives back all its permits, and the next weight gets in', async () => {
+  const { stack, workflow, workFunctionId } = workflowStack({
+    permits: 2,
+    concurrencyLimit: 3,
+    leaseDuration: Duration.minutes(2),
+    waitStrategy: WaitStrategy.POLLING,
+    pollInterval: Duration.seconds(5),
+    reconcilerScheduleEnabled: false,
+  });
+  // The first body would run 10 minutes; the second, 1 s.
+  const work = new WorkTracker((input) => (input.long ? 600 : 1));
+  await simulate(stack, { schedules: false, lambdaHandlers: { [workFunctionId]: work.handler } }, async (sim) => {
+    const sm = sim.stateMachine(stateMachineLogicalId(workflow.stateMachine));
+    const long = sim.startExecution(sm, { long: true });
+    await until(async () => work.inside === 1, 'the long body inside');
+    // 2 + 2 > 3: the second waits for the first's two permits.
+    const next = sim.startExecution(sm, {});
+    await sim.sleep(30);
+    expect(work.runs).toBe(1);
+    expect(await lockState(sim)).toEqual([{ lockName: LOCK, permitsInUse: 2, holders: [long.arn] }]);
+
+    // Past the lease (and the sweep's grace period): the sweep stops the execution and frees both permits.
+    await sim.sleep(120);
+    const swept = (await sim.invokeFunction('WorkflowReconcilerFunction', {})) as { stopped: string[]; reclaimed: Array<{ holder: string }> };
+    expect(swept.stopped).toEqual([long.arn]);
+    await long.done;
+    expect([long.status, long.error]).toEqual(['ABORTED', 'SemaphoreLeaseExpired']);
+    expect((await next.done).status).toBe('SUCCEEDED');
+    expect(work.runs).toBe(2);
+    await sim.idle();
+    expect(await lockState(sim)).toEqual([{ lockName: LOCK, permitsInUse: 0, holders: [] }]);
+  });
+});
+
 test('a weighted execution stopped with its status event lost: the reconciler\'s sweep gives back all its permits', async () => {
   const { stack, workflow, workFunctionId } = workflowStack({
     permits: 3,
