@@ -89,6 +89,9 @@ const configurations: Array<[string, Partial<ConcurrencyControlledWorkflowProps>
     'a rate limit, polling, idempotent, a lock name from the input',
     { rateLimit: RateLimit.perMinute(30), waitStrategy: WaitStrategy.POLLING, lockName: sfn.JsonPath.stringAt('$.lock'), idempotency: { key: IdempotencyKey.fromFields('$.id') } },
   ],
+  ['a fixed weight, the queue (collecting the permits one by one)', { permits: 3, concurrencyLimit: 5 }],
+  ['a weight from the input, polling, with a lease', { permits: sfn.JsonPath.numberAt('$.weight'), concurrencyLimit: 10, waitStrategy: WaitStrategy.POLLING, leaseDuration: Duration.minutes(5) }],
+  ['a weight from the input, idempotent, acquire timeout', { permits: sfn.JsonPath.numberAt('$.weight'), concurrencyLimit: 8, acquireTimeout: Duration.minutes(5), idempotency: { key: IdempotencyKey.fromFields('$.id') } }],
 ];
 
 describe('every synthesized definition passes asl-validator', () => {
