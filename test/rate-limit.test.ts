@@ -764,13 +764,15 @@ test.each([false, true])('a rate alone (idempotent: %s): a body that fails after
 
 describe('scenarios, under DynamoDB\'s capacity rules', () => {
   /**
-   * The faults of the fault scenarios: failing and stopped bodies, lost, duplicated and late events (a
+   * The faults of the fault scenarios: failing bodies, executions stopped inside their body and at
+   * random moments (waiting, acquiring, releasing at the interval), lost, duplicated and late events (a
    * lost one leaves its permit to the reconciler, which holds it for the interval too), lost wake-ups,
    * throttling, stale reads.
    */
   const FAULTS = {
     failureRate: 0.1,
     abortInsideRate: 0.1,
+    abortRate: 0.05,
     lostEventRate: 0.1,
     lostWakeUpRate: 0.1,
     duplicateEventRate: 0.3,
@@ -794,7 +796,7 @@ describe('scenarios, under DynamoDB\'s capacity rules', () => {
   };
 
   test.each([WaitStrategy.QUEUE, WaitStrategy.POLLING])(
-    '%s: 10%% failing and 10%% stopped bodies, lost, duplicated and delayed events, lost wake-ups, throttling: every invariant, the rate included',
+    '%s: 10%% failing and 10%% stopped bodies, random stops, lost, duplicated and delayed events, lost wake-ups, throttling: every invariant, the rate included',
     async (waitStrategy) => {
       const rate = { count: 4, intervalSeconds: 10 };
       const result = await runScenario(
@@ -817,7 +819,7 @@ describe('scenarios, under DynamoDB\'s capacity rules', () => {
   );
 
   test.each([WaitStrategy.QUEUE, WaitStrategy.POLLING])(
-    '%s: a rate alone with bodies three times its interval, failing and stopped bodies, lost, duplicated and delayed events, lost wake-ups, throttling: every invariant',
+    '%s: a rate alone with bodies three times its interval, failing and stopped bodies, random stops, lost, duplicated and delayed events, lost wake-ups, throttling: every invariant',
     async (waitStrategy) => {
       const rate = { count: 4, intervalSeconds: 10 };
       // No concurrency limit: `limit` is only the scenario's bound on the bodies at once (none here).
@@ -840,7 +842,7 @@ describe('scenarios, under DynamoDB\'s capacity rules', () => {
   );
 
   test.each([WaitStrategy.QUEUE, WaitStrategy.POLLING])(
-    '%s: body slots beside the rate, with failing and stopped bodies, lost, duplicated and delayed events, lost wake-ups, throttling: every invariant',
+    '%s: body slots beside the rate, with failing and stopped bodies, random stops, lost, duplicated and delayed events, lost wake-ups, throttling: every invariant',
     async (waitStrategy) => {
       const rate = { count: 4, intervalSeconds: 10 };
       const result = await runScenario(
@@ -865,7 +867,7 @@ describe('scenarios, under DynamoDB\'s capacity rules', () => {
   );
 
   test.each([WaitStrategy.QUEUE, WaitStrategy.POLLING])(
-    '%s: a concurrency limit above the rate, with failing and stopped bodies, lost, duplicated and delayed events, lost wake-ups, throttling: every invariant',
+    '%s: a concurrency limit above the rate, with failing and stopped bodies, random stops, lost, duplicated and delayed events, lost wake-ups, throttling: every invariant',
     async (waitStrategy) => {
       const rate = { count: 3, intervalSeconds: 10 };
       const result = await runScenario(
