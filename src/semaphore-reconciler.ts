@@ -376,7 +376,7 @@ export class SemaphoreReconciler extends Construct {
    * rate alone, or a `concurrencyLimit` above its count, a permit goes back at its interval whatever its
    * body does, so these wait for the rate alone; with a `concurrencyLimit` at or below the count, a body
    * still inside its interval holds its permit too, and these wait for the rate and those bodies
-   * together. Published only for locks with a rate.
+   * together. Executions that poll are in no queue, and not counted. Published only for locks with a rate.
    */
   public metricWaitingForRate(lockName: string, props?: cloudwatch.MetricOptions): cloudwatch.Metric {
     return this.lockMetric('WaitingForRate', lockName, props);
