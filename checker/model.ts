@@ -799,9 +799,13 @@ export class Model {
         const limit = this.s.limit;
         const permits = this.options.clientPermits ?? 1;
         const collects = this.options.clientCollects ?? false;
+        // On a rate-limited lock, the client names the rate's interval (the CLI's --rate-interval), as
+        // one should where it may acquire before any execution has: its acquire records it if none is.
+        const rateIntervalSeconds = this.s.rateIntervalSeconds;
         const leaseId = actor.args.leaseId;
         return (function* life(): Flow<unknown> {
-          const attempt = yield* acquireAttempt(options, lockName, leaseId, { limit, leaseSeconds: CLIENT_LEASE_SECONDS, permits });
+          const request = { limit, leaseSeconds: CLIENT_LEASE_SECONDS, permits, rateIntervalSeconds };
+          const attempt = yield* acquireAttempt(options, lockName, leaseId, request);
           let lease = attempt.lease;
           if (!lease && collects && shouldCollect(attempt.item)) {
             if (!(yield* registerCollector(options, lockName, leaseId, { limit, permits }))) return 'not acquired';

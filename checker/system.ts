@@ -36,6 +36,8 @@ export interface System {
    * branch beside the body (which may still run), rather than after the body.
    */
   readonly releaseAtInterval: boolean;
+  /** With a rate: its interval in seconds, as the acquire records it on the lock. @default - no rate */
+  readonly rateIntervalSeconds?: number;
   /** How many permits each execution of the workflow takes (`permits`). */
   readonly permits: number;
   readonly reconciler: ReconcilerConfig;
@@ -106,6 +108,7 @@ export function buildSystem(props: Partial<ConcurrencyControlledWorkflowProps>):
     limit: Number(env.CONCURRENCY_LIMIT),
     bodyLimit: number(/":bodyLimit":\{"N":"(\d+)"\}/.exec(JSON.stringify(wf.machine.definition))?.[1]),
     releaseAtInterval: wf.machine.isInside(STATE.runBody, STATE.prepareReleaseAtInterval),
+    rateIntervalSeconds: number(/":rate":\{"N":"(\d+)"\}/.exec(JSON.stringify(wf.machine.definition))?.[1]),
     permits: props.permits ?? 1,
     reconciler: {
       tableName: env.TABLE_NAME,

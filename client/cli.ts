@@ -4,7 +4,7 @@ import { parseArgs, ParseArgsConfig } from 'util';
 import { DynamoDBClient } from '@aws-sdk/client-dynamodb';
 import { SFNClient } from '@aws-sdk/client-sfn';
 import { HolderStatus, SemaphoreClient, sleep, WaitState } from './semaphore-client';
-import { isExecutionHolder, MAX_CONCURRENCY_LIMIT, MAX_OWNER_LENGTH, MAX_PERMITS } from '../src/private/lock-schema';
+import { isExecutionHolder, MAX_CONCURRENCY_LIMIT, MAX_OWNER_LENGTH, MAX_PERMITS, MAX_RATE_INTERVAL_SECONDS } from '../src/private/lock-schema';
 
 /*
  * cdk-sfn-semaphore: flock for AWS. The same permits as the Step Functions workflows, for shell
@@ -56,7 +56,8 @@ Exit codes: 0 done, 3 not acquired within the wait or not the holder, 2 usage, 1
 Run '${NAME} COMMAND --help' for a command's options.
 
 ${COMMON_HELP}`,
-  'acquire': `Usage: ${NAME} acquire LOCK [--limit N] [--permits N] [--lease 15m] [--wait 60s | --no-wait] [--owner NAME] [--json]
+  'acquire': `Usage: ${NAME} acquire LOCK [--limit N] [--permits N] [--lease 15m] [--wait 60s | --no-wait] [--owner NAME]
+                    [--rate-interval D] [--json]
 
 Take a permit of LOCK and print its lease id. Without a renewal (see renew) the permit is free
 again when the lease ends. An expired lease of someone else is reclaimed once it ended more than
@@ -73,6 +74,11 @@ SIGTERM, SIGHUP or SIGQUIT while it waits ends the wait (it gives its place up):
   --wait D        give up after D (exit 3); default: wait until a permit is free
   --no-wait       try once (exit 3 when the lock is full)
   --owner NAME    recorded with the permit; default: user@host
+  --rate-interval D
+                  the rate interval of the lock's workflows (1s to 1d, whole seconds), for a lock
+                  that records none yet (no rate-limited execution has acquired it): recorded on
+                  it, so that the release holds the permit for the interval, as an execution's
+                  does. A lock that records an interval keeps it; default: the lock's, if any
   --json          print {"leaseId", "fencingToken", "expiresAt"} instead of the lease id; the
                   fencing token strictly increases with every acquisition of the lock
 
@@ -92,7 +98,8 @@ freed with force-release. On a lock whose workflows have a rate limit, it first 
 rate's interval has passed since the acquire (every acquisition, this one included, counts for it).
 
 ${COMMON_HELP}`,
-  'run': `Usage: ${NAME} run LOCK [--limit N] [--permits N] [--lease 15m] [--wait 60s | --no-wait] [--owner NAME] -- COMMAND [ARGS...]
+  'run': `Usage: ${NAME} run LOCK [--limit N] [--permits N] [--lease 15m] [--wait 60s | --no-wait] [--owner NAME]
+                [--rate-interval D] -- COMMAND [ARGS...]
 
 Take a permit, run COMMAND, renew the lease every third of its duration while COMMAND runs, and give
 the permit back when it exits. Exits with COMMAND's exit code (128 + the signal number when a signal
@@ -112,7 +119,7 @@ keep failing until the lease has ended (it may be reclaimed), COMMAND's group ge
 SIGKILL after min(10s, a third of the lease), and the exit code is 3. If giving the permit back fails
 (after retries), ${NAME} warns and still exits with COMMAND's code: the lease then expires on its own.
 
-  --limit, --permits, --lease, --wait, --no-wait, --owner   as for acquire
+  --limit, --permits, --lease, --wait, --no-wait, --owner, --rate-interval   as for acquire
 
 ${COMMON_HELP}`,
   'status': `Usage: ${NAME} status LOCK [--json]
@@ -150,6 +157,7 @@ const ACQUIRE_OPTIONS: ParseArgsConfig['options'] = {
   'wait': { type: 'string' },
   'no-wait': { type: 'boolean' },
   'owner': { type: 'string' },
+  'rate-interval': { type: 'string' },
 };
 const COMMANDS: Record<string, { options: ParseArgsConfig['options']; positionals: string[] }> = {
   'acquire': { options: { ...ACQUIRE_OPTIONS, json: { type: 'boolean' } }, positionals: ['LOCK'] },
@@ -312,6 +320,7 @@ interface CliAcquireOptions {
   /** As given, for messages. */
   readonly wait?: string;
   readonly owner: string;
+  readonly rateIntervalSeconds?: number;
 }
 
 function acquireOptions(command: string, values: Values, env: NodeJS.ProcessEnv): CliAcquireOptions {
@@ -340,7 +349,17 @@ function acquireOptions(command: string, values: Values, env: NodeJS.ProcessEnv)
     waitSeconds: values['no-wait'] ? 0 : values.wait === undefined ? Number.POSITIVE_INFINITY : durationOption(command, '--wait', values.wait, { zeroAllowed: true }),
     wait: values['no-wait'] ? undefined : ((values.wait as string | undefined) ?? 'forever'),
     owner: (values.owner as string | undefined) ?? defaultOwner(env),
+    rateIntervalSeconds: values['rate-interval'] === undefined ? undefined : rateIntervalOption(command, values['rate-interval']),
   };
+}
+
+/** --rate-interval: whole seconds from 1 to a day, as a workflow's RateLimit. */
+function rateIntervalOption(command: string, value: string | boolean): number {
+  const seconds = durationOption(command, '--rate-interval', value, {});
+  if (!Number.isInteger(seconds) || seconds > MAX_RATE_INTERVAL_SECONDS) {
+    throw new CliError(`${command}: --rate-interval must be a whole number of seconds from 1s to 1d (as a workflow's rateLimit), got: '${value}'`, EXIT.usage);
+  }
+  return seconds;
 }
 
 /** user@host; the user from the environment (or the uid) where the system has no entry for it (containers). */

@@ -12,6 +12,7 @@ import {
   HOLDER_IN_BODY,
   CLIENT_ACQUIRE_CONDITION,
   CLIENT_ACQUIRE_UPDATE,
+  CLIENT_RATE_UPDATE,
   CLIENT_WEIGHTED_ACQUIRE_CONDITION,
   CLIENT_WEIGHTED_ACQUIRE_UPDATE,
   CLIENT_COMPLETE_COLLECTOR_CONDITION,
@@ -26,6 +27,7 @@ import {
   HOLDER_EXTRA_PERMITS,
   HOLDER_PERMITS,
   MAX_PERMITS,
+  MAX_RATE_INTERVAL_SECONDS,
   SPLIT_HAND_OFF_CONDITION,
   SPLIT_HAND_OFF_UPDATE,
   TAKE_BACK_ONE_CONDITION,
@@ -125,6 +127,17 @@ export interface AcquireOptions {
    * @default 900
    */
   readonly leaseSeconds?: number;
+  /**
+   * The rate interval of the lock's workflows, in whole seconds (1 to 86,400), for a lock that records
+   * none yet: a lock that no rate-limited execution has acquired, or one whose item was deleted to
+   * upgrade. The acquire records it on such a lock, so that this lease (and every client's) holds its
+   * permit for at least the interval, as an execution does: without it, the release of a lease taken
+   * there gives the permit back at once, and up to the rate's count of executions can start beside it
+   * within the interval. A lock that records an interval keeps it (a rate-limited workflow's acquire
+   * writes its own), and that one counts.
+   * @default - the interval the lock records, if any
+   */
+  readonly rateIntervalSeconds?: number;
   /** How long to wait for a permit; 0 tries once. @default 0 */
   readonly waitSeconds?: number;
   /** Recorded in the holder entry. @default - none */
@@ -284,6 +297,11 @@ export class SemaphoreClient {
     if (!Number.isInteger(permits) || permits < 1 || permits > MAX_PERMITS) {
       throw new Error(`the permits must be an integer from 1 to ${MAX_PERMITS}, got: ${permits}`);
     }
+    const rateIntervalSeconds = options.rateIntervalSeconds;
+    const wholeSecondsUpToADay = (n: number) => Number.isInteger(n) && n >= 1 && n <= MAX_RATE_INTERVAL_SECONDS;
+    if (rateIntervalSeconds !== undefined && !wholeSecondsUpToADay(rateIntervalSeconds)) {
+      throw new Error(`rateIntervalSeconds must be a whole number of seconds from 1 to ${MAX_RATE_INTERVAL_SECONDS} (one day), got: ${rateIntervalSeconds}`);
+    }
     // The lock's limit when none is given, and its rate: a lease never ends before the rate's interval.
     const lock = await this.run(getItem(this.tableName, lockName));
     const lockLimit = numberOf(lock?.[CONCURRENCY_LIMIT]);
@@ -291,7 +309,8 @@ export class SemaphoreClient {
     // A weighted acquire applies the smaller limit itself (see CLIENT_WEIGHTED_ACQUIRE_CONDITION).
     if (permits > 1 && lockLimit !== undefined) limit = Math.min(limit, lockLimit);
     if (permits > limit) throw new Error(`the permits (${permits}) must be at most the limit (${limit}): they could never all be free`);
-    const leaseSeconds = Math.max(options.leaseSeconds ?? 900, numberOf(lock?.[RATE_INTERVAL]) ?? 0);
+    // The interval the lock records wins: the acquire records the given one only where none is.
+    const leaseSeconds = Math.max(options.leaseSeconds ?? 900, numberOf(lock?.[RATE_INTERVAL]) ?? rateIntervalSeconds ?? 0);
     const leaseId = `${LEASE_ID_PREFIX}${randomUUID()}`;
     const protocol = this.protocol();
     // Registered as the lock's collector (it goes next: see registerCollector), under this limit.
@@ -307,7 +326,7 @@ export class SemaphoreClient {
       for (;;) {
         const attempt: AcquireAttempt & CollectAttempt =
           collecting === undefined
-            ? await this.run(acquireAttempt(protocol, lockName, leaseId, { limit, leaseSeconds, owner: options.owner, permits }))
+            ? await this.run(acquireAttempt(protocol, lockName, leaseId, { limit, leaseSeconds, owner: options.owner, permits, rateIntervalSeconds }))
             : await this.run(completeCollecting(protocol, lockName, leaseId, { limit: collecting, leaseSeconds, permits, registrationSeconds }));
         if (attempt.lease) {
           // Permits given back beyond what it needed as the collector (a weighted execution giving its
@@ -536,9 +555,17 @@ export function* acquireAttempt(
   options: ClientProtocolOptions,
   lockName: string,
   leaseId: string,
-  request: { readonly limit: number; readonly leaseSeconds: number; readonly owner?: string; readonly permits?: number },
+  request: {
+    readonly limit: number;
+    readonly leaseSeconds: number;
+    readonly owner?: string;
+    readonly permits?: number;
+    /** Recorded on a lock that records no rate interval (see AcquireOptions.rateIntervalSeconds). */
+    readonly rateIntervalSeconds?: number;
+  },
 ): Flow<AcquireAttempt> {
   const permits = request.permits ?? 1;
+  const rate = request.rateIntervalSeconds;
   const now = yield* clock();
   const expiresAt = now + request.leaseSeconds * 1000;
   const entry: Record<string, AttributeValue> = {
@@ -556,7 +583,7 @@ export function* acquireAttempt(
       options.tableName,
       lockName,
       leaseId,
-      `${permits > 1 ? CLIENT_WEIGHTED_ACQUIRE_UPDATE : CLIENT_ACQUIRE_UPDATE}, ${CLIENT_BODY_SLOT_UPDATE}`,
+      `${permits > 1 ? CLIENT_WEIGHTED_ACQUIRE_UPDATE : CLIENT_ACQUIRE_UPDATE}, ${CLIENT_BODY_SLOT_UPDATE}${rate === undefined ? '' : `, ${CLIENT_RATE_UPDATE}`}`,
       `(${permits > 1 ? CLIENT_WEIGHTED_ACQUIRE_CONDITION : CLIENT_ACQUIRE_CONDITION}) AND ${CLIENT_BODY_SLOT_CONDITION}`,
       {
         [VALUES.zero]: { N: '0' },
@@ -564,6 +591,7 @@ export function* acquireAttempt(
         [VALUES.limit]: { N: String(request.limit) },
         [VALUES.entry]: { M: entry },
         ...(permits > 1 ? { [VALUES.weight]: { N: String(permits) }, [VALUES.gate]: { N: String(request.limit - permits) } } : {}),
+        ...(rate === undefined ? {} : { [VALUES.rate]: { N: String(rate) } }),
       },
       'UPDATED_NEW',
     );
@@ -926,6 +954,7 @@ function* conditionalUpdate(
         ...(expressions.includes(NAMES.collectGate) ? { [NAMES.collectGate]: COLLECT_GATE } : {}),
         ...(expressions.includes(NAMES.bodies) ? { [NAMES.bodies]: BODIES_RUNNING } : {}),
         ...(expressions.includes(NAMES.bodyLimit) ? { [NAMES.bodyLimit]: BODY_LIMIT } : {}),
+        ...(expressions.includes(NAMES.rate) ? { [NAMES.rate]: RATE_INTERVAL } : {}),
       },
       // Every expression that reads the collector's mark compares it with zero.
       ExpressionAttributeValues: expressions.includes(VALUES.zero) ? { [VALUES.zero]: { N: '0' }, ...values } : values,

@@ -1,8 +1,5 @@
 import { Duration, Token } from 'aws-cdk-lib';
-import { MAX_CONCURRENCY_LIMIT } from './private/lock-schema';
-
-/** The longest rate interval: a day. */
-const MAX_INTERVAL_SECONDS = 86_400;
+import { MAX_CONCURRENCY_LIMIT, MAX_RATE_INTERVAL_SECONDS } from './private/lock-schema';
 
 /**
  * At most `count` acquisitions of a lock in any `interval`: a sliding window, wherever it starts.
@@ -46,9 +43,9 @@ export class RateLimit {
     if (Token.isUnresolved(millis)) {
       throw new Error('`rateLimit` interval must be known at synth (the Wait states that hold a permit for it are rendered from it), got a token');
     }
-    if (millis < 1000 || millis % 1000 !== 0 || millis > MAX_INTERVAL_SECONDS * 1000) {
+    if (millis < 1000 || millis % 1000 !== 0 || millis > MAX_RATE_INTERVAL_SECONDS * 1000) {
       throw new Error(
-        `\`rateLimit\` interval must be a whole number of seconds from 1 to ${MAX_INTERVAL_SECONDS} (one day; Step Functions waits whole seconds), got: ${interval.toHumanString()}`,
+        `\`rateLimit\` interval must be a whole number of seconds from 1 to ${MAX_RATE_INTERVAL_SECONDS} (one day; Step Functions waits whole seconds), got: ${interval.toHumanString()}`,
       );
     }
     this.count = count;

@@ -711,6 +711,15 @@ describe('lock names', () => {
     await expect(client().acquire(LOCK, { limit: 1, owner: '\u20ac'.repeat(34) })).rejects.toThrow('the owner must be at most 100 bytes long (UTF-8), got 102');
     expect((await client().status(LOCK)).holders).toEqual([]);
   });
+
+  test('the client refuses a rate interval a workflow could not have: not whole seconds, or above a day', async () => {
+    for (const bad of [0, 1.5, 86_401, Number.NaN]) {
+      await expect(client().acquire(LOCK, { limit: 1, rateIntervalSeconds: bad })).rejects.toThrow(
+        `rateIntervalSeconds must be a whole number of seconds from 1 to 86400 (one day), got: ${bad}`,
+      );
+    }
+    expect((await client().status(LOCK)).holders).toEqual([]);
+  });
 });
 
 describe('the client\'s release', () => {
@@ -1028,6 +1037,9 @@ describe('usage and errors', () => {
     [['acquire', LOCK, '--limit', '0'], 2, "cdk-sfn-semaphore: acquire: --limit must be an integer from 1 to 1000, got: '0'"],
     [['acquire', LOCK, '--limit', '0x10'], 2, "cdk-sfn-semaphore: acquire: --limit must be an integer from 1 to 1000, got: '0x10'"],
     [['acquire', LOCK, '--limit', '1e1'], 2, "cdk-sfn-semaphore: acquire: --limit must be an integer from 1 to 1000, got: '1e1'"],
+    [['acquire', LOCK, '--rate-interval', '1.5s'], 2, "cdk-sfn-semaphore: acquire: --rate-interval must be a whole number of seconds from 1s to 1d (as a workflow's rateLimit), got: '1.5s'"],
+    [['run', LOCK, '--rate-interval', '2d', '--', 'true'], 2, "cdk-sfn-semaphore: run: --rate-interval must be a whole number of seconds from 1s to 1d (as a workflow's rateLimit), got: '2d'"],
+    [['acquire', LOCK, '--rate-interval', '0'], 2, "cdk-sfn-semaphore: acquire: --rate-interval must be a duration such as 90s, 15m or 2h (more than 0), got: '0'"],
     [['acquire', LOCK, '--wait', '5s', '--no-wait'], 2, 'cdk-sfn-semaphore: acquire: --wait and --no-wait exclude each other'],
     [['acquire', LOCK, '--colour'], 2, /^cdk-sfn-semaphore: acquire: Unknown option '--colour'/],
     [['status', LOCK, '--clock-skew', 'a bit'], 2, "cdk-sfn-semaphore: status: --clock-skew must be a duration such as 90s, 15m or 2h, got: 'a bit'"],

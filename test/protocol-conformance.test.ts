@@ -3,6 +3,7 @@ import { configNamed } from '../checker/configs';
 import { DeleteItemInput, Item, ModelDynamoDb, stableStringify, UpdateItemInput } from '../checker/dynamodb-model';
 import { RecordedUpdate } from '../checker/model';
 import { checkConfig } from '../checker/run';
+import { acquireAttempt } from '../client/semaphore-client';
 import { LocalDynamoDb } from '../simulator';
 import {
   COLLECTING,
@@ -18,6 +19,7 @@ import {
   LOCK_KEY,
   NAMES,
   PERMITS_IN_USE,
+  RATE_INTERVAL,
   DELETE_SERVED_CONDITION,
   FIRST_WAIT_CONDITION,
   QUEUE_HEAD,
@@ -154,6 +156,16 @@ const claim = (run: number): UpdateItemInput => ({
   ReturnValues: 'UPDATED_NEW',
 });
 
+/** A client's acquire (the CLI's) of one permit under limit 1, naming the rate's interval: the request its flow makes. */
+const clientAcquireWithRate = (rateIntervalSeconds: number): UpdateItemInput => {
+  const flow = acquireAttempt({ tableName: TABLE, clockSkewMs: 30_000 }, 'lock', 'lease-1', { limit: 1, leaseSeconds: 60, rateIntervalSeconds });
+  const effect = flow.next().value;
+  expect(effect).toEqual({ service: 'clock' });
+  const call = flow.next(Date.parse('2026-01-01T00:00:00.000Z')).value;
+  expect(call).toMatchObject({ service: 'dynamodb', action: 'UpdateItem' });
+  return (call as { input: UpdateItemInput }).input;
+};
+
 const takeTicket = (): UpdateItemInput => ({
   TableName: TABLE,
   Key: key,
@@ -247,6 +259,8 @@ describe('edge cases the protocol relies on, on the model and on dynalite alike'
       },
       'ValidationException',
     ],
+    ['a client acquire that names the rate records it on a lock that records none', undefined, clientAcquireWithRate(10), undefined],
+    ['... and keeps the interval a lock records', lock({ [PERMITS_IN_USE]: { N: '0' }, [RATE_INTERVAL]: { N: '30' } }), clientAcquireWithRate(10), undefined],
     ['a ticket is taken on a full lock: the first creates both counters', lock({ other: entry(0) }), takeTicket(), undefined],
     ['... and the next is the tail plus one', lock({ other: entry(0), [QUEUE_HEAD]: { N: '3' }, [QUEUE_TAIL]: { N: '5' } }), takeTicket(), undefined],
     ['a ticket is refused below the limit', lock({ [PERMITS_IN_USE]: { N: '0' } }), takeTicket(), 'ConditionalCheckFailedException'],
@@ -279,6 +293,16 @@ describe('edge cases the protocol relies on, on the model and on dynalite alike'
     expect(model.error).toBe(expected);
     expect(same(await onDynalite(before, input))).toEqual(same(model));
   });
+});
+
+test('a client acquire that names the rate records it where the lock records none, and keeps a recorded one', async () => {
+  const fresh = await onDynalite(undefined, clientAcquireWithRate(10));
+  expect(fresh.error).toBeUndefined();
+  expect(fresh.after?.[RATE_INTERVAL]).toEqual({ N: '10' });
+  expect(fresh.after?.['lease-1']).toBeDefined();
+  const recorded = await onDynalite({ ...key, [PERMITS_IN_USE]: { N: '0' }, [RATE_INTERVAL]: { N: '30' } }, clientAcquireWithRate(10));
+  expect(recorded.after?.[RATE_INTERVAL]).toEqual({ N: '30' });
+  expect(recorded.after?.[PERMITS_IN_USE]).toEqual({ N: '1' });
 });
 
 test('sampled steps of the checker\'s searches give the same outcome on dynalite', async () => {

@@ -10,6 +10,7 @@ import { lockState, simulate, stateMachineLogicalId, until, WorkTracker, workflo
 import {
   BODIES_RUNNING,
   BODY_LIMIT,
+  RATE_INTERVAL,
   FENCING_TOKEN,
   HOLDER_CLAIMED,
   HOLDER_IN_BODY,
@@ -978,6 +979,53 @@ test('executions and client leases at once, in real time: the rate counts both i
     expect(await lockState(sim)).toEqual([{ lockName: LOCK, permitsInUse: 0, holders: [] }]);
   });
 });
+
+test.each([true, false])(
+  'a CLI lease first on a brand-new lock (--rate-interval given: %s): the rate counts it only once the lock records the interval',
+  async (named) => {
+    const interval = 4000;
+    const rateLimit = RateLimit.of(2, Duration.seconds(interval / 1000));
+    const { stack, workflow, workFunctionId } = workflowStack({ rateLimit, reconcilerScheduleEnabled: false });
+    const work = new WorkTracker(() => 0.2);
+    // In real time (a time scale of 1) the executions' clock is the CLI's: their windows are the same.
+    await simulate(stack, { timeScale: 1, schedules: false, lambdaHandlers: { [workFunctionId]: work.handler } }, async (sim) => {
+      const out: string[] = [];
+      const err: string[] = [];
+      const io = { stdout: (l: string) => out.push(l), stderr: (l: string) => err.push(l), env: cliEnv(sim) };
+      // Two leases before any execution has acquired: the lock item does not exist yet.
+      expect(await lockItem(sim)).toBeUndefined();
+      const rate = named ? ['--rate-interval', '4s'] : [];
+      const leases: Array<{ leaseId: string; at: number }> = [];
+      for (let i = 0; i < 2; i++) {
+        out.length = 0;
+        expect(await main(['acquire', LOCK, '--limit', '2', '--lease', '10s', ...rate, '--json'], io)).toBe(0);
+        leases.push({ leaseId: JSON.parse(out[0]).leaseId, at: Date.now() });
+      }
+      expect((await lockItem(sim))?.[RATE_INTERVAL]).toEqual(named ? { N: '4' } : undefined);
+      // Released at once, beside two executions that start now.
+      const sm = sim.stateMachine(stateMachineLogicalId(workflow.stateMachine));
+      const releases = leases.map((l) => main(['release', LOCK, l.leaseId], io));
+      const executions = [0, 1].map((i) => sim.startExecution(sm, { i }));
+      expect(await Promise.all(releases)).toEqual([0, 0]);
+      await Promise.all(executions.map((e) => e.done));
+      expect(executions.map((e) => e.status)).toEqual(['SUCCEEDED', 'SUCCEEDED']);
+      const all = [...leases.map((l) => l.at), ...work.starts];
+      if (named) {
+        // The releases held the permits for the interval: the executions started after it.
+        expect(err.join('\n')).toMatch(/holding the permit \ds more/);
+        expect(mostInAnyWindow(all, interval - 200)).toBe(2);
+      } else {
+        // The window the README names: the releases gave the permits back at once, and both executions
+        // started inside the leases' interval.
+        expect(mostInAnyWindow(all, interval - 200)).toBe(4);
+      }
+      // The executions' acquires record the workflow's interval either way.
+      expect((await lockItem(sim))?.[RATE_INTERVAL]).toEqual({ N: '4' });
+      await sim.idle();
+      expect(await lockState(sim)).toEqual([{ lockName: LOCK, permitsInUse: 0, holders: [] }]);
+    });
+  },
+);
 
 test('the CLI and the client on a lock with body slots: a lease takes a slot too, and holds it until it releases', async () => {
   const { stack, workflow, workFunctionId } = workflowStack({

@@ -269,6 +269,16 @@ export const CLIENT_WEIGHTED_ACQUIRE_UPDATE = `SET ${NAMES.permits} = if_not_exi
 export const CLIENT_ACQUIRE_UPDATE = `SET ${NAMES.permits} = if_not_exists(${NAMES.permits}, ${VALUES.zero}) + ${VALUES.one}, ${NAMES.holder} = ${VALUES.entry}, ${NAMES.limit} = if_not_exists(${NAMES.limit}, ${VALUES.limit}), ${NAMES.fence} = if_not_exists(${NAMES.fence}, ${VALUES.zero}) + ${VALUES.one}`;
 
 /**
+ * A client acquire that names the lock's rate interval (`rateIntervalSeconds`, the CLI's `--rate-interval`):
+ * it records the interval on a lock that records none yet (a lock no rate-limited execution has
+ * acquired, or an item deleted to upgrade), so that this lease's release, and every client's, holds its
+ * permit for it. A recorded interval stays: the workflows' acquires write their own on every acquire.
+ */
+export const CLIENT_RATE_UPDATE = `${NAMES.rate} = if_not_exists(${NAMES.rate}, ${VALUES.rate})`;
+/** The longest rate interval, seconds: a day (Step Functions waits whole seconds). */
+export const MAX_RATE_INTERVAL_SECONDS = 86_400;
+
+/**
  * Release: the mirror image, conditional on the holder entry, which makes release and every cleanup
  * idempotent: a second release of the same holder fails its condition instead of freeing a permit twice.
  * It gives back what the entry holds, read from the entry in the same write (its HOLDER_PERMITS, or

@@ -36,6 +36,7 @@ import {
   PEEK_CONDITION,
   PEEK_UPDATE,
   PERMITS_IN_USE,
+  RATE_INTERVAL,
   QUEUE_HEAD,
   QUEUE_NAMES,
   QUEUE_TAIL,
@@ -655,6 +656,12 @@ export interface WaiterProps {
   readonly permitPath?: string;
   /** A weighted waiter's gate (the limit less its weight): it queues while more are in use. @default - a waiter of one permit */
   readonly gate?: tasks.DynamoAttributeValue;
+  /**
+   * The workflow's rate interval, seconds: the ticket records it on the lock as the acquire does, so that
+   * a lock whose executions all come in by hand-off (behind a client that took it first) records it too.
+   * @default - no rate
+   */
+  readonly rateIntervalSeconds?: number;
 }
 
 /** Where a waiter keeps its ticket (a number) in the state data. */
@@ -665,20 +672,23 @@ export const TICKET_PATH = '$.semaphoreTicket';
  * nothing (TAKE_TICKET_CONDITION). Its output goes to TICKET_PATH.
  */
 export function takeTicketTask(scope: Construct, id: string, props: WaiterProps): tasks.DynamoUpdateItem {
+  const rate = props.rateIntervalSeconds;
   return new tasks.DynamoUpdateItem(scope, id, {
     table: props.table.table,
     key: { [LOCK_KEY]: props.lockName },
     // A weighted waiter queues while more than the limit less its weight are in use.
     conditionExpression: props.gate ? WEIGHTED_TAKE_TICKET_CONDITION : TAKE_TICKET_CONDITION,
-    updateExpression: TAKE_TICKET_UPDATE,
+    updateExpression: rate === undefined ? TAKE_TICKET_UPDATE : `${TAKE_TICKET_UPDATE}, ${NAMES.rate} = ${VALUES.rate}`,
     expressionAttributeNames: {
       [NAMES.permits]: PERMITS_IN_USE,
       [NAMES.holder]: ownHolderKey(),
       [QUEUE_NAMES.tail]: QUEUE_TAIL,
       [QUEUE_NAMES.head]: QUEUE_HEAD,
       [NAMES.collecting]: COLLECTING,
+      ...(rate === undefined ? {} : { [NAMES.rate]: RATE_INTERVAL }),
     },
     expressionAttributeValues: {
+      ...(rate === undefined ? {} : { [VALUES.rate]: tasks.DynamoAttributeValue.fromNumber(rate) }),
       ...(props.gate ? { [VALUES.gate]: props.gate } : { [VALUES.limit]: props.limit }),
       [VALUES.zero]: tasks.DynamoAttributeValue.fromNumber(0),
       [VALUES.one]: tasks.DynamoAttributeValue.fromNumber(1),

@@ -580,6 +580,7 @@ function renderQueueWait(
     // A weighted waiter is woken with one permit and collects the rest: its token comes from the completion.
     permitPath: weight ? sfn.JsonPath.DISCARD : ownPermitPath,
     gate: weight?.gate,
+    rateIntervalSeconds: spec.holdSeconds,
   };
   const retry = transientRetry([...THROTTLING_ERRORS, ...SERVER_ERRORS]);
   const takeTicket = takeTicketTask(scope, STATE.takeTicket, waiter).addRetry(retry);
