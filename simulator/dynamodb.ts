@@ -3,6 +3,7 @@ import { AddressInfo } from 'net';
 import * as ddb from '@aws-sdk/client-dynamodb';
 import { CfnTemplate } from './cfn';
 import { chance, Random } from './random';
+import { ItemUnits, TransactionResult, Transactions } from './transactions';
 
 // dynalite has no type declarations.
 // eslint-disable-next-line @typescript-eslint/no-require-imports
@@ -12,7 +13,11 @@ const dynaliteDb = require('dynalite/db') as { itemSize(item: Record<string, unk
 
 /** dynalite's database: what its actions read and write. */
 interface DynaliteStore {
-  getTable(name: string, checkStatus: boolean, done: (err: Error | null, table?: { TableStatus?: string }) => void): void;
+  getTable(
+    name: string,
+    checkStatus: boolean,
+    done: (err: Error | null, table?: { TableStatus?: string; KeySchema?: Array<{ AttributeName: string; KeyType: string }> }) => void,
+  ): void;
 }
 /** An error dynalite answers with: its HTTP status and the JSON body DynamoDB sends. */
 interface DynaliteError {
@@ -170,13 +175,6 @@ export class CodeDynamoDbEndpoint {
   private readonly server: http.Server;
 
   private constructor(target: URL, runner: DynamoTaskRunner, refuseEventualReads: boolean) {
-    const reply = (res: http.ServerResponse, status: number, body: unknown) => {
-      const payload = JSON.stringify(body);
-      res.writeHead(status, { 'Content-Type': 'application/x-amz-json-1.0', 'Content-Length': Buffer.byteLength(payload) });
-      res.end(payload);
-    };
-    const fail = (res: http.ServerResponse, name: string, message: string) =>
-      reply(res, name === 'InternalServerError' ? 500 : 400, { __type: `com.amazonaws.dynamodb.v20120810#${name}`, message });
     this.server = http.createServer((req, res) => {
       const chunks: Buffer[] = [];
       req.on('data', (c: Buffer) => chunks.push(c));
@@ -192,11 +190,13 @@ export class CodeDynamoDbEndpoint {
         if (input !== undefined && refuseEventualReads && eventuallyConsistentRead(action, input)) {
           const tableName = String(input.TableName ?? Object.keys(input.RequestItems ?? {}).join(', '));
           this.refused.push({ action, tableName });
-          fail(
+          replyError(
             res,
-            'ValidationException',
-            `the simulator refuses an eventually consistent ${action} on ${tableName} (staleReads is on): DynamoDB may answer it ` +
-              "with the previous version of an item, and the simulator's DynamoDB (dynalite) cannot. Set ConsistentRead: true, or test this read on AWS",
+            new TaskError(
+              'ValidationException',
+              `the simulator refuses an eventually consistent ${action} on ${tableName} (staleReads is on): DynamoDB may answer it ` +
+                "with the previous version of an item, and the simulator's DynamoDB (dynalite) cannot. Set ConsistentRead: true, or test this read on AWS",
+            ),
           );
           return;
         }
@@ -204,7 +204,7 @@ export class CodeDynamoDbEndpoint {
           this.calls++;
           runner.call(action, input, { faults: false }).then(
             (response) => reply(res, 200, response),
-            (e: Error) => fail(res, e.name, e.message),
+            (e: Error) => replyError(res, e),
           );
           return;
         }
@@ -264,6 +264,18 @@ export class LocalDynamoDb {
   private inFlight = 0;
   private received = 0;
   private stopping = false;
+  /** Item calls being served: a transaction waits until there are none. */
+  private serving = 0;
+  /** Whether a transaction runs (item calls wait), the transactions queued behind it, and who waits for either. */
+  private transacting = false;
+  private exclusive: Promise<void> = Promise.resolve();
+  private readonly held: Array<() => void> = [];
+  private idle?: () => void;
+  private readonly transactions = new Transactions({
+    call: (action, input) => this.serve(action, input),
+    keySchema: (tableName) => this.keySchema(tableName),
+    now: () => Date.now(),
+  });
   private drained?: () => void;
 
   private constructor(
@@ -272,11 +284,32 @@ export class LocalDynamoDb {
     private readonly store: DynaliteStore,
   ) {
     this.endpoint = `http://127.0.0.1:${port}`;
-    server.on('request', (_req: http.IncomingMessage, res: http.ServerResponse) => {
+    // Item and transaction calls that come over HTTP (tests, the CLI, tools) are served as `call` serves
+    // them: through the gate that lets a transaction run alone, and with the transactions dynalite lacks.
+    const dynaliteListeners = server.listeners('request') as Array<(req: http.IncomingMessage, res: http.ServerResponse) => void>;
+    server.removeAllListeners('request');
+    server.on('request', (req: http.IncomingMessage, res: http.ServerResponse) => {
       this.inFlight++;
       this.received++;
       // 'close' follows the answer, or a client that hung up first: either way, never missed.
       res.once('close', () => this.answered());
+      const action = String(req.headers['x-amz-target'] ?? '').split('.').pop() ?? '';
+      if (!GATED_ACTIONS.includes(action)) {
+        for (const listener of dynaliteListeners) listener.call(server, req, res);
+        return;
+      }
+      const chunks: Buffer[] = [];
+      req.on('data', (c: Buffer) => chunks.push(c));
+      req.on('end', () => {
+        let input: unknown;
+        try {
+          input = JSON.parse(Buffer.concat(chunks).toString() || '{}');
+        } catch {
+          replyError(res, new TaskError('SerializationException', 'Start of structure or map found where not expected'));
+          return;
+        }
+        this.serveItemOrTransaction(action, input).then((response) => reply(res, 200, response), (e: Error) => replyError(res, e));
+      });
     });
     this.client = new ddb.DynamoDBClient({
       endpoint: this.endpoint,
@@ -299,7 +332,58 @@ export class LocalDynamoDb {
     if (this.stopping) return Promise.reject(new Error(`connect ECONNREFUSED: the simulator's DynamoDB has stopped (${action})`));
     this.inFlight++;
     this.received++;
-    return this.serve(action, input).finally(() => this.answered());
+    return this.serveItemOrTransaction(action, input).finally(() => this.answered());
+  }
+
+  private serveItemOrTransaction(action: string, input: unknown): Promise<Record<string, unknown>> {
+    if (!TRANSACTION_ACTIONS.includes(action)) return this.gated(action, input);
+    return this.alone(action, input as Record<string, any>).then((r) => r.response);
+  }
+
+  /**
+   * A transaction (TransactWriteItems, TransactGetItems), which dynalite lacks (see transactions.ts):
+   * its answer, and the units each of its items consumed. It runs alone: it waits until the calls being
+   * served have ended, and calls that come meanwhile wait until it has.
+   */
+  public transact(action: string, input: Record<string, any>): Promise<TransactionResult> {
+    if (this.stopping) return Promise.reject(new Error(`connect ECONNREFUSED: the simulator's DynamoDB has stopped (${action})`));
+    this.inFlight++;
+    this.received++;
+    return this.alone(action, input).finally(() => this.answered());
+  }
+
+  private alone(action: string, input: Record<string, any>): Promise<TransactionResult> {
+    const run = this.exclusive.then(async () => {
+      this.transacting = true;
+      if (this.serving > 0) await new Promise<void>((resolve) => (this.idle = resolve));
+      try {
+        return await this.transactions.serve(action, JSON.parse(JSON.stringify(input ?? {})));
+      } finally {
+        this.transacting = false;
+        for (const resume of this.held.splice(0)) resume();
+      }
+    });
+    this.exclusive = run.then(
+      () => undefined,
+      () => undefined,
+    );
+    return run;
+  }
+
+  /** An item call, once no transaction runs. */
+  private async gated(action: string, input: unknown): Promise<Record<string, unknown>> {
+    while (this.transacting) await new Promise<void>((resolve) => this.held.push(resolve));
+    this.serving++;
+    try {
+      return await this.serve(action, input);
+    } finally {
+      this.serving--;
+      if (this.serving === 0 && this.idle) {
+        const idle = this.idle;
+        this.idle = undefined;
+        idle();
+      }
+    }
   }
 
   /**
@@ -322,6 +406,15 @@ export class LocalDynamoDb {
         await new Promise((resolve) => setTimeout(resolve, 1));
       }
     }
+  }
+
+  private keySchema(tableName: string): Promise<string[]> {
+    return new Promise((resolve, reject) =>
+      this.store.getTable(tableName, false, (err, table) => {
+        if (err || !table?.KeySchema) reject(new TaskError('ResourceNotFoundException', 'Requested resource not found'));
+        else resolve([...table.KeySchema].sort((a, b) => (a.KeyType === 'HASH' ? -1 : b.KeyType === 'HASH' ? 1 : 0)).map((k) => k.AttributeName));
+      }),
+    );
   }
 
   private tableStatus(tableName: string): Promise<string | undefined> {
@@ -478,6 +571,7 @@ export class DynamoTaskRunner {
     if (options.faults && this.faults.maxLatencySeconds) {
       await this.sleep(this.random() * this.faults.maxLatencySeconds);
     }
+    if (TRANSACTION_ACTIONS.includes(action)) return this.transaction(action, parameters, options);
     const partition = this.partitionOf(parameters);
     if (partition !== undefined && this.overCapacity(partition, action)) {
       this.throttled++;
@@ -504,12 +598,62 @@ export class DynamoTaskRunner {
     if (measured !== parameters) delete response.ConsumedCapacity;
     // A batch reports its capacity per table.
     const units = Array.isArray(consumed) ? consumed.reduce((n, c) => n + (c.CapacityUnits ?? 0), 0) : (consumed?.CapacityUnits ?? 0);
-    const factor = action.startsWith('Transact') ? 2 : 1;
-    this.consume(partition, READ_ACTIONS.includes(action) ? { write: 0, read: units * factor } : { write: units * factor, read: 0 }, onConsumed);
+    this.consume(partition, READ_ACTIONS.includes(action) ? { write: 0, read: units } : { write: units, read: 0 }, onConsumed);
     if (options.faults && chance(this.random, this.faults.serverErrorAfterWriteRate ?? 0)) {
       throw new TaskError('InternalServerError', 'Internal server error after the write was applied (injected)');
     }
     return response;
+  }
+
+  /**
+   * A transaction (transactions.ts): refused as a whole when one of its items' partitions is over its rate
+   * (cancelled, that item's reason ThrottlingError, as DynamoDB cancels one it cannot serve), else billed
+   * item by item on each item's partition, a cancelled one included.
+   */
+  private async transaction(
+    action: string,
+    parameters: Record<string, any>,
+    options: { faults: boolean; onConsumed?: (units: ConsumedUnits) => void },
+  ): Promise<unknown> {
+    const write = action === 'TransactWriteItems';
+    const partitions = (Array.isArray(parameters.TransactItems) ? parameters.TransactItems : []).map((entry: Record<string, any>) => {
+      const body = Object.values(entry ?? {})[0] as Record<string, any> | undefined;
+      return body?.Key === undefined ? undefined : this.partitionOf(body);
+    });
+    const over = partitions.map((p: string | undefined) => p !== undefined && this.overCapacity(p, write ? 'UpdateItem' : 'GetItem'));
+    if (over.some((o: boolean) => o)) {
+      this.throttled++;
+      this.capacityThrottled++;
+      const reasons = over.map((o: boolean) =>
+        o
+          ? {
+            Code: 'ThrottlingError',
+            Message: 'Throughput exceeds the current capacity of your table or index. DynamoDB is automatically scaling your table or index so please try again shortly.',
+          }
+          : { Code: 'None' },
+      );
+      const codes = reasons.map((r: { Code: string }) => r.Code).join(', ');
+      throw Object.assign(new TaskError('TransactionCanceledException', `Transaction cancelled, please refer cancellation reasons for specific reasons [${codes}]`), {
+        CancellationReasons: reasons,
+      });
+    }
+    const bill = (items: ItemUnits[]) => {
+      for (const item of items) this.consume(item.partition, { write: item.write, read: item.read }, undefined);
+      onConsumedTotal(items, options.onConsumed);
+    };
+    let result: TransactionResult;
+    try {
+      result = await this.db.transact(action, parameters);
+    } catch (e) {
+      const items = (e as { items?: ItemUnits[] }).items;
+      if (items) bill(items);
+      throw e instanceof TaskError ? e : new TaskError((e as Error).name, (e as Error).message);
+    }
+    bill(result.items);
+    if (options.faults && chance(this.random, this.faults.serverErrorAfterWriteRate ?? 0) && write) {
+      throw new TaskError('InternalServerError', 'Internal server error after the write was applied (injected)');
+    }
+    return result.response;
   }
 
   /** The partition a single-item call goes to (table and key); undefined for a scan, a transaction, or a PutItem (whose key schema the runner does not know). */
@@ -552,10 +696,36 @@ export class DynamoTaskRunner {
   }
 }
 
+/** Tell `onConsumed` the units of a transaction's items, in all. */
+function onConsumedTotal(items: ItemUnits[], onConsumed?: (units: ConsumedUnits) => void): void {
+  onConsumed?.({ write: items.reduce((n, i) => n + i.write, 0), read: items.reduce((n, i) => n + i.read, 0) });
+}
+
 const WRITE_ACTIONS = ['UpdateItem', 'PutItem', 'DeleteItem'];
 const READ_ACTIONS = ['GetItem', 'Query', 'Scan', 'BatchGetItem'];
+/** The transactions, which the simulator serves itself (transactions.ts). */
+const TRANSACTION_ACTIONS = ['TransactWriteItems', 'TransactGetItems'];
 /** The actions the capacity model serves for code under test; any other passes straight to dynalite. */
-const ITEM_ACTIONS = [...WRITE_ACTIONS, ...READ_ACTIONS, 'BatchWriteItem'];
+const ITEM_ACTIONS = [...WRITE_ACTIONS, ...READ_ACTIONS, 'BatchWriteItem', ...TRANSACTION_ACTIONS];
+/** The actions that wait while a transaction runs (and the transactions): every one that reads or writes items. */
+const GATED_ACTIONS = ITEM_ACTIONS;
+
+/** A JSON answer, as DynamoDB's endpoint sends it. */
+function reply(res: http.ServerResponse, status: number, body: unknown): void {
+  const payload = JSON.stringify(body);
+  res.writeHead(status, { 'Content-Type': 'application/x-amz-json-1.0', 'Content-Length': Buffer.byteLength(payload) });
+  res.end(payload);
+}
+
+/** An error answer, named as DynamoDB names it (a cancelled transaction with its reasons). */
+function replyError(res: http.ServerResponse, e: Error): void {
+  const reasons = (e as { CancellationReasons?: unknown }).CancellationReasons;
+  reply(res, e.name === 'InternalServerError' ? 500 : 400, {
+    __type: `com.amazonaws.dynamodb.v20120810#${e.name}`,
+    message: e.message,
+    ...(reasons === undefined ? {} : { CancellationReasons: reasons }),
+  });
+}
 
 /**
  * The name Step Functions gives a DynamoDB error. Optimized integrations report the Java SDK v1

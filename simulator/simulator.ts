@@ -1404,10 +1404,10 @@ export class Simulator {
 }
 
 /**
- * The DynamoDB actions dynalite, the simulator's DynamoDB, lacks (it serves the item, batch, query and
- * scan actions only).
+ * The DynamoDB actions the simulator's DynamoDB lacks: dynalite serves the item, batch, query and scan
+ * actions, and the simulator the transactions (transactions.ts); nobody PartiQL.
  */
-const DYNALITE_LACKS = ['transactWriteItems', 'transactGetItems', 'executeStatement', 'executeTransaction', 'batchExecuteStatement'];
+const DYNALITE_LACKS = ['executeStatement', 'executeTransaction', 'batchExecuteStatement'];
 
 /** The table of which integration pattern each service integration supports. */
 const INTEGRATION_PATTERNS_URL = 'https://docs.aws.amazon.com/step-functions/latest/dg/integrate-optimized.html';
@@ -1472,7 +1472,7 @@ export function unsupportedPattern(resource: string): string | undefined {
  * What the simulator cannot run, or what AWS refuses at creation, refused when the simulator starts,
  * naming the state machine and the state, rather than run differently from AWS:
  * - JSONata (aws-local-stepfunctions interprets JSONPath only);
- * - DynamoDB actions and parameters dynalite lacks (transactions, PartiQL, `ReturnValuesOnConditionCheckFailure`);
+ * - DynamoDB actions and parameters dynalite lacks (PartiQL, `ReturnValuesOnConditionCheckFailure` outside a transaction);
  * - an integration pattern the integration does not support (unsupportedPattern): `.waitForTaskToken`
  *   on the optimized DynamoDB integration, `.sync` on an AWS SDK integration, ...;
  * - `.waitForTaskToken` and `.sync` in an Express state machine, which supports neither
@@ -1494,9 +1494,10 @@ export function refuseWhatItCannotRun(logicalId: string, definition: any, type?:
     if (state.Type !== 'Task' || typeof state.Resource !== 'string') continue;
     const dynamo = /^arn:aws:states:::(aws-sdk:)?dynamodb:([A-Za-z]+)(\.[A-Za-z]+)?$/.exec(state.Resource);
     if (dynamo && DYNALITE_LACKS.includes(dynamo[2])) {
-      refuse(name, `DynamoDB ${dynamo[2]}: dynalite, the simulator's DynamoDB, has no such action (it has the item, batch, query and scan actions)`);
+      refuse(name, `DynamoDB ${dynamo[2]} (PartiQL): the simulator's DynamoDB has no such action (it has the item, batch, query, scan and transaction actions)`);
     }
-    if (dynamo && JSON.stringify(state.Parameters ?? {}).includes('"ReturnValuesOnConditionCheckFailure')) {
+    // (A transaction's actions may ask for it: the simulator serves transactions itself.)
+    if (dynamo && !dynamo[2].startsWith('transact') && JSON.stringify(state.Parameters ?? {}).includes('"ReturnValuesOnConditionCheckFailure')) {
       refuse(name, 'ReturnValuesOnConditionCheckFailure: dynalite, the simulator\'s DynamoDB, would ignore it');
     }
     // With stale reads on, a DynamoDB read that is not strongly consistent could return the previous

@@ -203,7 +203,7 @@ describe('state machines', () => {
 
   test.each<[string, Record<string, unknown>, string | undefined, RegExp]>([
     ['JSONata', { QueryLanguage: 'JSONata', Type: 'Pass' }, undefined, /state 'S': it uses JSONata, and the simulator interprets JSONPath only/],
-    ['a transaction', { Type: 'Task', Resource: 'arn:aws:states:::aws-sdk:dynamodb:transactWriteItems', Parameters: {} }, undefined, /state 'S': DynamoDB transactWriteItems: dynalite/],
+    ['PartiQL', { Type: 'Task', Resource: 'arn:aws:states:::aws-sdk:dynamodb:executeTransaction', Parameters: {} }, undefined, /state 'S': DynamoDB executeTransaction \(PartiQL\)/],
     [
       'ReturnValuesOnConditionCheckFailure',
       { Type: 'Task', Resource: 'arn:aws:states:::dynamodb:updateItem', Parameters: { ReturnValuesOnConditionCheckFailure: 'ALL_OLD' } },
