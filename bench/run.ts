@@ -8,6 +8,7 @@ import { demoSubject } from '../demo/run';
 import { AWS_SAMPLE_LOCK_LAYOUT, runScenario, ScenarioOptions, ScenarioResult, Subject } from '../simulator';
 import { ConcurrencyControlledWorkflowProps, RateLimit, WaitStrategy } from '../src';
 import { AwsSampleSemaphore } from './aws-sample-baseline';
+import { HOLDER_ITEMS_LAYOUT, HolderItemsSpike, SPIKE_STATES } from './holder-items-spike';
 
 /*
  * npm run bench [-- --only contending,throttling --seed 1 --time-scale 0.05 --soak]
@@ -177,15 +178,37 @@ export function awsSampleSubject(limit: number): Subject {
   };
 }
 
+/** The holder-items layout (bench/holder-items-spike.ts), polling: a design spike, run with `--spike`. */
+export function holderItemsSpikeSubject(limit: number): Subject {
+  const stack = new Stack(new App(), 'HolderItemsSpike');
+  const body = new tasks.LambdaInvoke(stack, 'Run Work', { lambdaFunction: workFunction(stack), payloadResponseOnly: true });
+  const spike = new HolderItemsSpike(stack, 'Spike', { body, lockName: 'demo', limit });
+  const id = (c: CfnElement) => stack.getLogicalId(c);
+  return {
+    name: 'holder items (spike, polling)',
+    stack,
+    stateMachine: id(spike.stateMachine.node.defaultChild as CfnElement),
+    table: id(spike.table.node.defaultChild as CfnElement),
+    layout: HOLDER_ITEMS_LAYOUT,
+    enterStates: [SPIKE_STATES.body],
+    leaveStates: [SPIKE_STATES.release, SPIKE_STATES.releaseAfterFailure],
+    acquireStates: [SPIKE_STATES.acquire, SPIKE_STATES.poll],
+    bodyStates: ['Run Work'],
+    bodyFunctions: ['WorkFunction'],
+  };
+}
+
 interface BenchOptions {
   only?: string[];
   seed: number;
   timeScale: number;
   soak: boolean;
+  /** Also run the holder-items spike, beside the three. */
+  spike: boolean;
 }
 
 function parseOptions(argv: string[]): BenchOptions {
-  const options: BenchOptions = { seed: 1, timeScale: 0.05, soak: false };
+  const options: BenchOptions = { seed: 1, timeScale: 0.05, soak: false, spike: false };
   for (let i = 0; i < argv.length; i++) {
     switch (argv[i]) {
       case '--only':
@@ -200,9 +223,12 @@ function parseOptions(argv: string[]): BenchOptions {
       case '--soak':
         options.soak = true;
         break;
+      case '--spike':
+        options.spike = true;
+        break;
       case '--help':
         console.log(
-          `Usage: npm run bench -- [--only ${[...SCENARIOS, ...ON_REQUEST].map((s) => s.name).join(',')},soak] [--seed N] [--time-scale F] [--soak]`,
+          `Usage: npm run bench -- [--only ${[...SCENARIOS, ...ON_REQUEST].map((s) => s.name).join(',')},soak] [--seed N] [--time-scale F] [--soak] [--spike]`,
         );
         process.exit(0);
       default:
@@ -245,6 +271,37 @@ interface Measured {
   readonly polling: ScenarioResult;
   /** Undefined for a scenario that only polling runs. */
   readonly queue?: ScenarioResult;
+  /** With `--spike`: the holder-items layout. */
+  readonly spike?: ScenarioResult;
+}
+
+/** With `--spike`: the spike beside the three, a few figures each. */
+function spikeTable(results: Measured[]): string {
+  const lines = ['| scenario | figure | AWS sample | polling | queue | holder items (spike, polling) |', '|---|---|---:|---:|---:|---:|'];
+  const rows = ROWS.filter(([label]) =>
+    [
+      'transitions beside the body / execution',
+      'DynamoDB calls / execution',
+      'write units (WCU) / execution',
+      'largest lock item (KB)',
+      'calls throttled at the partition limit',
+      '$ per 1,000 executions',
+      'acquisitions / s (sustained)',
+      'drain time / ideal',
+      'most inside at once',
+      'permits left held',
+      'executions stuck waiting',
+      'executions failed, not by their work',
+    ].includes(label),
+  );
+  for (const { scenario, sample, polling, queue, spike } of results) {
+    if (!spike) continue;
+    for (const [label, value, decimals] of rows) {
+      const cell = (r?: ScenarioResult) => (r ? value(r).toFixed(decimals) : '–');
+      lines.push(`| ${scenario.name} | ${label} | ${cell(sample)} | ${cell(polling)} | ${cell(queue)} | ${cell(spike)} |`);
+    }
+  }
+  return lines.join('\n');
 }
 
 function table(results: Measured[]): string {
@@ -310,13 +367,18 @@ async function main(): Promise<void> {
     const ours = (waitStrategy: WaitStrategy) => demoSubject(scenario.options.limit, { ...scenario.props, waitStrategy });
     const polling = await run({ ...ours(WaitStrategy.POLLING), name: 'cdk-sfn-semaphore (polling)' });
     const queue = scenario.pollingOnly ? undefined : await run({ ...ours(WaitStrategy.QUEUE), name: 'cdk-sfn-semaphore (queue)' });
-    console.log(` ${(sample.realSeconds + polling.realSeconds + (queue?.realSeconds ?? 0)).toFixed(0)} s`);
-    results.push({ scenario, sample, polling, queue });
+    // The spike has no rate and no weights: only the scenarios of a plain limit.
+    const spikeFits = options.spike && !scenario.options.rate && !scenario.options.permits;
+    const spike = spikeFits ? await runScenario(holderItemsSpikeSubject(scenario.options.limit), sampleOptions) : undefined;
+    const seconds = sample.realSeconds + polling.realSeconds + (queue?.realSeconds ?? 0) + (spike?.realSeconds ?? 0);
+    console.log(` ${seconds.toFixed(0)} s`);
+    results.push({ scenario, sample, polling, queue, spike });
   }
 
   const date = new Date().toISOString().slice(0, 10);
   console.log(`\nMeasured ${date}, seed ${options.seed}, simulated time ${1 / options.timeScale}x unless the scenario sets its own (ratio: queue / sample)\n`);
   console.log(table(results));
+  if (options.spike) console.log(`\nThe holder-items layout (bench/holder-items-spike.ts), a design spike:\n\n${spikeTable(results)}`);
   const behind = results.flatMap(({ scenario, sample, polling, queue }) =>
     [sample, polling, queue].flatMap((r) => (r === undefined ? [] : [fellBehind(scenario, r)].filter((w): w is string => w !== undefined))),
   );
@@ -325,7 +387,7 @@ async function main(): Promise<void> {
   const dir = path.join(__dirname, '..', 'bench-results');
   fs.mkdirSync(dir, { recursive: true });
   // One file per selection, so that a run of a few scenarios does not overwrite the day's others.
-  const file = path.join(dir, `bench-${date}-seed${options.seed}${options.only ? `-${options.only.join('+')}` : ''}.json`);
+  const file = path.join(dir, `bench-${date}-seed${options.seed}${options.only ? `-${options.only.join('+')}` : ''}${options.spike ? '-spike' : ''}.json`);
   fs.writeFileSync(
     file,
     JSON.stringify(
@@ -333,9 +395,9 @@ async function main(): Promise<void> {
         date,
         seed: options.seed,
         timeScale: options.timeScale,
-        scenarios: results.map(({ scenario, sample, polling, queue }) => ({
+        scenarios: results.map(({ scenario, sample, polling, queue, spike }) => ({
           ...scenario,
-          results: { 'aws-sample': sample, 'cdk-sfn-semaphore-polling': polling, 'cdk-sfn-semaphore-queue': queue },
+          results: { 'aws-sample': sample, 'cdk-sfn-semaphore-polling': polling, 'cdk-sfn-semaphore-queue': queue, ...(spike ? { 'holder-items-spike': spike } : {}) },
         })),
       },
       null,

@@ -35,6 +35,11 @@ export interface LockLayout {
   permitsOf?(value: AttributeValue): number;
   /** What is wrong with a lock item's body slots (a second counter), if anything. @default - nothing checked */
   bodySlotViolation?(item: Record<string, AttributeValue>): string | undefined;
+  /**
+   * For holders kept in items of their own (bench/holder-items-spike.ts): the lock whose permit an item
+   * holds, from its key; undefined for any other item. @default - holders are attributes of their lock item
+   */
+  holderItemOf?(key: string): string | undefined;
 }
 
 /** Our lock items (src/private/lock-schema.ts). */
@@ -73,8 +78,14 @@ export async function lockStates(sim: Simulator, table: string, layout: LockLayo
 
 /** The lock items among a table's scanned items, as plain objects. */
 export function lockStatesIn(items: Array<Record<string, AttributeValue>>, layout: LockLayout = LOCK_LAYOUT): LockState[] {
-  // The queue's ticket items share the table: they are not locks.
-  return items.filter((item) => !isTicketKey(item[layout.key]?.S ?? '')).map((item) => lockStateOf(item, layout));
+  // The queue's ticket items share the table: they are not locks; nor are holder items.
+  const holderOf = (item: Record<string, AttributeValue>) => layout.holderItemOf?.(item[layout.key]?.S ?? '');
+  const locks = items.filter((item) => !isTicketKey(item[layout.key]?.S ?? '') && holderOf(item) === undefined).map((item) => lockStateOf(item, layout));
+  if (!layout.holderItemOf) return locks;
+  return locks.map((lock) => ({
+    ...lock,
+    holders: [...lock.holders, ...items.filter((item) => holderOf(item) === lock.lockName).map((item) => item[layout.key].S!)],
+  }));
 }
 
 /**
@@ -102,7 +113,8 @@ function lockStateOf(item: Record<string, AttributeValue>, layout: LockLayout): 
 
 /** The permits a lock item's holder entries hold: one each, or a weighted entry's `permits`. */
 export function heldPermits(item: Record<string, AttributeValue>, lock: LockState, layout: LockLayout = LOCK_LAYOUT): number {
-  return lock.holders.reduce((n, h) => n + (layout.permitsOf?.(item[h]) ?? 1), 0);
+  // (A holder item of its own holds one.)
+  return lock.holders.reduce((n, h) => n + (item[h] === undefined ? 1 : (layout.permitsOf?.(item[h]) ?? 1)), 0);
 }
 
 /**
@@ -127,9 +139,10 @@ export class LockMonitor {
 
   public start(intervalMs = 20): this {
     const tick = async () => {
-      for (const item of await this.sim.scan(this.table)) {
-        this.maxItemBytes = Math.max(this.maxItemBytes, itemSizeBytes(item));
-        const lock = lockStateOf(item, this.layout);
+      const items = await this.sim.scan(this.table);
+      for (const item of items) this.maxItemBytes = Math.max(this.maxItemBytes, itemSizeBytes(item));
+      for (const lock of lockStatesIn(items, this.layout)) {
+        const item = items.find((i) => i[this.layout.key]?.S === lock.lockName)!;
         this.samples++;
         this.maxPermits = Math.max(this.maxPermits, lock.permitsInUse);
         const permits = heldPermits(item, lock, this.layout);

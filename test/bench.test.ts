@@ -1,6 +1,6 @@
-import { fellBehind, Scenario } from '../bench/run';
+import { fellBehind, holderItemsSpikeSubject, Scenario } from '../bench/run';
 import { demoSubject } from '../demo/run';
-import { BODY_ENTER, BODY_LEAVE, BODY_SLOT_ENTER, ScenarioResult } from '../simulator';
+import { BODY_ENTER, BODY_LEAVE, BODY_SLOT_ENTER, runScenario, ScenarioResult } from '../simulator';
 import { RateLimit } from '../src';
 
 const scenario = (options: Partial<Scenario['options']>): Scenario => ({
@@ -35,3 +35,16 @@ test('the bench counts the bodies of a rate alone in the protected body, and tho
   // The same count: no slots.
   expect(demoSubject(5, { rateLimit: RateLimit.perSecond(5) }).enterStates).toEqual(BODY_ENTER);
 });
+
+test('the holder-items spike (bench --spike) runs on the simulator\'s transactions: never above its limit, nothing left held, 4 write units an acquire', async () => {
+  const options = { executions: 1, limit: 3, workSeconds: 2, capacity: { partitionLimits: true }, seed: 7, timeScale: 0.05 };
+  const one = await runScenario(holderItemsSpikeSubject(3), options);
+  // Acquire and release: each a transaction of two items under 1 KB, billed twice.
+  expect([one.succeeded, one.overheadTransitionsPerExecution, one.dynamoCallsPerExecution, one.writeUnitsPerExecution]).toEqual([1, 3, 2, 8]);
+  const many = await runScenario(holderItemsSpikeSubject(3), { ...options, executions: 20, failureRate: 0.2 });
+  expect(many.invariantViolations).toEqual([]);
+  expect([many.maxInside, many.permitsLeftHeld, many.stuck, many.failedUnexplained]).toEqual([3, 0, 0, 0]);
+  expect(many.succeeded + many.failed).toBe(20);
+  // The lock item is a counter: well under 1 KB, whatever the holders.
+  expect(many.largestLockItemBytes).toBeLessThan(200);
+}, 120_000);
