@@ -3,7 +3,7 @@ import { AddressInfo } from 'net';
 import * as ddb from '@aws-sdk/client-dynamodb';
 import { CfnTemplate } from './cfn';
 import { chance, Random } from './random';
-import { ItemUnits, TransactionResult, Transactions } from './transactions';
+import { ItemUnits, transactionCanceled, TransactionResult, Transactions } from './transactions';
 
 // dynalite has no type declarations.
 // eslint-disable-next-line @typescript-eslint/no-require-imports
@@ -106,6 +106,13 @@ export interface DynamoFaults {
    * @default 0
    */
   readonly maxLatencySeconds?: number;
+  /**
+   * Probability that a transaction (TransactWriteItems, TransactGetItems) is cancelled as one that met a
+   * concurrent transaction or write on one of its items: `TransactionCanceledException`, that item's
+   * reason `TransactionConflict`, nothing applied. The simulator runs transactions one at a time, so it
+   * meets no conflict of its own: this is how a workflow's handling of them is tested. @default 0
+   */
+  readonly transactionConflictRate?: number;
 }
 
 /**
@@ -620,6 +627,14 @@ export class DynamoTaskRunner {
       const body = Object.values(entry ?? {})[0] as Record<string, any> | undefined;
       return body?.Key === undefined ? undefined : this.partitionOf(body);
     });
+    const actions = Array.isArray(parameters.TransactItems) ? parameters.TransactItems.length : 0;
+    if (options.faults && actions > 0 && chance(this.random, this.faults.transactionConflictRate ?? 0)) {
+      const conflicted = Math.floor(this.random() * actions);
+      const reasons = Array.from({ length: actions }, (_, i) =>
+        i === conflicted ? { Code: 'TransactionConflict', Message: 'Transaction is ongoing for the item' } : { Code: 'None' },
+      );
+      throw transactionCanceled(reasons);
+    }
     const over = partitions.map((p: string | undefined) => p !== undefined && this.overCapacity(p, write ? 'UpdateItem' : 'GetItem'));
     if (over.some((o: boolean) => o)) {
       this.throttled++;
@@ -632,10 +647,7 @@ export class DynamoTaskRunner {
           }
           : { Code: 'None' },
       );
-      const codes = reasons.map((r: { Code: string }) => r.Code).join(', ');
-      throw Object.assign(new TaskError('TransactionCanceledException', `Transaction cancelled, please refer cancellation reasons for specific reasons [${codes}]`), {
-        CancellationReasons: reasons,
-      });
+      throw transactionCanceled(reasons);
     }
     const bill = (items: ItemUnits[]) => {
       for (const item of items) this.consume(item.partition, { write: item.write, read: item.read }, undefined);

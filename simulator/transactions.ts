@@ -56,7 +56,8 @@ export interface TransactionCanceled extends TaskError {
   readonly items: ItemUnits[];
 }
 
-function transactionCanceled(reasons: Array<Record<string, unknown>>, items: ItemUnits[]): TransactionCanceled {
+/** A TransactionCanceledException with its reasons; `items`, the units its items consumed (none for one cancelled before it was tried). */
+export function transactionCanceled(reasons: Array<Record<string, unknown>>, items: ItemUnits[] = []): TransactionCanceled {
   const codes = reasons.map((r) => r.Code).join(', ');
   const error = new TaskError('TransactionCanceledException', `Transaction cancelled, please refer cancellation reasons for specific reasons [${codes}]`);
   return Object.assign(error, { CancellationReasons: reasons, items });

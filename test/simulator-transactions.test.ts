@@ -9,7 +9,7 @@ import {
   TransactWriteItemsCommandInput,
   UpdateItemCommand,
 } from '@aws-sdk/client-dynamodb';
-import { App, Stack } from 'aws-cdk-lib';
+import { App, Duration, Stack } from 'aws-cdk-lib';
 import * as dynamodb from 'aws-cdk-lib/aws-dynamodb';
 import * as sfn from 'aws-cdk-lib/aws-stepfunctions';
 import * as tasks from 'aws-cdk-lib/aws-stepfunctions-tasks';
@@ -248,6 +248,35 @@ describe('in a state machine', () => {
         read: { count: '1' },
       });
       expect(first.dynamoCalls + second.dynamoCalls).toBe(4);
+    } finally {
+      await sim.stop();
+    }
+  });
+
+  test('an injected conflict (dynamoFaults.transactionConflictRate) cancels a transaction with TransactionConflict and applies nothing; Retry sees it', async () => {
+    const stack = new Stack(new App(), 'Sim');
+    const table = new dynamodb.Table(stack, 'Table', { partitionKey: { name: 'pk', type: dynamodb.AttributeType.STRING } });
+    const count = new tasks.CallAwsService(stack, 'Count', {
+      service: 'dynamodb',
+      action: 'transactWriteItems',
+      parameters: {
+        TransactItems: [
+          { Update: { TableName: table.tableName, Key: { pk: { S: 'a' } }, UpdateExpression: 'ADD n :one', ExpressionAttributeValues: { ':one': { N: '1' } } } },
+          { Update: { TableName: table.tableName, Key: { pk: { S: 'b' } }, UpdateExpression: 'ADD n :one', ExpressionAttributeValues: { ':one': { N: '1' } } } },
+        ],
+      },
+      iamResources: [table.tableArn],
+    }).addRetry({ errors: ['DynamoDb.TransactionCanceledException'], interval: Duration.seconds(1), maxAttempts: 2 });
+    const sm = new sfn.StateMachine(stack, 'Machine', { definitionBody: sfn.DefinitionBody.fromChainable(count) });
+    const sim = await Simulator.start(stack, { dynamoFaults: { transactionConflictRate: 1 } });
+    try {
+      const e = await sim.startExecution(sim.stateMachine(logicalId(sm.node.defaultChild as any)), {}).done;
+      expect(e.status).toBe('FAILED');
+      expect(e.error).toBe('DynamoDb.TransactionCanceledException');
+      expect(e.cause).toMatch(/^Transaction cancelled, please refer cancellation reasons for specific reasons \[(TransactionConflict, None|None, TransactionConflict)\]$/);
+      // Tried three times (two retries), applied never.
+      expect(e.dynamoCalls).toBe(3);
+      expect(await sim.scan(logicalId(table.node.defaultChild as any))).toEqual([]);
     } finally {
       await sim.stop();
     }
