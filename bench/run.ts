@@ -379,8 +379,8 @@ async function main(): Promise<void> {
   console.log(`\nMeasured ${date}, seed ${options.seed}, simulated time ${1 / options.timeScale}x unless the scenario sets its own (ratio: queue / sample)\n`);
   console.log(table(results));
   if (options.spike) console.log(`\nThe holder-items layout (bench/holder-items-spike.ts), a design spike:\n\n${spikeTable(results)}`);
-  const behind = results.flatMap(({ scenario, sample, polling, queue }) =>
-    [sample, polling, queue].flatMap((r) => (r === undefined ? [] : [fellBehind(scenario, r)].filter((w): w is string => w !== undefined))),
+  const behind = results.flatMap(({ scenario, sample, polling, queue, spike }) =>
+    [sample, polling, queue, spike].flatMap((r) => (r === undefined ? [] : [fellBehind(scenario, r)].filter((w): w is string => w !== undefined))),
   );
   if (behind.length > 0) console.log(`\nWarning:\n${behind.map((w) => `- ${w}`).join('\n')}`);
 
