@@ -3,6 +3,7 @@ import * as path from 'path';
 import { App, CfnElement, Duration, Stack } from 'aws-cdk-lib';
 import { JsonPath } from 'aws-cdk-lib/aws-stepfunctions';
 import * as tasks from 'aws-cdk-lib/aws-stepfunctions-tasks';
+import { Construct } from 'constructs';
 import { workFunction } from '../demo/app';
 import { demoSubject } from '../demo/run';
 import { AWS_SAMPLE_LOCK_LAYOUT, runScenario, ScenarioOptions, ScenarioResult, Subject } from '../simulator';
@@ -157,44 +158,47 @@ const SOAK: Scenario = {
   timeScale: 0.25,
 };
 
+/** A stack of its own with the bench's body (the work function), and the logical ID of a construct's resource in it. */
+function benchStack(name: string) {
+  const stack = new Stack(new App(), name);
+  const body = new tasks.LambdaInvoke(stack, 'Run Work', { lambdaFunction: workFunction(stack), payloadResponseOnly: true });
+  const id = (c: Construct) => stack.getLogicalId(c.node.defaultChild as CfnElement);
+  return { stack, body, id, bodyStates: ['Run Work'], bodyFunctions: ['WorkFunction'] };
+}
+
 /** The AWS sample's semaphore around the same body, as the scenario runner sees it. */
 export function awsSampleSubject(limit: number): Subject {
-  const app = new App();
-  const stack = new Stack(app, 'AwsSampleSemaphore');
-  const body = new tasks.LambdaInvoke(stack, 'Run Work', { lambdaFunction: workFunction(stack), payloadResponseOnly: true });
+  const { stack, body, id, bodyStates, bodyFunctions } = benchStack('AwsSampleSemaphore');
   const sample = new AwsSampleSemaphore(stack, 'Sample', { body, lockName: 'demo', limit });
-  const id = (c: CfnElement) => stack.getLogicalId(c);
   return {
     name: 'AWS sample',
     stack,
-    stateMachine: id(sample.stateMachine.node.defaultChild as CfnElement),
-    table: id(sample.table.node.defaultChild as CfnElement),
+    stateMachine: id(sample.stateMachine),
+    table: id(sample.table),
     layout: AWS_SAMPLE_LOCK_LAYOUT,
     enterStates: ['Do Work'],
     leaveStates: ['Release Lock'],
     acquireStates: ['Acquire Lock'],
-    bodyStates: ['Run Work'],
-    bodyFunctions: ['WorkFunction'],
+    bodyStates,
+    bodyFunctions,
   };
 }
 
 /** The holder-items layout (bench/holder-items-spike.ts), polling: a design spike, run with `--spike`. */
 export function holderItemsSpikeSubject(limit: number): Subject {
-  const stack = new Stack(new App(), 'HolderItemsSpike');
-  const body = new tasks.LambdaInvoke(stack, 'Run Work', { lambdaFunction: workFunction(stack), payloadResponseOnly: true });
+  const { stack, body, id, bodyStates, bodyFunctions } = benchStack('HolderItemsSpike');
   const spike = new HolderItemsSpike(stack, 'Spike', { body, lockName: 'demo', limit });
-  const id = (c: CfnElement) => stack.getLogicalId(c);
   return {
     name: 'holder items (spike, polling)',
     stack,
-    stateMachine: id(spike.stateMachine.node.defaultChild as CfnElement),
-    table: id(spike.table.node.defaultChild as CfnElement),
+    stateMachine: id(spike.stateMachine),
+    table: id(spike.table),
     layout: HOLDER_ITEMS_LAYOUT,
     enterStates: [SPIKE_STATES.body],
     leaveStates: [SPIKE_STATES.release, SPIKE_STATES.releaseAfterFailure],
     acquireStates: [SPIKE_STATES.acquire, SPIKE_STATES.poll],
-    bodyStates: ['Run Work'],
-    bodyFunctions: ['WorkFunction'],
+    bodyStates,
+    bodyFunctions,
   };
 }
 

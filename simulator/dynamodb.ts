@@ -3,7 +3,7 @@ import { AddressInfo } from 'net';
 import * as ddb from '@aws-sdk/client-dynamodb';
 import { CfnTemplate } from './cfn';
 import { chance, Random } from './random';
-import { ItemUnits, transactionCanceled, TransactionResult, Transactions } from './transactions';
+import { ItemUnits, partitionOf, transactionCanceled, TransactionResult, Transactions } from './transactions';
 
 // dynalite has no type declarations.
 // eslint-disable-next-line @typescript-eslint/no-require-imports
@@ -670,7 +670,8 @@ export class DynamoTaskRunner {
 
   /** The partition a single-item call goes to (table and key); undefined for a scan, a transaction, or a PutItem (whose key schema the runner does not know). */
   private partitionOf(parameters: Record<string, any>): string | undefined {
-    return parameters.Key === undefined ? undefined : `${parameters.TableName}|${JSON.stringify(parameters.Key)}`;
+    // The same string a transaction's items are billed under (transactions.ts).
+    return parameters.Key === undefined ? undefined : partitionOf(parameters.TableName, parameters.Key);
   }
 
   /** Whether the call would take its partition over its rate this simulated second (a write estimated as the key's last). */

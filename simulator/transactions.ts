@@ -228,6 +228,7 @@ function sizeOf(item: Record<string, unknown> | undefined): number {
   return item === undefined ? 0 : itemSizeBytes(item);
 }
 
+/** The capacity model's partition of an item: its table and key (one item is one partition here). */
 export function partitionOf(tableName: string, key: unknown): string {
   return `${tableName}|${JSON.stringify(key)}`;
 }
