@@ -284,6 +284,8 @@ export class LocalDynamoDb {
     now: () => Date.now(),
   });
   private drained?: () => void;
+  /** Who hears the keys of the items writes changed (see onItemWritten). */
+  private readonly writeListeners: Array<(tableName: string, key: Record<string, unknown>) => void> = [];
 
   private constructor(
     private readonly server: http.Server,
@@ -377,6 +379,55 @@ export class LocalDynamoDb {
     return run;
   }
 
+  /**
+   * Hear the table and key of every item a write has changed from now on (a PutItem, UpdateItem,
+   * DeleteItem, BatchWriteItem, or an item of a transaction; a refused write changes nothing), however
+   * the write came: so that a watcher can read the items it cares about, not scan a table whose other
+   * items (a queue's ticket items) grow in number. Returns the function that stops the listening.
+   */
+  public onItemWritten(listener: (tableName: string, key: Record<string, unknown>) => void): () => void {
+    this.writeListeners.push(listener);
+    return () => {
+      const at = this.writeListeners.indexOf(listener);
+      if (at >= 0) this.writeListeners.splice(at, 1);
+    };
+  }
+
+  /**
+   * Tell the write listeners which items a successful write changed. It never fails the write: a
+   * listener that throws is thrown uncaught (loud, as a fault of dynalite's is), and a table gone since
+   * the write has no key schema to read (its items are gone with it).
+   */
+  private async written(action: string, input: Record<string, any>): Promise<void> {
+    const tell = (tableName: string, key: Record<string, unknown>) => {
+      for (const listener of [...this.writeListeners]) {
+        try {
+          listener(tableName, key);
+        } catch (e) {
+          setImmediate(() => {
+            throw e;
+          });
+        }
+      }
+    };
+    const keyOfItem = async (tableName: string, item: Record<string, unknown>) => {
+      const names = await this.keySchema(tableName).catch(() => undefined);
+      return names === undefined ? undefined : Object.fromEntries(names.map((name) => [name, item[name]]));
+    };
+    const tellItem = async (tableName: string, item: Record<string, unknown>) => {
+      const key = await keyOfItem(tableName, item);
+      if (key !== undefined) tell(tableName, key);
+    };
+    if (action === 'UpdateItem' || action === 'DeleteItem') {tell(input.TableName, input.Key);} else if (action === 'PutItem') {await tellItem(input.TableName, input.Item);} else if (action === 'BatchWriteItem') {
+      for (const [tableName, requests] of Object.entries(input.RequestItems ?? {}) as Array<[string, Array<Record<string, any>>]>) {
+        for (const r of requests) {
+          if (r.DeleteRequest) tell(tableName, r.DeleteRequest.Key);
+          else if (r.PutRequest) await tellItem(tableName, r.PutRequest.Item);
+        }
+      }
+    }
+  }
+
   /** An item call, once no transaction runs. */
   private async gated(action: string, input: unknown): Promise<Record<string, unknown>> {
     while (this.transacting) await new Promise<void>((resolve) => this.held.push(resolve));
@@ -404,18 +455,24 @@ export class LocalDynamoDb {
     // The request as it is now, as DynamoDB would receive it: a retry does not see later changes.
     const request = JSON.stringify(input ?? {});
     for (let attempt = 1; ; attempt++) {
+      let response: Record<string, unknown>;
       try {
-        return await this.serveOnce(action, request);
+        response = await this.serveOnce(action, request);
       } catch (e) {
         const tableName = (input as { TableName?: unknown } | undefined)?.TableName;
         const created = (e as Error).name === 'ResourceNotFoundException' && typeof tableName === 'string' && attempt < 100;
         if (!created || !['CREATING', 'ACTIVE'].includes((await this.tableStatus(tableName)) ?? '')) throw e;
         await new Promise((resolve) => setTimeout(resolve, 1));
+        continue;
       }
+      // The write has landed: nothing after this point may fail it, or have it made twice.
+      if (this.writeListeners.length > 0 && WRITE_LISTENED_ACTIONS.includes(action)) await this.written(action, JSON.parse(request));
+      return response;
     }
   }
 
-  private keySchema(tableName: string): Promise<string[]> {
+  /** The names of a table's key attributes, the partition key first. */
+  public keySchema(tableName: string): Promise<string[]> {
     return new Promise((resolve, reject) =>
       this.store.getTable(tableName, false, (err, table) => {
         if (err || !table?.KeySchema) reject(new TaskError('ResourceNotFoundException', 'Requested resource not found'));
@@ -720,6 +777,8 @@ const READ_ACTIONS = ['GetItem', 'Query', 'Scan', 'BatchGetItem'];
 const TRANSACTION_ACTIONS = ['TransactWriteItems', 'TransactGetItems'];
 /** The actions the capacity model serves for code under test; any other passes straight to dynalite. */
 const ITEM_ACTIONS = [...WRITE_ACTIONS, ...READ_ACTIONS, 'BatchWriteItem', ...TRANSACTION_ACTIONS];
+/** The writes whose items `onItemWritten` tells (a transaction's items are written by these too, one at a time). */
+const WRITE_LISTENED_ACTIONS = [...WRITE_ACTIONS, 'BatchWriteItem'];
 /** The actions that wait while a transaction runs (and the transactions): every one that reads or writes items. */
 const GATED_ACTIONS = ITEM_ACTIONS;
 

@@ -270,7 +270,6 @@ export async function runScenario(subject: Subject, options: ScenarioOptions): P
     const tracker = new InsideTracker(sim, subject.enterStates, subject.leaveStates, (e) => weightByArn.get(e.arn) ?? 1);
     // Under a rate the lock's permits are its count, whatever the limit (a lower one is the bodies' slots).
     const monitor = new LockMonitor(sim, subject.table, () => options.rate?.count ?? options.limit, subject.layout).start(25);
-    let permitsInUse = 0;
 
     // Decide every execution's fate up front, so that both subjects get the same ones.
     const plans = Array.from({ length: options.executions }, (_, id) => ({
@@ -323,16 +322,13 @@ export async function runScenario(subject: Subject, options: ScenarioOptions): P
     const simStart = sim.now();
 
     const progress = setInterval(() => {
-      void lockStates(sim, subject.table, subject.layout).then((locks) => {
-        permitsInUse = locks.reduce((n, l) => n + l.permitsInUse, 0);
-      });
       const done = executions.filter((e) => e.status !== 'RUNNING').length;
       options.onProgress?.({
         simulatedSeconds: (sim.now() - simStart) / 1000,
         waiting: executions.length - done - tracker.inside,
         inside: tracker.inside,
         done,
-        permitsInUse,
+        permitsInUse: monitor.permitsInUse,
       });
     }, 250);
 

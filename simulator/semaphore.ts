@@ -120,15 +120,27 @@ export function heldPermits(item: Record<string, AttributeValue>, lock: LockStat
 /**
  * Samples every lock item while a simulation runs and records each moment an invariant did not hold:
  * permits in use equal to the number of holders, never negative, never above the limit.
+ *
+ * It reads the lock items by key, not by scanning the table: the table holds a queue's ticket items
+ * too, thousands in a burst, and a scan of them all at every sample made the simulator fall behind its
+ * clock as the queue grew. It learns the keys from a scan when it starts, and then from every write
+ * (LocalDynamoDb.onItemWritten). Each lock item is read whole, so each sample of a lock is consistent.
+ * A layout with holder items of their own (bench/holder-items-spike.ts) is scanned: a lock's sample
+ * spans its holder items there, which one read must see at one moment, and that layout has no tickets.
  */
 export class LockMonitor {
   public readonly violations: string[] = [];
   public samples = 0;
   public maxPermits = 0;
-  /** The largest lock item seen, in bytes as DynamoDB counts them (what every write to it is billed for). */
+  /** The largest lock item seen, in bytes as DynamoDB counts them (what every write to it is billed for). Ticket and holder items are not lock items. */
   public maxItemBytes = 0;
+  /** The permits in use in all the lock items, at the last sample. */
+  public permitsInUse = 0;
   private timer?: NodeJS.Timeout;
   private sampling?: Promise<void>;
+  /** The keys of the lock items seen (at the first scan, or written since), by their JSON. */
+  private readonly keys = new Map<string, Record<string, unknown>>();
+  private stopListening?: () => void;
 
   constructor(
     private readonly sim: Simulator,
@@ -138,12 +150,16 @@ export class LockMonitor {
   ) {}
 
   public start(intervalMs = 20): this {
+    const tableName = this.sim.tableName(this.table);
+    const read = this.layout.holderItemOf ? () => this.sim.scan(this.table) : this.readLockItems(tableName);
     const tick = async () => {
-      const items = await this.sim.scan(this.table);
-      for (const item of items) this.maxItemBytes = Math.max(this.maxItemBytes, itemSizeBytes(item));
+      const items = await read();
+      let permitsInUse = 0;
       for (const lock of lockStatesIn(items, this.layout)) {
         const item = items.find((i) => i[this.layout.key]?.S === lock.lockName)!;
+        this.maxItemBytes = Math.max(this.maxItemBytes, itemSizeBytes(item));
         this.samples++;
+        permitsInUse += lock.permitsInUse;
         this.maxPermits = Math.max(this.maxPermits, lock.permitsInUse);
         const permits = heldPermits(item, lock, this.layout);
         const held = `${lock.holders.length} holders${permits === lock.holders.length ? '' : ` holding ${permits}`}`;
@@ -158,6 +174,7 @@ export class LockMonitor {
           this.violations.push(`${lock.lockName}: ${lock.permitsInUse} permits in use, limit ${this.limitOf(lock.lockName)}`);
         }
       }
+      this.permitsInUse = permitsInUse;
     };
     const loop = () => {
       this.sampling = tick().then(() => {
@@ -168,9 +185,30 @@ export class LockMonitor {
     return this;
   }
 
+  /** Reads the lock items by their keys, which it learns (see above): a ticket item is never read. */
+  private readLockItems(tableName: string): () => Promise<Array<Record<string, AttributeValue>>> {
+    const learn = (key: Record<string, unknown>) => {
+      const name = (key[this.layout.key] as AttributeValue | undefined)?.S;
+      // (One JSON for one key, whatever the order of its attributes: BatchGetItem refuses a key twice.)
+      if (name !== undefined && !isTicketKey(name)) this.keys.set(JSON.stringify(Object.entries(key).sort(([a], [b]) => a.localeCompare(b))), key);
+    };
+    // Listening before the scan: no item written in between is missed.
+    this.stopListening = this.sim.db.onItemWritten((written, key) => {
+      if (written === tableName) learn(key);
+    });
+    const scanned = Promise.all([this.sim.scan(this.table), this.sim.db.keySchema(tableName)]).then(([items, keySchema]) => {
+      for (const item of items) learn(Object.fromEntries(keySchema.map((k) => [k, item[k]])));
+    });
+    return async () => {
+      await scanned;
+      return this.sim.getItems(tableName, [...this.keys.values()]);
+    };
+  }
+
   public async stop(): Promise<void> {
     clearTimeout(this.timer);
     this.timer = undefined;
+    this.stopListening?.();
     await this.sampling;
   }
 }

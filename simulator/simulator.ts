@@ -662,6 +662,21 @@ export class Simulator {
     return items;
   }
 
+  /** The items of a table (by physical name) that exist among `keys`, read consistently, in any order. */
+  public async getItems(tableName: string, keys: Array<Record<string, unknown>>): Promise<Array<Record<string, ddb.AttributeValue>>> {
+    const items: Array<Record<string, ddb.AttributeValue>> = [];
+    // BatchGetItem takes at most 100 keys.
+    for (let at = 0; at < keys.length; at += 100) {
+      let request: Record<string, unknown> | undefined = { [tableName]: { Keys: keys.slice(at, at + 100), ConsistentRead: true } };
+      while (request !== undefined && Object.keys(request).length > 0) {
+        const page = await this.db.call('BatchGetItem', { RequestItems: request });
+        items.push(...(((page.Responses as Record<string, unknown[]> | undefined)?.[tableName] ?? []) as Array<Record<string, ddb.AttributeValue>>));
+        request = page.UnprocessedKeys as Record<string, unknown> | undefined;
+      }
+    }
+    return items;
+  }
+
   /** Deliver an event to every rule it matches, as EventBridge would (subject to `eventFaults`). */
   public putEvent(event: Record<string, any>): void {
     for (const rule of this.rules) {

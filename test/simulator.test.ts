@@ -2,7 +2,7 @@ import { createHash } from 'crypto';
 import * as fs from 'fs';
 import * as os from 'os';
 import * as path from 'path';
-import { CreateTableCommand, DescribeTableCommand, DynamoDBClient, GetItemCommand, UpdateItemCommand } from '@aws-sdk/client-dynamodb';
+import { CreateTableCommand, DescribeTableCommand, DynamoDBClient, GetItemCommand, PutItemCommand, TransactWriteItemsCommand, UpdateItemCommand } from '@aws-sdk/client-dynamodb';
 import { DescribeExecutionCommand, GetExecutionHistoryCommand, ListExecutionsCommand, SFNClient, StopExecutionCommand } from '@aws-sdk/client-sfn';
 import { App, Duration, Stack } from 'aws-cdk-lib';
 import * as dynamodb from 'aws-cdk-lib/aws-dynamodb';
@@ -12,9 +12,9 @@ import * as lambda from 'aws-cdk-lib/aws-lambda';
 import * as sqs from 'aws-cdk-lib/aws-sqs';
 import * as sfn from 'aws-cdk-lib/aws-stepfunctions';
 import * as tasks from 'aws-cdk-lib/aws-stepfunctions-tasks';
-import { CodeDynamoDbEndpoint, DynamoTaskRunner, jsonPath, LocalDynamoDb, matchesFilterPattern, matchesPattern, metricFilterSums, REDRIVE_RESUME, refuseWhatItCannotRun, seededRandom, Simulator, targetInput, unsupportedPattern } from '../simulator';
+import { CodeDynamoDbEndpoint, DynamoTaskRunner, jsonPath, LocalDynamoDb, LockMonitor, matchesFilterPattern, matchesPattern, metricFilterSums, REDRIVE_RESUME, refuseWhatItCannotRun, seededRandom, Simulator, targetInput, unsupportedPattern } from '../simulator';
 import { logicalId, until, workflowStack } from './helpers';
-import { executionHolderKeyOfArn } from '../src/private/lock-schema';
+import { executionHolderKeyOfArn, HOLDER_ACQUIRED_AT, LOCK_KEY, PERMITS_IN_USE, TICKET_KEY_SEPARATOR, ticketKey } from '../src/private/lock-schema';
 import { holderKeyAt, ownHolderKey } from '../src/private/lock-tasks';
 
 /*
@@ -1481,4 +1481,59 @@ test('stopping DynamoDB answers the requests it has first: a call that outlived 
   } finally {
     process.off('uncaughtException', record);
   }
+});
+
+describe('the lock monitor', () => {
+  test('reads the lock items written by any path (before it started, over HTTP, in a batch, in a transaction), never a ticket item, and sees what is wrong in them', async () => {
+    const { stack } = workflowStack({ concurrencyLimit: 2 });
+    const sim = await Simulator.start(stack);
+    const table = sim.tableName('WorkflowLockTable');
+    const holder = (n: number) => ({ M: { [HOLDER_ACQUIRED_AT]: { S: `2026-11-29T00:00:0${n}.000Z` } } });
+    const lockItem = (name: string, permits: number, holders: number) => ({
+      [LOCK_KEY]: { S: name },
+      [PERMITS_IN_USE]: { N: `${permits}` },
+      ...Object.fromEntries(Array.from({ length: holders }, (_, i) => [`holder-${i}`, holder(i)])),
+    });
+    // Every key the monitor reads.
+    const read = new Set<string>();
+    const getItems = sim.getItems.bind(sim);
+    sim.getItems = async (tableName, keys) => {
+      for (const key of keys) read.add((key[LOCK_KEY] as { S: string }).S);
+      return getItems(tableName, keys);
+    };
+    try {
+      // Written before the monitor starts: its first scan finds it. Consistent: 1 permit, 1 holder.
+      await sim.db.call('PutItem', { TableName: table, Item: lockItem('before', 1, 1) });
+      // Deleted once the monitor knows it, and written again: still read.
+      await sim.db.call('PutItem', { TableName: table, Item: lockItem('again', 1, 1) });
+      const monitor = new LockMonitor(sim, 'WorkflowLockTable', () => 2).start(5);
+      await until(() => monitor.samples >= 2, 'a first sample');
+      await sim.db.call('DeleteItem', { TableName: table, Key: { [LOCK_KEY]: { S: 'again' } } });
+      await sim.db.call('PutItem', { TableName: table, Item: lockItem('again', 0, 1) });
+      // Over HTTP, as code under test writes: 2 permits counted for 1 holder.
+      await sim.db.client.send(new PutItemCommand({ TableName: table, Item: lockItem('http', 2, 1) }));
+      // In a transaction: 3 permits, above the limit of 2, for 3 holders.
+      await sim.db.client.send(new TransactWriteItemsCommand({ TransactItems: [{ Put: { TableName: table, Item: lockItem('transaction', 3, 3) } }] }));
+      // Tickets far larger than any lock item, beside a lock item in the same batch.
+      const token = 'x'.repeat(3000);
+      const tickets = Array.from({ length: 20 }, (_, i) => ({ PutRequest: { Item: { [LOCK_KEY]: { S: ticketKey('http', i + 1) }, t: { S: token } } } }));
+      await sim.db.call('BatchWriteItem', { RequestItems: { [table]: [...tickets, { PutRequest: { Item: lockItem('batch', 1, 1) } }] } });
+      const samplesThen = monitor.samples;
+      await until(() => monitor.samples >= samplesThen + 15, 'three more samples of the five locks');
+      await monitor.stop();
+
+      expect([...read].sort()).toEqual(['again', 'batch', 'before', 'http', 'transaction']);
+      expect(monitor.violations).toEqual(
+        expect.arrayContaining(['again: 0 permits in use but 1 holders', 'http: 2 permits in use for 1 holders', 'transaction: 3 permits in use, limit 2']),
+      );
+      expect(monitor.violations.filter((v) => v.startsWith('before') || v.startsWith('batch') || v.includes(TICKET_KEY_SEPARATOR))).toEqual([]);
+      expect(monitor.permitsInUse).toBe(7);
+      expect(monitor.maxPermits).toBe(3);
+      // The largest lock item (three holders), not a 3 KB ticket item.
+      expect(monitor.maxItemBytes).toBeGreaterThan(100);
+      expect(monitor.maxItemBytes).toBeLessThan(300);
+    } finally {
+      await sim.stop();
+    }
+  });
 });
