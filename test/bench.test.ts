@@ -8,7 +8,8 @@ const scenario = (options: Partial<Scenario['options']>): Scenario => ({
   description: 'a burst',
   options: { executions: 2000, limit: 10, workSeconds: 1, ...options },
 });
-const result = (lastArrivalSeconds: number) => ({ subject: 'cdk-sfn-semaphore (queue)', lastArrivalSeconds }) as ScenarioResult;
+const result = (lastArrivalSeconds: number, capacityThrottled = 0) =>
+  ({ subject: 'cdk-sfn-semaphore (queue)', lastArrivalSeconds, capacityThrottled }) as ScenarioResult;
 
 test('the bench flags a scenario whose executions arrived after the first bodies could have ended', () => {
   // Arrived within a body's time: at once, as far as the lock can tell.
@@ -18,6 +19,9 @@ test('the bench flags a scenario whose executions arrived after the first bodies
   expect(warning).toContain('burst (cdk-sfn-semaphore (queue))');
   expect(warning).toContain('answered 3.4 s');
   expect(warning).toContain('(1.0 s)');
+  expect(warning).not.toContain('partition');
+  // A partition that throttled spread the first writes as well: the warning says it cannot tell whose the span is.
+  expect(fellBehind(scenario({}), result(3.4, 1114))).toContain('partition, which throttled 1114 calls');
   // Injected latency lands calls late on purpose: it is allowed on top; the default body is 15 s.
   expect(fellBehind(scenario({ workSeconds: undefined, dynamoFaults: { maxLatencySeconds: 10 } }), result(24))).toBeUndefined();
   expect(fellBehind(scenario({ workSeconds: undefined, dynamoFaults: { maxLatencySeconds: 10 } }), result(26))).toContain('(25.0 s)');
