@@ -418,12 +418,19 @@ export class LocalDynamoDb {
       const key = await keyOfItem(tableName, item);
       if (key !== undefined) tell(tableName, key);
     };
-    if (action === 'UpdateItem' || action === 'DeleteItem') {tell(input.TableName, input.Key);} else if (action === 'PutItem') {await tellItem(input.TableName, input.Item);} else if (action === 'BatchWriteItem') {
-      for (const [tableName, requests] of Object.entries(input.RequestItems ?? {}) as Array<[string, Array<Record<string, any>>]>) {
-        for (const r of requests) {
-          if (r.DeleteRequest) tell(tableName, r.DeleteRequest.Key);
-          else if (r.PutRequest) await tellItem(tableName, r.PutRequest.Item);
-        }
+    if (action === 'UpdateItem' || action === 'DeleteItem') {
+      tell(input.TableName, input.Key);
+      return;
+    }
+    if (action === 'PutItem') {
+      await tellItem(input.TableName, input.Item);
+      return;
+    }
+    // BatchWriteItem.
+    for (const [tableName, requests] of Object.entries(input.RequestItems ?? {}) as Array<[string, Array<Record<string, any>>]>) {
+      for (const r of requests) {
+        if (r.DeleteRequest) tell(tableName, r.DeleteRequest.Key);
+        else if (r.PutRequest) await tellItem(tableName, r.PutRequest.Item);
       }
     }
   }
