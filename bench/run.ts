@@ -292,6 +292,11 @@ interface Measured {
   readonly spike?: ScenarioResult;
 }
 
+/** A figure of a subject's result, or '–' for a subject that did not run the scenario. */
+function cellOf([, value, decimals]: Row, r?: ScenarioResult): string {
+  return r ? value(r).toFixed(decimals) : '–';
+}
+
 /** With `--spike`: the spike beside the three, a few figures each. */
 function spikeTable(results: Measured[]): string {
   const lines = ['| scenario | figure | AWS sample | polling | queue | holder items (spike, polling) |', '|---|---|---:|---:|---:|---:|'];
@@ -313,8 +318,9 @@ function spikeTable(results: Measured[]): string {
   );
   for (const { scenario, sample, polling, queue, spike } of results) {
     if (!spike) continue;
-    for (const [label, value, decimals] of rows) {
-      const cell = (r?: ScenarioResult) => (r ? value(r).toFixed(decimals) : '–');
+    for (const row of rows) {
+      const [label] = row;
+      const cell = (r?: ScenarioResult) => cellOf(row, r);
       lines.push(`| ${scenario.name} | ${label} | ${cell(sample)} | ${cell(polling)} | ${cell(queue)} | ${cell(spike)} |`);
     }
   }
@@ -324,7 +330,8 @@ function spikeTable(results: Measured[]): string {
 function table(results: Measured[]): string {
   const lines = ['| scenario | figure | AWS sample | polling | queue | queue / sample |', '|---|---|---:|---:|---:|---:|'];
   for (const { scenario, sample, polling, queue } of results) {
-    for (const [label, value, decimals] of ROWS) {
+    for (const row of ROWS) {
+      const [label, value] = row;
       const notForOne = [
         'drain time / ideal',
         'executions stuck waiting',
@@ -337,12 +344,14 @@ function table(results: Measured[]): string {
       if (label.startsWith('wake-ups lost') && !scenario.options.lostWakeUpRate) continue;
       if (label.startsWith('most entries') && !scenario.options.rate) continue;
       if (label.startsWith('most permits') && !scenario.options.permits) continue;
-      const cell = (r?: ScenarioResult) => (r ? value(r).toFixed(decimals) : '–');
       // A scenario that only polling runs compares polling with the sample; one only the queue runs, nothing.
       const compared = queue ?? polling;
-      const a = sample ? value(sample) : Number.NaN;
-      const b = compared ? value(compared) : Number.NaN;
-      const ratio = !sample || !compared ? '–' : a === 0 ? (b === 0 ? '–' : '∞') : `${(b / a).toFixed(2)}×${queue ? '' : ' (polling)'}`;
+      let ratio = '–';
+      if (sample && compared) {
+        const [a, b] = [value(sample), value(compared)];
+        ratio = a === 0 ? (b === 0 ? '–' : '∞') : `${(b / a).toFixed(2)}×${queue ? '' : ' (polling)'}`;
+      }
+      const cell = (r?: ScenarioResult) => cellOf(row, r);
       lines.push(`| ${scenario.name} | ${label} | ${cell(sample)} | ${cell(polling)} | ${cell(queue)} | ${ratio} |`);
     }
   }

@@ -280,7 +280,7 @@ export class LocalDynamoDb {
   private idle?: () => void;
   private readonly transactions = new Transactions({
     call: (action, input) => this.serve(action, input),
-    keySchema: (tableName) => this.keySchema(tableName),
+    keyOf: (tableName, item) => this.keyOf(tableName, item),
     now: () => Date.now(),
   });
   private drained?: () => void;
@@ -410,12 +410,8 @@ export class LocalDynamoDb {
         }
       }
     };
-    const keyOfItem = async (tableName: string, item: Record<string, unknown>) => {
-      const names = await this.keySchema(tableName).catch(() => undefined);
-      return names === undefined ? undefined : Object.fromEntries(names.map((name) => [name, item[name]]));
-    };
     const tellItem = async (tableName: string, item: Record<string, unknown>) => {
-      const key = await keyOfItem(tableName, item);
+      const key = await this.keyOf(tableName, item).catch(() => undefined);
       if (key !== undefined) tell(tableName, key);
     };
     if (action === 'UpdateItem' || action === 'DeleteItem') {
@@ -478,8 +474,14 @@ export class LocalDynamoDb {
     }
   }
 
+  /** An item's key, by its table's key schema. */
+  public async keyOf(tableName: string, item: Record<string, unknown>): Promise<Record<string, unknown>> {
+    const names = await this.keySchema(tableName);
+    return Object.fromEntries(names.map((name) => [name, item[name]]));
+  }
+
   /** The names of a table's key attributes, the partition key first. */
-  public keySchema(tableName: string): Promise<string[]> {
+  private keySchema(tableName: string): Promise<string[]> {
     return new Promise((resolve, reject) =>
       this.store.getTable(tableName, false, (err, table) => {
         if (err || !table?.KeySchema) reject(new TaskError('ResourceNotFoundException', 'Requested resource not found'));

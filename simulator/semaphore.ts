@@ -196,8 +196,8 @@ export class LockMonitor {
     this.stopListening = this.sim.db.onItemWritten((written, key) => {
       if (written === tableName) learn(key);
     });
-    const scanned = Promise.all([this.sim.scan(this.table), this.sim.db.keySchema(tableName)]).then(([items, keySchema]) => {
-      for (const item of items) learn(Object.fromEntries(keySchema.map((k) => [k, item[k]])));
+    const scanned = this.sim.scan(this.table).then(async (items) => {
+      for (const item of items) learn(await this.sim.db.keyOf(tableName, item));
     });
     return async () => {
       await scanned;

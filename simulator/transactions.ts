@@ -20,8 +20,8 @@ import { itemSizeBytes, TaskError, writeUnits } from './dynamodb';
 export interface TransactionStore {
   /** An item action of dynalite's, with its checks; errors named as DynamoDB names them. */
   call(action: string, input: Record<string, any>): Promise<Record<string, any>>;
-  /** The table's key attributes. */
-  keySchema(tableName: string): Promise<string[]>;
+  /** An item's key, by its table's key schema. */
+  keyOf(tableName: string, item: Record<string, unknown>): Promise<Record<string, unknown>>;
   /** Now, epoch milliseconds: the idempotency window of ClientRequestToken. */
   now(): number;
 }
@@ -176,7 +176,7 @@ export class Transactions {
       const kind = present[0] as Action['kind'];
       const body = entry[kind] as Record<string, any>;
       const tableName = String(body.TableName);
-      const key = kind === 'Put' ? await this.keyOf(tableName, body.Item ?? {}) : body.Key;
+      const key = kind === 'Put' ? await this.store.keyOf(tableName, body.Item ?? {}) : body.Key;
       if (key === undefined || typeof key !== 'object') throw new TaskError('ValidationException', 'The provided key element does not match the schema');
       const id = partitionOf(tableName, key);
       if (seen.has(id)) throw new TaskError('ValidationException', 'Transaction request cannot include multiple operations on one item');
@@ -184,11 +184,6 @@ export class Transactions {
       actions.push({ kind, body, tableName, key });
     }
     return actions;
-  }
-
-  private async keyOf(tableName: string, item: Record<string, unknown>): Promise<Record<string, unknown>> {
-    const schema = await this.store.keySchema(tableName);
-    return Object.fromEntries(schema.map((name) => [name, item[name]]));
   }
 
   private async read(tableName: string, key: Record<string, unknown>): Promise<Record<string, unknown> | undefined> {
