@@ -3,7 +3,7 @@ import { AddressInfo } from 'net';
 import * as ddb from '@aws-sdk/client-dynamodb';
 import { CfnTemplate } from './cfn';
 import { chance, Random } from './random';
-import { ItemUnits, partitionOf, transactionCanceled, TransactionResult, Transactions } from './transactions';
+import { ItemUnits, transactionCanceled, TransactionResult, Transactions } from './transactions';
 
 // dynalite has no type declarations.
 // eslint-disable-next-line @typescript-eslint/no-require-imports
@@ -120,8 +120,9 @@ export interface DynamoFaults {
  * per KB of the larger of the item's sizes before and after it (a refused condition is billed too, by
  * the item's size), a strongly consistent read 1 read unit per 4 KB (half that eventually consistent),
  * a transactional write twice; and one partition serves at most 1,000 write units and 3,000 read
- * units a second, throttling beyond (ProvisionedThroughputExceeded, not applied). One item is one
- * partition here (a hot key cannot be split).
+ * units a second, throttling beyond (ProvisionedThroughputExceeded, not applied). One partition key
+ * value is one partition here: items that share it (a table with a sort key) share its rates, and a hot
+ * key is never split. Queries and scans are billed but not throttled.
  * https://docs.aws.amazon.com/amazondynamodb/latest/developerguide/read-write-operations.html
  * https://docs.aws.amazon.com/amazondynamodb/latest/developerguide/bp-partition-key-design.html
  */
@@ -281,6 +282,7 @@ export class LocalDynamoDb {
   private readonly transactions = new Transactions({
     call: (action, input) => this.serve(action, input),
     keyOf: (tableName, item) => this.keyOf(tableName, item),
+    partitionOf: (tableName, key) => this.partitionOf(tableName, key),
     now: () => Date.now(),
   });
   private drained?: () => void;
@@ -480,6 +482,16 @@ export class LocalDynamoDb {
     return Object.fromEntries(names.map((name) => [name, item[name]]));
   }
 
+  /**
+   * The partition an item goes to, for the capacity model: its table and its partition key's value. Items
+   * that share a partition key (a table with a sort key) share a partition, and its 1,000 write and 3,000
+   * read units a second; a hot partition key is never split here.
+   */
+  public async partitionOf(tableName: string, key: Record<string, unknown>): Promise<string> {
+    const [partitionKey] = await this.keySchema(tableName);
+    return `${tableName}|${JSON.stringify({ [partitionKey]: key[partitionKey] })}`;
+  }
+
   /** The names of a table's key attributes, the partition key first. */
   private keySchema(tableName: string): Promise<string[]> {
     return new Promise((resolve, reject) =>
@@ -645,7 +657,7 @@ export class DynamoTaskRunner {
       await this.sleep(this.random() * this.faults.maxLatencySeconds);
     }
     if (TRANSACTION_ACTIONS.includes(action)) return this.transaction(action, parameters, options);
-    const partition = this.partitionOf(parameters);
+    const partition = await this.partitionOf(parameters);
     if (partition !== undefined && this.overCapacity(partition, action)) {
       this.throttled++;
       this.capacityThrottled++;
@@ -689,10 +701,12 @@ export class DynamoTaskRunner {
     options: { faults: boolean; onConsumed?: (units: ConsumedUnits) => void },
   ): Promise<unknown> {
     const write = action === 'TransactWriteItems';
-    const partitions = (Array.isArray(parameters.TransactItems) ? parameters.TransactItems : []).map((entry: Record<string, any>) => {
-      const body = Object.values(entry ?? {})[0] as Record<string, any> | undefined;
-      return body?.Key === undefined ? undefined : this.partitionOf(body);
-    });
+    const partitions: Array<string | undefined> = await Promise.all(
+      (Array.isArray(parameters.TransactItems) ? parameters.TransactItems : []).map((entry: Record<string, any>) => {
+        const body = Object.values(entry ?? {})[0] as Record<string, any> | undefined;
+        return body?.Key === undefined ? undefined : this.partitionOf(body);
+      }),
+    );
     const actions = Array.isArray(parameters.TransactItems) ? parameters.TransactItems.length : 0;
     if (options.faults && actions > 0 && chance(this.random, this.faults.transactionConflictRate ?? 0)) {
       const conflicted = Math.floor(this.random() * actions);
@@ -734,10 +748,14 @@ export class DynamoTaskRunner {
     return result.response;
   }
 
-  /** The partition a single-item call goes to (table and key); undefined for a scan, a transaction, or a PutItem (whose key schema the runner does not know). */
-  private partitionOf(parameters: Record<string, any>): string | undefined {
-    // The same string a transaction's items are billed under (transactions.ts).
-    return parameters.Key === undefined ? undefined : partitionOf(parameters.TableName, parameters.Key);
+  /**
+   * The partition a single-item call goes to (table and partition key value; the same string a
+   * transaction's items are billed under); undefined for a query, a scan, a transaction, or a PutItem
+   * (which names no key), and for a table that does not exist (the call then fails as DynamoDB fails it).
+   */
+  private async partitionOf(parameters: Record<string, any>): Promise<string | undefined> {
+    if (parameters.Key === undefined) return undefined;
+    return this.db.partitionOf(parameters.TableName, parameters.Key).catch(() => undefined);
   }
 
   /** Whether the call would take its partition over its rate this simulated second (a write estimated as the key's last). */

@@ -22,11 +22,13 @@ export interface TransactionStore {
   call(action: string, input: Record<string, any>): Promise<Record<string, any>>;
   /** An item's key, by its table's key schema. */
   keyOf(tableName: string, item: Record<string, unknown>): Promise<Record<string, unknown>>;
+  /** The partition an item's key goes to: its table and partition key value (LocalDynamoDb.partitionOf). */
+  partitionOf(tableName: string, key: Record<string, unknown>): Promise<string>;
   /** Now, epoch milliseconds: the idempotency window of ClientRequestToken. */
   now(): number;
 }
 
-/** Per item of a transaction: its partition (table and key) and the capacity units it consumed. */
+/** Per item of a transaction: its partition (table and partition key value) and the capacity units it consumed. */
 export interface ItemUnits {
   readonly partition: string;
   readonly write: number;
@@ -131,10 +133,12 @@ export class Transactions {
     // Each item is billed twice (prepare and commit) by the larger of its sizes. A cancelled transaction
     // is billed the same, by its items as they are, as a refused condition is (an assumption: AWS does not
     // document whether a cancelled transaction pays its commit phase; billing it whole errs on the high side).
-    const items = actions.map((a, i) => {
-      const bytes = Math.max(sizeOf(before[i]), refused || a.kind === 'ConditionCheck' ? 0 : sizeOf(after[i]));
-      return { partition: partitionOf(a.tableName, a.key), write: 2 * writeUnits(bytes), read: 0, bytes };
-    });
+    const items = await Promise.all(
+      actions.map(async (a, i) => {
+        const bytes = Math.max(sizeOf(before[i]), refused || a.kind === 'ConditionCheck' ? 0 : sizeOf(after[i]));
+        return { partition: await this.store.partitionOf(a.tableName, a.key), write: 2 * writeUnits(bytes), read: 0, bytes };
+      }),
+    );
     if (invalid !== undefined) throw invalid;
     if (refused) throw transactionCanceled(reasons, items);
     return { response: withCapacity({}, input, actions, items, 'write'), items };
@@ -149,7 +153,7 @@ export class Transactions {
       responses.push(out.Item === undefined ? {} : { Item: out.Item });
       // Billed twice by the item's size (1 read unit per 4 KB), whatever the projection returns.
       const bytes = sizeOf(await this.read(a.tableName, a.key));
-      items.push({ partition: partitionOf(a.tableName, a.key), write: 0, read: transactionalReadUnits(bytes), bytes });
+      items.push({ partition: await this.store.partitionOf(a.tableName, a.key), write: 0, read: transactionalReadUnits(bytes), bytes });
     }
     return { response: withCapacity({ Responses: responses }, input, actions, items, 'read'), items };
   }
@@ -178,7 +182,7 @@ export class Transactions {
       const tableName = String(body.TableName);
       const key = kind === 'Put' ? await this.store.keyOf(tableName, body.Item ?? {}) : body.Key;
       if (key === undefined || typeof key !== 'object') throw new TaskError('ValidationException', 'The provided key element does not match the schema');
-      const id = partitionOf(tableName, key);
+      const id = itemIdOf(tableName, key);
       if (seen.has(id)) throw new TaskError('ValidationException', 'Transaction request cannot include multiple operations on one item');
       seen.add(id);
       actions.push({ kind, body, tableName, key });
@@ -223,9 +227,9 @@ function sizeOf(item: Record<string, unknown> | undefined): number {
   return item === undefined ? 0 : itemSizeBytes(item);
 }
 
-/** The capacity model's partition of an item: its table and key (one item is one partition here). */
-export function partitionOf(tableName: string, key: unknown): string {
-  return `${tableName}|${JSON.stringify(key)}`;
+/** An item's identity: its table and whole key (in one order, whatever the request's). */
+function itemIdOf(tableName: string, key: Record<string, unknown>): string {
+  return `${tableName}|${JSON.stringify(Object.entries(key).sort(([a], [b]) => a.localeCompare(b)))}`;
 }
 
 /** The response's ConsumedCapacity, per table, when asked for. */

@@ -1411,6 +1411,43 @@ describe('DynamoDB capacity, as DynamoDB bills and throttles it', () => {
     expect(runner.capacityThrottled).toBe(2);
   });
 
+  test('items that share a partition key (a table with a sort key) share its 1,000 write units a second, transactions included', async () => {
+    await db.client.send(
+      new CreateTableCommand({
+        TableName: 'Collection',
+        KeySchema: [
+          { AttributeName: 'pk', KeyType: 'HASH' },
+          { AttributeName: 'sk', KeyType: 'RANGE' },
+        ],
+        AttributeDefinitions: [
+          { AttributeName: 'pk', AttributeType: 'S' },
+          { AttributeName: 'sk', AttributeType: 'S' },
+        ],
+        BillingMode: 'PAY_PER_REQUEST',
+      }),
+    );
+    const runner = new DynamoTaskRunner(db, seededRandom(1), async () => undefined, {}, { partitionLimits: true }, () => now + 10_000);
+    // The key's attributes in either order: the partition is the partition key's value.
+    const write = (sk: string, bytes: number, pk = 'lock') => ({
+      TableName: 'Collection',
+      Key: sk < 'm' ? { pk: { S: pk }, sk: { S: sk } } : { sk: { S: sk }, pk: { S: pk } },
+      UpdateExpression: 'SET big = :big',
+      ExpressionAttributeValues: { ':big': { S: 'x'.repeat(bytes) } },
+    });
+    // Ten items of about 100 KB under one partition key: 1,000 write units in this second.
+    for (const sk of ['a', 'b', 'c', 'd', 'e', 'p', 'q', 'r', 's', 't']) await runner.run(update, write(sk, 100 * 1024 - 100));
+    expect(runner.writeUnits).toBe(1000);
+    // A new item under the same partition key is throttled, as is a transaction that writes one.
+    await expect(runner.run(update, write('z', 10))).rejects.toMatchObject({ name: 'DynamoDB.ProvisionedThroughputExceededException' });
+    await expect(
+      runner.run('arn:aws:states:::aws-sdk:dynamodb:transactWriteItems', { TransactItems: [{ Update: write('y', 10) }] }),
+    ).rejects.toMatchObject({ name: 'DynamoDb.TransactionCanceledException', message: expect.stringMatching(/\[ThrottlingError\]$/) });
+    expect(runner.capacityThrottled).toBe(2);
+    // Another partition key of the same table is served.
+    await runner.run(update, write('z', 10, 'other'));
+    expect(runner.writeUnits).toBe(1001);
+  });
+
   test('code under test (functions, SDK clients) is billed and throttled by the same model, with DynamoDB\'s error names; the tasks\' injected faults do not reach it', async () => {
     const faults = { throttleRate: 1, serverErrorAfterWriteRate: 1 };
     const runner = new DynamoTaskRunner(db, seededRandom(1), async () => undefined, faults, { partitionLimits: true }, () => now);
