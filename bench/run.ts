@@ -10,6 +10,7 @@ import { AWS_SAMPLE_LOCK_LAYOUT, runScenario, ScenarioOptions, ScenarioResult, S
 import { ConcurrencyControlledWorkflowProps, RateLimit, WaitStrategy } from '../src';
 import { AwsSampleSemaphore } from './aws-sample-baseline';
 import { HOLDER_ITEMS_LAYOUT, HolderItemsSpike, SPIKE_STATES } from './holder-items-spike';
+import { TRANSACT_QUEUE_LAYOUT, TRANSACT_QUEUE_STATES, TransactQueueSpike } from './transact-queue-spike';
 
 /*
  * npm run bench [-- --only contending,throttling --seed 1 --time-scale 0.05 --soak]
@@ -214,17 +215,41 @@ export function holderItemsSpikeSubject(limit: number): Subject {
   };
 }
 
+/** A queue that enqueues in one transaction and finds its next waiter by a query (bench/transact-queue-spike.ts): a design spike, run with `--spike transact-queue`. */
+export function transactQueueSpikeSubject(limit: number): Subject {
+  const { stack, body, id, bodyStates, bodyFunctions } = benchStack('TransactQueueSpike');
+  const spike = new TransactQueueSpike(stack, 'Spike', { body, lockName: 'demo', limit });
+  return {
+    name: 'transactional queue (spike)',
+    stack,
+    stateMachine: id(spike.stateMachine),
+    table: id(spike.table),
+    layout: TRANSACT_QUEUE_LAYOUT,
+    enterStates: [TRANSACT_QUEUE_STATES.body],
+    leaveStates: [TRANSACT_QUEUE_STATES.release],
+    acquireStates: [TRANSACT_QUEUE_STATES.acquire],
+    bodyStates,
+    bodyFunctions,
+  };
+}
+
+/** The design spikes `--spike NAME` runs beside the three (bench/*-spike.ts). */
+const SPIKES: Record<string, { readonly title: string; readonly subject: (limit: number) => Subject }> = {
+  'holder-items': { title: 'holder items (spike, polling)', subject: holderItemsSpikeSubject },
+  'transact-queue': { title: 'transactional queue (spike)', subject: transactQueueSpikeSubject },
+};
+
 interface BenchOptions {
   only?: string[];
   seed: number;
   timeScale: number;
   soak: boolean;
-  /** Also run the holder-items spike, beside the three. */
-  spike: boolean;
+  /** Also run a design spike (a key of SPIKES), beside the three. */
+  spike?: string;
 }
 
 function parseOptions(argv: string[]): BenchOptions {
-  const options: BenchOptions = { seed: 1, timeScale: 0.05, soak: false, spike: false };
+  const options: BenchOptions = { seed: 1, timeScale: 0.05, soak: false };
   for (let i = 0; i < argv.length; i++) {
     switch (argv[i]) {
       case '--only':
@@ -240,11 +265,13 @@ function parseOptions(argv: string[]): BenchOptions {
         options.soak = true;
         break;
       case '--spike':
-        options.spike = true;
+        // The name is optional: `--spike` alone is the first spike, the holder items.
+        options.spike = argv[i + 1] !== undefined && !argv[i + 1].startsWith('--') ? argv[++i] : 'holder-items';
+        if (!(options.spike in SPIKES)) throw new Error(`unknown spike ${options.spike} (one of ${Object.keys(SPIKES).join(', ')})`);
         break;
       case '--help':
         console.log(
-          `Usage: npm run bench -- [--only ${[...SCENARIOS, ...ON_REQUEST].map((s) => s.name).join(',')},soak] [--seed N] [--time-scale F] [--soak] [--spike]`,
+          `Usage: npm run bench -- [--only ${[...SCENARIOS, ...ON_REQUEST].map((s) => s.name).join(',')},soak] [--seed N] [--time-scale F] [--soak] [--spike [${Object.keys(SPIKES).join('|')}]]`,
         );
         process.exit(0);
       default:
@@ -288,7 +315,7 @@ interface Measured {
   readonly polling?: ScenarioResult;
   /** Undefined for a scenario that only polling runs. */
   readonly queue?: ScenarioResult;
-  /** With `--spike`: the holder-items layout. */
+  /** With `--spike`: the spike's. */
   readonly spike?: ScenarioResult;
 }
 
@@ -298,8 +325,8 @@ function cellOf([, value, decimals]: Row, r?: ScenarioResult): string {
 }
 
 /** With `--spike`: the spike beside the three, a few figures each. */
-function spikeTable(results: Measured[]): string {
-  const lines = ['| scenario | figure | AWS sample | polling | queue | holder items (spike, polling) |', '|---|---|---:|---:|---:|---:|'];
+function spikeTable(results: Measured[], title: string): string {
+  const lines = [`| scenario | figure | AWS sample | polling | queue | ${title} |`, '|---|---|---:|---:|---:|---:|'];
   const rows = ROWS.filter(([label]) =>
     [
       'transitions beside the body / execution',
@@ -310,6 +337,7 @@ function spikeTable(results: Measured[]): string {
       '$ per 1,000 executions',
       'acquisitions / s (sustained)',
       'drain time / ideal',
+      'executions overtaken by a later one',
       'most inside at once',
       'permits left held',
       'executions stuck waiting',
@@ -402,7 +430,7 @@ async function main(): Promise<void> {
     const queue = scenario.pollingOnly ? undefined : await run({ ...ours(WaitStrategy.QUEUE), name: 'cdk-sfn-semaphore (queue)' });
     // The spike has no rate and no weights: only the scenarios of a plain limit.
     const spikeFits = options.spike && !scenario.options.rate && !scenario.options.permits && !scenario.queueOnly;
-    const spike = spikeFits ? await runScenario(holderItemsSpikeSubject(scenario.options.limit), sampleOptions) : undefined;
+    const spike = spikeFits ? await runScenario(SPIKES[options.spike!].subject(scenario.options.limit), sampleOptions) : undefined;
     const seconds = [sample, polling, queue, spike].reduce((n, r) => n + (r?.realSeconds ?? 0), 0);
     console.log(` ${seconds.toFixed(0)} s`);
     results.push({ scenario, sample, polling, queue, spike });
@@ -411,7 +439,7 @@ async function main(): Promise<void> {
   const date = new Date().toISOString().slice(0, 10);
   console.log(`\nMeasured ${date}, seed ${options.seed}, simulated time ${1 / options.timeScale}x unless the scenario sets its own (ratio: queue / sample)\n`);
   console.log(table(results));
-  if (options.spike) console.log(`\nThe holder-items layout (bench/holder-items-spike.ts), a design spike:\n\n${spikeTable(results)}`);
+  if (options.spike) console.log(`\nA design spike (bench/${options.spike}-spike.ts):\n\n${spikeTable(results, SPIKES[options.spike].title)}`);
   const behind = results.flatMap(({ scenario, sample, polling, queue, spike }) =>
     [sample, polling, queue, spike].flatMap((r) => (r === undefined ? [] : [fellBehind(scenario, r)].filter((w): w is string => w !== undefined))),
   );
@@ -420,7 +448,7 @@ async function main(): Promise<void> {
   const dir = path.join(__dirname, '..', 'bench-results');
   fs.mkdirSync(dir, { recursive: true });
   // One file per selection, so that a run of a few scenarios does not overwrite the day's others.
-  const file = path.join(dir, `bench-${date}-seed${options.seed}${options.only ? `-${options.only.join('+')}` : ''}${options.spike ? '-spike' : ''}.json`);
+  const file = path.join(dir, `bench-${date}-seed${options.seed}${options.only ? `-${options.only.join('+')}` : ''}${options.spike ? `-${options.spike}-spike` : ''}.json`);
   fs.writeFileSync(
     file,
     JSON.stringify(
@@ -430,7 +458,7 @@ async function main(): Promise<void> {
         timeScale: options.timeScale,
         scenarios: results.map(({ scenario, sample, polling, queue, spike }) => ({
           ...scenario,
-          results: { 'aws-sample': sample, 'cdk-sfn-semaphore-polling': polling, 'cdk-sfn-semaphore-queue': queue, ...(spike ? { 'holder-items-spike': spike } : {}) },
+          results: { 'aws-sample': sample, 'cdk-sfn-semaphore-polling': polling, 'cdk-sfn-semaphore-queue': queue, ...(spike ? { [`${options.spike}-spike`]: spike } : {}) },
         })),
       },
       null,

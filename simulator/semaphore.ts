@@ -40,6 +40,11 @@ export interface LockLayout {
    * holds, from its key; undefined for any other item. @default - holders are attributes of their lock item
    */
   holderItemOf?(key: string): string | undefined;
+  /**
+   * For a table with a sort key (bench/transact-queue-spike.ts), whose ticket items share their lock's
+   * partition key: whether an item (or its key) is a lock item. @default - every item whose key is not a ticket's
+   */
+  isLockItem?(item: Record<string, AttributeValue>): boolean;
 }
 
 /** Our lock items (src/private/lock-schema.ts). */
@@ -80,7 +85,8 @@ export async function lockStates(sim: Simulator, table: string, layout: LockLayo
 export function lockStatesIn(items: Array<Record<string, AttributeValue>>, layout: LockLayout = LOCK_LAYOUT): LockState[] {
   // The queue's ticket items share the table: they are not locks; nor are holder items.
   const holderOf = (item: Record<string, AttributeValue>) => layout.holderItemOf?.(item[layout.key]?.S ?? '');
-  const locks = items.filter((item) => !isTicketKey(item[layout.key]?.S ?? '') && holderOf(item) === undefined).map((item) => lockStateOf(item, layout));
+  const isLock = (item: Record<string, AttributeValue>) => layout.isLockItem?.(item) ?? (!isTicketKey(item[layout.key]?.S ?? '') && holderOf(item) === undefined);
+  const locks = items.filter(isLock).map((item) => lockStateOf(item, layout));
   if (!layout.holderItemOf) return locks;
   return locks.map((lock) => ({
     ...lock,
@@ -189,8 +195,9 @@ export class LockMonitor {
   private readLockItems(tableName: string): () => Promise<Array<Record<string, AttributeValue>>> {
     const learn = (key: Record<string, unknown>) => {
       const name = (key[this.layout.key] as AttributeValue | undefined)?.S;
+      const isLock = this.layout.isLockItem?.(key as Record<string, AttributeValue>) ?? !isTicketKey(name ?? '');
       // (One JSON for one key, whatever the order of its attributes: BatchGetItem refuses a key twice.)
-      if (name !== undefined && !isTicketKey(name)) this.keys.set(JSON.stringify(Object.entries(key).sort(([a], [b]) => a.localeCompare(b))), key);
+      if (name !== undefined && isLock) this.keys.set(JSON.stringify(Object.entries(key).sort(([a], [b]) => a.localeCompare(b))), key);
     };
     // Listening before the scan: no item written in between is missed.
     this.stopListening = this.sim.db.onItemWritten((written, key) => {

@@ -1,4 +1,4 @@
-import { fellBehind, holderItemsSpikeSubject, Scenario } from '../bench/run';
+import { fellBehind, holderItemsSpikeSubject, Scenario, transactQueueSpikeSubject } from '../bench/run';
 import { demoSubject } from '../demo/run';
 import { BODY_ENTER, BODY_LEAVE, BODY_SLOT_ENTER, runScenario, ScenarioResult } from '../simulator';
 import { RateLimit } from '../src';
@@ -51,4 +51,22 @@ test('the holder-items spike (bench --spike) runs on the simulator\'s transactio
   expect(many.succeeded + many.failed).toBe(20);
   // The lock item is a counter: well under 1 KB, whatever the holders.
   expect(many.largestLockItemBytes).toBeLessThan(200);
+}, 120_000);
+
+test('the transactional-queue spike (bench --spike transact-queue) queues, hands off in order and wakes: 3 transitions alone, 4 more a waiter', async () => {
+  const options = { executions: 1, limit: 3, workSeconds: 2, capacity: { partitionLimits: true }, seed: 7, timeScale: 0.05 };
+  const one = await runScenario(transactQueueSpikeSubject(3), options);
+  expect([one.succeeded, one.overheadTransitionsPerExecution, one.dynamoCallsPerExecution]).toEqual([1, 3, 2]);
+  const many = await runScenario(transactQueueSpikeSubject(3), { ...options, executions: 12, failureRate: 0.2 });
+  expect(many.invariantViolations).toEqual([]);
+  // (A failed body releases as a successful one does: the spike's executions all succeed.)
+  expect([many.succeeded, many.maxInside, many.permitsLeftHeld, many.stuck, many.overtaken]).toEqual([12, 3, 0, 0, 0]);
+  // Each of the 9 waiters: its wait, and its releaser's query, hand-off and wake-up (a cancelled hand-off
+  // costs a release and a query more, which this run does not meet).
+  const byState = many.overheadTransitionsByState;
+  expect([byState['Wait In Queue'], byState['Find Next Waiter'], byState['Hand Off Permit'], byState['Wake Next Waiter']].map((n) => n * 12)).toEqual([9, 9, 9, 9]);
+  expect(many.overheadTransitionsPerExecution * 12).toBeCloseTo(3 * 12 + 4 * 9);
+  // The lock item only (the ticket items, with their tokens, share its partition key but are not locks).
+  expect(many.largestLockItemBytes).toBeGreaterThan(100);
+  expect(many.largestLockItemBytes).toBeLessThan(500);
 }, 120_000);
