@@ -61,11 +61,13 @@ test('the transactional-queue spike (bench --spike transact-queue) queues, hands
   expect(many.invariantViolations).toEqual([]);
   // (A failed body releases as a successful one does: the spike's executions all succeed.)
   expect([many.succeeded, many.maxInside, many.permitsLeftHeld, many.stuck, many.overtaken]).toEqual([12, 3, 0, 0, 0]);
-  // Each of the 9 waiters: its wait, and its releaser's query, hand-off and wake-up (a cancelled hand-off
-  // costs a release and a query more, which this run does not meet).
-  const byState = many.overheadTransitionsByState;
-  expect([byState['Wait In Queue'], byState['Find Next Waiter'], byState['Hand Off Permit'], byState['Wake Next Waiter']].map((n) => n * 12)).toEqual([9, 9, 9, 9]);
-  expect(many.overheadTransitionsPerExecution * 12).toBeCloseTo(3 * 12 + 4 * 9);
+  // Each of the 9 waiters: its wait, and its releaser's query, hand-off and wake-up. Releasers whose bodies
+  // end together read the same ticket: all but one are cancelled, and each such one releases and queries again.
+  const times = (state: string) => Math.round(many.overheadTransitionsByState[state] * 12);
+  const cancelled = times('Hand Off Permit') - 9;
+  expect(cancelled).toBeGreaterThanOrEqual(0);
+  expect([times('Wait In Queue'), times('Wake Next Waiter'), times('Find Next Waiter'), times('Release Permit')]).toEqual([9, 9, 9 + cancelled, 12 + cancelled]);
+  expect(many.overheadTransitionsPerExecution * 12).toBeCloseTo(3 * 12 + 4 * 9 + 3 * cancelled);
   // The lock item only (the ticket items, with their tokens, share its partition key but are not locks).
   expect(many.largestLockItemBytes).toBeGreaterThan(100);
   expect(many.largestLockItemBytes).toBeLessThan(500);
