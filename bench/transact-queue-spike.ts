@@ -6,6 +6,7 @@ import { Construct } from 'constructs';
 import { LockLayout } from '../simulator';
 import { THROTTLING_ERRORS, transientRetry } from '../src/private/dynamodb-errors';
 import { ownHolderKey } from '../src/private/lock-tasks';
+import { SDK_THROTTLING_ERRORS } from '../src/private/queue-states';
 
 /*
  * A design spike for issue 15's contended target (8 transitions and 6 DynamoDB calls per execution at
@@ -91,16 +92,18 @@ export class TransactQueueSpike extends Construct {
         r: tasks.DynamoAttributeValue.numberFromString(sfn.JsonPath.format('{}', sfn.JsonPath.stringAt('$$.Execution.RedriveCount'))),
         ...(handoff ? { h: tasks.DynamoAttributeValue.fromString(handoff) } : {}),
       });
-    const lockKey = { [KEY]: { S: props.lockName }, [SORT]: { S: LOCK_SORT } };
+    // The lock item's key, for the optimized integration's tasks and for the AWS SDK's.
+    const lockItemKey = { [KEY]: tasks.DynamoAttributeValue.fromString(props.lockName), [SORT]: tasks.DynamoAttributeValue.fromString(LOCK_SORT) };
+    const lockKey = { [KEY]: lockItemKey[KEY].toObject(), [SORT]: lockItemKey[SORT].toObject() };
     const names = { '#count': COUNT, '#me': me, '#fence': 'fence', '#waiters': 'waiters', '#waiter': 'waiter' };
     const num = (n: number) => tasks.DynamoAttributeValue.fromNumber(n);
     const retry = transientRetry(THROTTLING_ERRORS);
-    const sdkRetry = transientRetry(['DynamoDb.ProvisionedThroughputExceededException', 'DynamoDb.ThrottlingException']);
+    const sdkRetry = transientRetry(SDK_THROTTLING_ERRORS);
     const cancelled = ['DynamoDb.TransactionCanceledException', 'DynamoDb.DynamoDbException'];
 
     const acquire = new tasks.DynamoUpdateItem(this, TRANSACT_QUEUE_STATES.acquire, {
       table,
-      key: { [KEY]: tasks.DynamoAttributeValue.fromString(props.lockName), [SORT]: tasks.DynamoAttributeValue.fromString(LOCK_SORT) },
+      key: lockItemKey,
       conditionExpression: '(attribute_not_exists(#count) OR #count < :limit) AND attribute_not_exists(#me)',
       // The waiters' count and the placeholder waiter (what a query without a ticket hands off to: see below) once.
       updateExpression:
@@ -156,7 +159,7 @@ export class TransactQueueSpike extends Construct {
     const body = new sfn.Parallel(this, TRANSACT_QUEUE_STATES.body, { resultPath: sfn.JsonPath.DISCARD }).branch(props.body);
     const release = new tasks.DynamoUpdateItem(this, TRANSACT_QUEUE_STATES.release, {
       table,
-      key: { [KEY]: tasks.DynamoAttributeValue.fromString(props.lockName), [SORT]: tasks.DynamoAttributeValue.fromString(LOCK_SORT) },
+      key: lockItemKey,
       conditionExpression: 'attribute_exists(#me) AND #waiters = :zero',
       updateExpression: 'SET #count = #count - :one REMOVE #me',
       expressionAttributeNames: { '#count': COUNT, '#me': me, '#waiters': 'waiters' },

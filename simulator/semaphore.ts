@@ -1,6 +1,7 @@
 import type { AttributeValue } from '@aws-sdk/client-dynamodb';
 import { itemSizeBytes } from './dynamodb';
 import { Execution, Simulator } from './simulator';
+import { keyJson } from './transactions';
 import {
   BODIES_RUNNING,
   BODY_LIMIT,
@@ -83,10 +84,8 @@ export async function lockStates(sim: Simulator, table: string, layout: LockLayo
 
 /** The lock items among a table's scanned items, as plain objects. */
 export function lockStatesIn(items: Array<Record<string, AttributeValue>>, layout: LockLayout = LOCK_LAYOUT): LockState[] {
-  // The queue's ticket items share the table: they are not locks; nor are holder items.
   const holderOf = (item: Record<string, AttributeValue>) => layout.holderItemOf?.(item[layout.key]?.S ?? '');
-  const isLock = (item: Record<string, AttributeValue>) => layout.isLockItem?.(item) ?? (!isTicketKey(item[layout.key]?.S ?? '') && holderOf(item) === undefined);
-  const locks = items.filter(isLock).map((item) => lockStateOf(item, layout));
+  const locks = items.filter((item) => isLockItem(item, layout)).map((item) => lockStateOf(item, layout));
   if (!layout.holderItemOf) return locks;
   return locks.map((lock) => ({
     ...lock,
@@ -107,6 +106,12 @@ export function waitingTickets(items: Array<Record<string, AttributeValue>>, loc
     .filter(({ ticket, item }) => ticket > head && item[TICKET_SERVED_BY] === undefined && item[TICKET_WAITER] !== undefined)
     .sort((x, y) => x.ticket - y.ticket)
     .map(({ item }) => item);
+}
+
+/** Whether an item (or its key) is a lock item: the queue's ticket items share the table, and are not; nor are holder items. */
+function isLockItem(item: Record<string, AttributeValue>, layout: LockLayout): boolean {
+  const key = item[layout.key]?.S ?? '';
+  return layout.isLockItem?.(item) ?? (!isTicketKey(key) && layout.holderItemOf?.(key) === undefined);
 }
 
 function lockStateOf(item: Record<string, AttributeValue>, layout: LockLayout): LockState {
@@ -195,9 +200,8 @@ export class LockMonitor {
   private readLockItems(tableName: string): () => Promise<Array<Record<string, AttributeValue>>> {
     const learn = (key: Record<string, unknown>) => {
       const name = (key[this.layout.key] as AttributeValue | undefined)?.S;
-      const isLock = this.layout.isLockItem?.(key as Record<string, AttributeValue>) ?? !isTicketKey(name ?? '');
       // (One JSON for one key, whatever the order of its attributes: BatchGetItem refuses a key twice.)
-      if (name !== undefined && isLock) this.keys.set(JSON.stringify(Object.entries(key).sort(([a], [b]) => a.localeCompare(b))), key);
+      if (name !== undefined && isLockItem(key as Record<string, AttributeValue>, this.layout)) this.keys.set(keyJson(key), key);
     };
     // Listening before the scan: no item written in between is missed.
     this.stopListening = this.sim.db.onItemWritten((written, key) => {

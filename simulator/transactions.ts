@@ -227,9 +227,14 @@ function sizeOf(item: Record<string, unknown> | undefined): number {
   return item === undefined ? 0 : itemSizeBytes(item);
 }
 
-/** An item's identity: its table and whole key (in one order, whatever the request's). */
+/** A key as one string, whatever the order of its attributes in the request. */
+export function keyJson(key: Record<string, unknown>): string {
+  return JSON.stringify(Object.entries(key).sort(([a], [b]) => a.localeCompare(b)));
+}
+
+/** An item's identity: its table and whole key. */
 function itemIdOf(tableName: string, key: Record<string, unknown>): string {
-  return `${tableName}|${JSON.stringify(Object.entries(key).sort(([a], [b]) => a.localeCompare(b)))}`;
+  return `${tableName}|${keyJson(key)}`;
 }
 
 /** The response's ConsumedCapacity, per table, when asked for. */

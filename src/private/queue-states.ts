@@ -91,7 +91,7 @@ import { ISemaphoreTable } from '../semaphore-table';
 
 /** DynamoDB errors of the AWS SDK integration (`DynamoDb.` prefix), which the waits on a ticket use. */
 const SDK_CONDITIONAL_CHECK_FAILED = 'DynamoDb.ConditionalCheckFailedException';
-const SDK_THROTTLING_ERRORS = THROTTLING_ERRORS.map((e) => e.replace(/^DynamoDB\./, 'DynamoDb.'));
+export const SDK_THROTTLING_ERRORS = THROTTLING_ERRORS.map((e) => e.replace(/^DynamoDB\./, 'DynamoDb.'));
 const SDK_SERVER_ERRORS = SERVER_ERRORS.map((e) => e.replace(/^DynamoDB\./, 'DynamoDb.'));
 
 /**
