@@ -143,6 +143,18 @@ const SCENARIOS: Scenario[] = [
  */
 const ON_REQUEST: Scenario[] = [
   { name: 'burst', description: '2,000 executions at once, limit 10, work 1 s', options: { executions: 2000, limit: 10, workSeconds: 1 }, timeScale: 1 },
+  // The ceiling of a full lock by its limit (issue 15: how the sustained acquisitions per second depend on
+  // the limit), beside the high limit's 500: each asks for 100 acquisitions a second (limit / work time),
+  // more than DynamoDB passes on through a lock item of 50 holders or more. 600 executions, so that 400
+  // or more are admitted by a hand-off or a poll; a horizon of 60 s. About 15 minutes for the three.
+  ...[50, 100, 200].map(
+    (limit): Scenario => ({
+      name: `ceiling-${limit}`,
+      description: `600 executions at once, limit ${limit}, work ${limit / 100} s: the sustained acquisitions per second once full`,
+      options: { executions: 600, limit, workSeconds: limit / 100, horizonFactor: 10 },
+      timeScale: 0.5,
+    }),
+  ),
   // One queue of 10,000 (issue 15: no cap on waiters), in real time: about 5 minutes here. The queue
   // alone: 10,000 executions polling, or backing off as the sample does, would take the simulator hours
   // and show nothing the burst does not.
@@ -294,6 +306,7 @@ const ROWS: Row[] = [
   ['calls throttled at the partition limit', (r) => r.capacityThrottled, 0],
   ['$ per 1,000 executions', (r) => r.dollarsPer1000, 3],
   ['acquisitions / s (sustained)', (r) => r.acquisitionsPerSecond, 1],
+  ['acquisitions / s once the lock was full', (r) => r.acquisitionsPerSecondOnceFull, 1],
   ['drain time / ideal', (r) => r.drainRatio, 2],
   ['last arrival: first acquire answered, simulated s after the start', (r) => r.lastArrivalSeconds, 1],
   ['most entries into the body in any interval of the rate', (r) => r.mostAdmissionsInInterval ?? Number.NaN, 0],
@@ -336,6 +349,7 @@ function spikeTable(results: Measured[], title: string): string {
       'calls throttled at the partition limit',
       '$ per 1,000 executions',
       'acquisitions / s (sustained)',
+      'acquisitions / s once the lock was full',
       'drain time / ideal',
       'executions overtaken by a later one',
       'most inside at once',
@@ -366,6 +380,7 @@ function table(results: Measured[]): string {
         'executions that overtook an earlier waiter',
         'executions overtaken by a later one',
         'acquisitions / s (sustained)',
+        'acquisitions / s once the lock was full',
         'last arrival: first acquire answered, simulated s after the start',
       ];
       if (scenario.name === 'uncontended' && notForOne.includes(label)) continue;

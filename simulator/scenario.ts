@@ -203,6 +203,13 @@ export interface ScenarioResult {
   readonly reclaimedAfterRun: number;
   /** Admissions into the body per simulated second, from the first to the last. */
   readonly acquisitionsPerSecond: number;
+  /**
+   * Admissions per simulated second once the lock was first full (by count: `limit` executions
+   * admitted): those after the `limit`-th, over the time from it to the last. The rate at which a full
+   * lock passes its permits on, without the first `limit`, which needed nobody to leave. 0 when no more
+   * than `limit` were admitted.
+   */
+  readonly acquisitionsPerSecondOnceFull: number;
   /** The most permits held at once by executions inside the body: their weights (`permits`), or one each. */
   readonly maxPermitsInside: number;
   /** With `rate`: the rate, and the most entries into the body (redriven runs' included) in any window of its interval. */
@@ -412,6 +419,7 @@ export async function runScenario(subject: Subject, options: ScenarioOptions): P
       reclaimedByReconciler: emittedMetricSum(sim, 'PermitsReclaimed'),
       reclaimedAfterRun: emittedMetricSum(sim, 'PermitsReclaimed') - reclaimedDuringRun,
       acquisitionsPerSecond: admissionRate(admitted),
+      acquisitionsPerSecondOnceFull: admissionRateOnceFull(admitted, options.limit),
       ...(options.rate ? { rate: options.rate, mostAdmissionsInInterval: mostInAnyWindow(entries, options.rate.intervalSeconds * 1000) } : {}),
       drainSeconds,
       lastArrivalSeconds: arrived.size === 0 ? 0 : (Math.max(...arrived.values()) - simStart) / 1000,
@@ -442,6 +450,17 @@ export function admissionRate(admitted: Map<string, number>): number {
   if (times.length < 2) return 0;
   const span = (Math.max(...times) - Math.min(...times)) / 1000;
   return span > 0 ? (times.length - 1) / span : 0;
+}
+
+/**
+ * Admissions per second after the `limit`-th (by time), over the span from it to the last: what a full
+ * lock sustains. 0 when no more than `limit` were admitted, or all at one instant.
+ */
+export function admissionRateOnceFull(admitted: Map<string, number>, limit: number): number {
+  const times = [...admitted.values()].sort((a, b) => a - b);
+  if (times.length <= limit) return 0;
+  const span = (times[times.length - 1] - times[limit - 1]) / 1000;
+  return span > 0 ? (times.length - limit) / span : 0;
 }
 
 /** Executions admitted before an execution that arrived earlier and was admitted later. */

@@ -1,6 +1,6 @@
 import { Duration } from 'aws-cdk-lib';
 import { demoSubject } from '../demo/run';
-import { brokenInvariants, countOvertaken, countOvertakers, runScenario, ScenarioOptions } from '../simulator';
+import { admissionRate, admissionRateOnceFull, brokenInvariants, countOvertaken, countOvertakers, runScenario, ScenarioOptions } from '../simulator';
 import { WaitStrategy } from '../src';
 
 /*
@@ -149,4 +149,17 @@ test('FIFO figures: one late first write makes many overtakers but one overtaken
   const inOrder = new Map([['a', 10], ['b', 20], ['c', 30], ['d', 40]]);
   expect(countOvertakers(arrived, inOrder)).toBe(0);
   expect(countOvertaken(arrived, inOrder)).toBe(0);
+});
+
+test('acquisitions per second once full leave out the first `limit`, who walked in without waiting', () => {
+  // Limit 2: a at 0 and b at 500 ms (a free permit each), then one every 500 ms (c, d, e), in whatever order the map holds them.
+  const admitted = new Map([['e', 2000], ['a', 0], ['c', 1000], ['b', 500], ['d', 1500]]);
+  expect(admissionRate(admitted)).toBeCloseTo(4 / 2);
+  // From b, the second: c, d and e in 1.5 s.
+  expect(admissionRateOnceFull(admitted, 2)).toBeCloseTo(3 / 1.5);
+  // Limit 4: from d, only e.
+  expect(admissionRateOnceFull(admitted, 4)).toBeCloseTo(1 / 0.5);
+  // Nobody admitted after the lock was full, or all at one instant: no rate.
+  expect(admissionRateOnceFull(admitted, 5)).toBe(0);
+  expect(admissionRateOnceFull(new Map([['a', 0], ['b', 0], ['c', 0]]), 2)).toBe(0);
 });
