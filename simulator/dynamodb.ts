@@ -647,7 +647,6 @@ export class DynamoTaskRunner {
     parameters: Record<string, any>,
     options: { faults: boolean; onConsumed?: (units: ConsumedUnits) => void },
   ): Promise<unknown> {
-    const { onConsumed } = options;
     this.calls++;
     if (options.faults && chance(this.random, this.faults.throttleRate ?? 0)) {
       this.throttled++;
@@ -663,6 +662,25 @@ export class DynamoTaskRunner {
       this.capacityThrottled++;
       throw new TaskError('ProvisionedThroughputExceededException', 'The level of configured provisioned throughput for one partition was exceeded (capacity model)');
     }
+    // Admitted: the call counts against its partition from now, at the estimate, so that calls in flight
+    // at once are not all admitted against the units of the calls completed before them.
+    const reservation = partition === undefined ? undefined : this.reserve(partition, WRITE_ACTIONS.includes(action));
+    try {
+      return await this.admitted(action, parameters, partition, reservation, options);
+    } finally {
+      if (reservation) this.release(reservation);
+    }
+  }
+
+  /** The call once its partition admitted it. */
+  private async admitted(
+    action: string,
+    parameters: Record<string, any>,
+    partition: string | undefined,
+    reservation: Reservation | undefined,
+    options: { faults: boolean; onConsumed?: (units: ConsumedUnits) => void },
+  ): Promise<unknown> {
+    const { onConsumed } = options;
     const measured = parameters.ReturnConsumedCapacity === undefined ? { ...parameters, ReturnConsumedCapacity: 'TOTAL' } : parameters;
     let response: Record<string, unknown>;
     try {
@@ -675,6 +693,7 @@ export class DynamoTaskRunner {
           parameters.Key === undefined
             ? parameters.Item
             : (await this.db.call('GetItem', { TableName: parameters.TableName, Key: parameters.Key, ConsistentRead: true })).Item;
+        if (reservation) this.release(reservation);
         this.consume(partition, { write: writeUnits(item ? itemSizeBytes(item as Record<string, unknown>) : 0), read: 0 }, onConsumed);
       }
       throw err instanceof TaskError ? err : new TaskError(err.name, err.message);
@@ -683,6 +702,7 @@ export class DynamoTaskRunner {
     if (measured !== parameters) delete response.ConsumedCapacity;
     // A batch reports its capacity per table.
     const units = Array.isArray(consumed) ? consumed.reduce((n, c) => n + (c.CapacityUnits ?? 0), 0) : (consumed?.CapacityUnits ?? 0);
+    if (reservation) this.release(reservation);
     this.consume(partition, READ_ACTIONS.includes(action) ? { write: 0, read: units } : { write: units, read: 0 }, onConsumed);
     if (options.faults && chance(this.random, this.faults.serverErrorAfterWriteRate ?? 0)) {
       throw new TaskError('InternalServerError', 'Internal server error after the write was applied (injected)');
@@ -729,7 +749,10 @@ export class DynamoTaskRunner {
       );
       throw transactionCanceled(reasons);
     }
+    // Admitted: each item's partition counts it from now (see call).
+    const reservations = partitions.flatMap((p) => (p === undefined ? [] : [this.reserve(p, write)]));
     const bill = (items: ItemUnits[]) => {
+      reservations.forEach((r) => this.release(r));
       for (const item of items) this.consume(item.partition, { write: item.write, read: item.read }, undefined);
       onConsumedTotal(items, options.onConsumed);
     };
@@ -740,6 +763,8 @@ export class DynamoTaskRunner {
       const items = (e as { items?: ItemUnits[] }).items;
       if (items) bill(items);
       throw e instanceof TaskError ? e : new TaskError((e as Error).name, (e as Error).message);
+    } finally {
+      reservations.forEach((r) => this.release(r));
     }
     bill(result.items);
     if (options.faults && chance(this.random, this.faults.serverErrorAfterWriteRate ?? 0) && write) {
@@ -764,6 +789,29 @@ export class DynamoTaskRunner {
     const p = this.partitionNow(partition);
     if (WRITE_ACTIONS.includes(action)) return p.write + p.lastWrite > (this.capacity.writeUnitsPerSecond ?? 1000);
     return p.read + 1 > (this.capacity.readUnitsPerSecond ?? 3000);
+  }
+
+  /**
+   * Count an admitted call against its partition until it completes: a write at the units of the key's
+   * last write, a read at one unit. DynamoDB admits a request before it knows what it will consume, and
+   * debits what it did; the estimate stands in for the calls still in flight.
+   */
+  private reserve(partition: string, write: boolean): Reservation {
+    const p = this.partitionNow(partition);
+    const reservation = { partition, second: p.second, write: write ? p.lastWrite : 0, read: write ? 0 : 1, released: false };
+    p.write += reservation.write;
+    p.read += reservation.read;
+    return reservation;
+  }
+
+  /** Give back a reservation (once): the call consumed what it did instead, or nothing. Of a past second, nothing is left to give back. */
+  private release(reservation: Reservation): void {
+    if (reservation.released) return;
+    reservation.released = true;
+    const p = this.partitions.get(reservation.partition);
+    if (p === undefined || p.second !== reservation.second) return;
+    p.write -= reservation.write;
+    p.read -= reservation.read;
   }
 
   private partitionNow(partition: string): { second: number; write: number; read: number; lastWrite: number } {
@@ -791,6 +839,15 @@ export class DynamoTaskRunner {
     }
     onConsumed?.(units);
   }
+}
+
+/** Units an admitted call counts against its partition while in flight (DynamoTaskRunner.reserve). */
+interface Reservation {
+  readonly partition: string;
+  readonly second: number;
+  readonly write: number;
+  readonly read: number;
+  released: boolean;
 }
 
 /** Tell `onConsumed` the units of a transaction's items, in all. */

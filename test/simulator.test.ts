@@ -1448,6 +1448,29 @@ describe('DynamoDB capacity, as DynamoDB bills and throttles it', () => {
     expect(runner.writeUnits).toBe(1001);
   });
 
+  test('calls in flight at once count against their partition as they are admitted, not only when they complete', async () => {
+    const runner = new DynamoTaskRunner(db, seededRandom(1), async () => undefined, {}, { partitionLimits: true }, () => now + 20_000);
+    const write = (bytes: number) => ({ ...key('in-flight'), UpdateExpression: 'SET big = :big', ExpressionAttributeValues: { ':big': { S: 'x'.repeat(bytes) } } });
+    // One write of about 100 KB: the partition now expects 100 units a write.
+    await runner.run(update, write(100 * 1024 - 100));
+    // Twenty more at once, as the waiters of a hot lock send them: nine fit in this second's 1,000 units.
+    const outcomes = await Promise.allSettled(Array.from({ length: 20 }, () => runner.run(update, write(100 * 1024 - 100))));
+    expect(outcomes.filter((o) => o.status === 'fulfilled')).toHaveLength(9);
+    expect(outcomes.filter((o) => o.status === 'rejected').map((o) => (o as PromiseRejectedResult).reason.name)).toEqual(
+      Array(11).fill('DynamoDB.ProvisionedThroughputExceededException'),
+    );
+    expect(runner.writeUnits).toBe(1000);
+    // A call that fails without a write (an invalid expression) gives back what it was admitted with.
+    const later = new DynamoTaskRunner(db, seededRandom(1), async () => undefined, {}, { partitionLimits: true }, () => now + 30_000);
+    await later.run(update, write(100 * 1024 - 100));
+    // (The optimized integration names DynamoDB's ValidationException so.)
+    const invalid = { ...write(10), UpdateExpression: 'SET big = :missing' };
+    for (let i = 0; i < 5; i++) await expect(later.run(update, invalid)).rejects.toMatchObject({ name: 'DynamoDB.AmazonDynamoDBException' });
+    const rest = await Promise.allSettled(Array.from({ length: 9 }, () => later.run(update, write(100 * 1024 - 100))));
+    expect(rest.filter((o) => o.status === 'fulfilled')).toHaveLength(9);
+    expect(later.writeUnits).toBe(1000);
+  });
+
   test('code under test (functions, SDK clients) is billed and throttled by the same model, with DynamoDB\'s error names; the tasks\' injected faults do not reach it', async () => {
     const faults = { throttleRate: 1, serverErrorAfterWriteRate: 1 };
     const runner = new DynamoTaskRunner(db, seededRandom(1), async () => undefined, faults, { partitionLimits: true }, () => now);
