@@ -167,7 +167,7 @@ describe('definition', () => {
       ErrorEquals: expect.arrayContaining(['DynamoDB.ProvisionedThroughputExceededException']),
       JitterStrategy: 'FULL',
       MaxDelaySeconds: 8,
-      MaxAttempts: 10,
+      MaxAttempts: 40,
     });
     expect(acquire.Catch).toEqual([
       { ErrorEquals: ['DynamoDB.ConditionalCheckFailedException'], ResultPath: null, Next: 'Wait For Permit' },

@@ -32,10 +32,18 @@ export const SERVER_ERRORS = ['DynamoDB.InternalServerErrorException'];
  */
 export const VALIDATION_ERROR = 'DynamoDB.AmazonDynamoDBException';
 
+/** Retries of a call that meets a transient error, after its first attempt (transientRetry). */
+export const TRANSIENT_RETRIES = 40;
+
 /**
- * Retry policy for transient DynamoDB errors: full jitter, exponential up to a cap of 8 s, 10 retries.
- * At a 5% throttling rate an execution fails only if 11 attempts in a row are throttled (5e-15).
- * Every retry is a billed transition, so this is only reached on errors.
+ * Retries of a transient error: 40, with full jitter, exponential up to a cap of 8 s, so about 2.5
+ * minutes in all on average (5 at most). A hot lock item's partition (1,000 write units a second, each
+ * write billed by the whole item) can stay over its rate for a minute when thousands of executions
+ * arrive at once: there a throttled acquire is waiting, not failing, and a throttled release must land
+ * rather than leave its permit to the cleanup. (With 10 retries, 2,000 executions at limit 500 failed
+ * 812 of their executions by throttling: README, "The ceiling of a high limit".) At a 5% throttling
+ * rate 11 attempts in a row were already improbable (5e-15). A throttled request consumes no capacity;
+ * every retry is a billed transition and 3 history events, so this is only reached on errors.
  */
 export function transientRetry(errors: string[]): sfn.RetryProps {
   return {
@@ -44,6 +52,6 @@ export function transientRetry(errors: string[]): sfn.RetryProps {
     backoffRate: 2,
     maxDelay: Duration.seconds(8),
     jitterStrategy: sfn.JitterType.FULL,
-    maxAttempts: 10,
+    maxAttempts: TRANSIENT_RETRIES,
   };
 }
