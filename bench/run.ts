@@ -146,7 +146,7 @@ const ON_REQUEST: Scenario[] = [
   // The ceiling of a full lock by its limit (issue 15: how the sustained acquisitions per second depend on
   // the limit), beside the high limit's 500: each asks for 100 acquisitions a second (limit / work time),
   // more than DynamoDB passes on through a lock item of 50 holders or more. 600 executions, so that 400
-  // or more are admitted by a hand-off or a poll; a horizon of 60 s. About 15 minutes for the three.
+  // or more are admitted by a hand-off or a poll; a horizon of 60 s. About 8 minutes for the three.
   ...[50, 100, 200].map(
     (limit): Scenario => ({
       name: `ceiling-${limit}`,
