@@ -40,8 +40,8 @@ export const TRANSIENT_RETRIES = 40;
  * minutes in all on average (5 at most). A hot lock item's partition (1,000 write units a second, each
  * write billed by the whole item) can stay over its rate for a minute when thousands of executions
  * arrive at once: there a throttled acquire is waiting, not failing, and a throttled release must land
- * rather than leave its permit to the cleanup. (With 10 retries, 2,000 executions at limit 500 failed
- * 812 of their executions by throttling: README, "The ceiling of a high limit".) At a 5% throttling
+ * rather than leave its permit to the cleanup. (With 10 retries, of 2,000 executions at limit 500 the
+ * queue failed 812 by throttling and polling 819: README, "The ceiling of a high limit".) At a 5% throttling
  * rate 11 attempts in a row were already improbable (5e-15). A throttled request consumes no capacity;
  * every retry is a billed transition and 3 history events, so this is only reached on errors.
  */
