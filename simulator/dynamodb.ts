@@ -666,7 +666,7 @@ export class DynamoTaskRunner {
     // at once are not all admitted against the units of the calls completed before them.
     const reservation = partition === undefined ? undefined : this.reserve(partition, WRITE_ACTIONS.includes(action));
     try {
-      return await this.admitted(action, parameters, partition, reservation, options);
+      return await this.admitted(action, parameters, partition, options);
     } finally {
       if (reservation) this.release(reservation);
     }
@@ -677,7 +677,6 @@ export class DynamoTaskRunner {
     action: string,
     parameters: Record<string, any>,
     partition: string | undefined,
-    reservation: Reservation | undefined,
     options: { faults: boolean; onConsumed?: (units: ConsumedUnits) => void },
   ): Promise<unknown> {
     const { onConsumed } = options;
@@ -693,7 +692,6 @@ export class DynamoTaskRunner {
           parameters.Key === undefined
             ? parameters.Item
             : (await this.db.call('GetItem', { TableName: parameters.TableName, Key: parameters.Key, ConsistentRead: true })).Item;
-        if (reservation) this.release(reservation);
         this.consume(partition, { write: writeUnits(item ? itemSizeBytes(item as Record<string, unknown>) : 0), read: 0 }, onConsumed);
       }
       throw err instanceof TaskError ? err : new TaskError(err.name, err.message);
@@ -702,7 +700,6 @@ export class DynamoTaskRunner {
     if (measured !== parameters) delete response.ConsumedCapacity;
     // A batch reports its capacity per table.
     const units = Array.isArray(consumed) ? consumed.reduce((n, c) => n + (c.CapacityUnits ?? 0), 0) : (consumed?.CapacityUnits ?? 0);
-    if (reservation) this.release(reservation);
     this.consume(partition, READ_ACTIONS.includes(action) ? { write: 0, read: units } : { write: units, read: 0 }, onConsumed);
     if (options.faults && chance(this.random, this.faults.serverErrorAfterWriteRate ?? 0)) {
       throw new TaskError('InternalServerError', 'Internal server error after the write was applied (injected)');
@@ -752,7 +749,6 @@ export class DynamoTaskRunner {
     // Admitted: each item's partition counts it from now (see call).
     const reservations = partitions.flatMap((p) => (p === undefined ? [] : [this.reserve(p, write)]));
     const bill = (items: ItemUnits[]) => {
-      reservations.forEach((r) => this.release(r));
       for (const item of items) this.consume(item.partition, { write: item.write, read: item.read }, undefined);
       onConsumedTotal(items, options.onConsumed);
     };
@@ -798,16 +794,14 @@ export class DynamoTaskRunner {
    */
   private reserve(partition: string, write: boolean): Reservation {
     const p = this.partitionNow(partition);
-    const reservation = { partition, second: p.second, write: write ? p.lastWrite : 0, read: write ? 0 : 1, released: false };
+    const reservation = { partition, second: p.second, write: write ? p.lastWrite : 0, read: write ? 0 : 1 };
     p.write += reservation.write;
     p.read += reservation.read;
     return reservation;
   }
 
-  /** Give back a reservation (once): the call consumed what it did instead, or nothing. Of a past second, nothing is left to give back. */
+  /** Give back a reservation once its call is done (it consumed what it did, or nothing). Of a past second, nothing is left to give back. */
   private release(reservation: Reservation): void {
-    if (reservation.released) return;
-    reservation.released = true;
     const p = this.partitions.get(reservation.partition);
     if (p === undefined || p.second !== reservation.second) return;
     p.write -= reservation.write;
@@ -847,7 +841,6 @@ interface Reservation {
   readonly second: number;
   readonly write: number;
   readonly read: number;
-  released: boolean;
 }
 
 /** Tell `onConsumed` the units of a transaction's items, in all. */

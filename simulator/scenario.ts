@@ -444,12 +444,9 @@ export function mostInAnyWindow(times: number[], windowMs: number): number {
   return most;
 }
 
-/** Admissions per second from the first to the last (0 with fewer than two). */
+/** Admissions per second from the first to the last (0 with fewer than two): those after the first, as a lock of limit 1 counts them. */
 export function admissionRate(admitted: Map<string, number>): number {
-  const times = [...admitted.values()];
-  if (times.length < 2) return 0;
-  const span = (Math.max(...times) - Math.min(...times)) / 1000;
-  return span > 0 ? (times.length - 1) / span : 0;
+  return admissionRateOnceFull(admitted, 1);
 }
 
 /**
