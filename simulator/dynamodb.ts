@@ -604,6 +604,12 @@ export class DynamoTaskRunner {
   /** Write and read units consumed, as DynamoDB bills them. */
   public writeUnits = 0;
   public readUnits = 0;
+  /**
+   * How long each admitted call took, in simulated milliseconds, injected latency left out: the
+   * emulator's own time, which grows when the machine cannot keep up with the clock (DynamoDB answers
+   * in single-digit milliseconds). See `percentile`.
+   */
+  public readonly callMillis: number[] = [];
   /** Per partition key: the simulated second and the units consumed in it, and the units of the key's last write. */
   private readonly partitions = new Map<string, { second: number; write: number; read: number; lastWrite: number }>();
 
@@ -665,9 +671,11 @@ export class DynamoTaskRunner {
     // Admitted: the call counts against its partition from now, at the estimate, so that calls in flight
     // at once are not all admitted against the units of the calls completed before them.
     const reservation = partition === undefined ? undefined : this.reserve(partition, WRITE_ACTIONS.includes(action));
+    const started = this.now();
     try {
       return await this.admitted(action, parameters, partition, options);
     } finally {
+      this.callMillis.push(this.now() - started);
       if (reservation) this.release(reservation);
     }
   }

@@ -223,6 +223,14 @@ export interface ScenarioResult {
    * measure the machine as well (run at a slower `timeScale`).
    */
   readonly lastArrivalSeconds: number;
+  /**
+   * The median and the 95th percentile of the DynamoDB emulator's time per call (admitted calls, injected
+   * latency left out), in simulated milliseconds. DynamoDB answers in single-digit milliseconds; when
+   * these grow, the machine could not serve the calls as fast as the clock asked, every step of a
+   * protocol took that long, and the rates and drain times measure the machine too (run at a slower
+   * `timeScale`).
+   */
+  readonly dynamoCallMillis: { readonly p50: number; readonly p95: number };
   readonly idealSeconds: number;
   readonly drainRatio: number;
   readonly realSeconds: number;
@@ -423,6 +431,7 @@ export async function runScenario(subject: Subject, options: ScenarioOptions): P
       ...(options.rate ? { rate: options.rate, mostAdmissionsInInterval: mostInAnyWindow(entries, options.rate.intervalSeconds * 1000) } : {}),
       drainSeconds,
       lastArrivalSeconds: arrived.size === 0 ? 0 : (Math.max(...arrived.values()) - simStart) / 1000,
+      dynamoCallMillis: { p50: percentile(sim.dynamo.callMillis, 0.5), p95: percentile(sim.dynamo.callMillis, 0.95) },
       idealSeconds,
       drainRatio: drainSeconds / idealSeconds,
       realSeconds: (Date.now() - realStart) / 1000,
@@ -442,6 +451,13 @@ export function mostInAnyWindow(times: number[], windowMs: number): number {
     most = Math.max(most, last - first + 1);
   }
   return most;
+}
+
+/** The value at fraction `q` (0 to 1) of `values` sorted, nearest rank; 0 for none. */
+export function percentile(values: readonly number[], q: number): number {
+  if (values.length === 0) return 0;
+  const sorted = [...values].sort((a, b) => a - b);
+  return sorted[Math.min(sorted.length - 1, Math.max(0, Math.ceil(q * sorted.length) - 1))];
 }
 
 /** Admissions per second from the first to the last (0 with fewer than two): those after the first, as a lock of limit 1 counts them. */

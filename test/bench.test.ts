@@ -1,4 +1,4 @@
-import { fellBehind, holderItemsSpikeSubject, Scenario, transactQueueSpikeSubject } from '../bench/run';
+import { fellBehind, holderItemsSpikeSubject, Scenario, slowCalls, transactQueueSpikeSubject } from '../bench/run';
 import { demoSubject } from '../demo/run';
 import { BODY_ENTER, BODY_LEAVE, BODY_SLOT_ENTER, runScenario, ScenarioResult } from '../simulator';
 import { RateLimit } from '../src';
@@ -27,6 +27,24 @@ test('the bench flags a scenario whose executions arrived after the first bodies
   expect(fellBehind(scenario({ workSeconds: undefined, dynamoFaults: { maxLatencySeconds: 10 } }), result(26))).toContain('(25.0 s)');
   // One execution has nothing to arrive with.
   expect(fellBehind(scenario({ executions: 1 }), result(30))).toBeUndefined();
+});
+
+test('the bench flags a scenario whose median DynamoDB call was slower than DynamoDB answers', () => {
+  const calls = (p50: number, p95: number) => ({ subject: 'striped (queue)', dynamoCallMillis: { p50, p95 } }) as ScenarioResult;
+  // A slow tail alone (one hot item's writes queue, in DynamoDB too) is not the machine's.
+  expect(slowCalls(scenario({}), calls(2.25, 520))).toBeUndefined();
+  expect(slowCalls(scenario({}), calls(50, 900))).toBeUndefined();
+  const warning = slowCalls(scenario({}), calls(2016, 6346));
+  expect(warning).toContain('burst (striped (queue))');
+  expect(warning).toContain('2016 ms (simulated) for the median call and 6346 ms');
+});
+
+test('the simulator times each DynamoDB call on the simulated clock', async () => {
+  const one = await runScenario(demoSubject(2), { executions: 4, limit: 2, workSeconds: 2, seed: 3, timeScale: 0.05 });
+  // At 20 times real time an unloaded emulator's calls take a few milliseconds of real time each.
+  expect(one.dynamoCallMillis.p50).toBeGreaterThan(0);
+  expect(one.dynamoCallMillis.p95).toBeGreaterThanOrEqual(one.dynamoCallMillis.p50);
+  expect(one.dynamoCallMillis.p95).toBeLessThan(5000);
 });
 
 test('the bench counts the bodies of a rate alone in the protected body, and those beside another limit in their slots', () => {

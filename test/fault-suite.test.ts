@@ -1,6 +1,6 @@
 import { Duration } from 'aws-cdk-lib';
 import { demoSubject } from '../demo/run';
-import { admissionRate, admissionRateOnceFull, brokenInvariants, countOvertaken, countOvertakers, runScenario, ScenarioOptions } from '../simulator';
+import { admissionRate, admissionRateOnceFull, brokenInvariants, countOvertaken, countOvertakers, percentile, runScenario, ScenarioOptions } from '../simulator';
 import { WaitStrategy } from '../src';
 
 /*
@@ -81,6 +81,13 @@ describe.each(MIXES)('%s', (_name, mix) => {
       expect(result.reclaimedAfterRun).toBe(0);
     }
   });
+});
+
+test('percentile: nearest rank, 0 for none', () => {
+  expect(percentile([], 0.5)).toBe(0);
+  expect(percentile([5, 1, 3, 2, 4], 0.5)).toBe(3);
+  expect(percentile([5, 1, 3, 2, 4], 0.95)).toBe(5);
+  expect(percentile([5, 1, 3, 2, 4], 0)).toBe(1);
 });
 
 test('stops while acquires are on their way (the late-acquire race) leave nothing held', async () => {
