@@ -16,6 +16,17 @@ export function seededRandom(seed: number): Random {
     return ((t ^ (t >>> 14)) >>> 0) / 4294967296;
   };
 }
+
+/**
+ * The stripe (0 to `stripes` - 1) execution number `id` draws, as a caller of a lock split into stripes
+ * draws one at random: a hash of the number, so that every design of a run gets the same draws.
+ */
+export function stripeOf(id: number, stripes: number): number {
+  let x = (id + 0x9e3779b9) | 0;
+  x = Math.imul(x ^ (x >>> 16), 0x85ebca6b);
+  x = Math.imul(x ^ (x >>> 13), 0xc2b2ae35);
+  return Math.floor((((x ^ (x >>> 16)) >>> 0) / 2 ** 32) * stripes);
+}
 /* eslint-enable no-bitwise */
 
 /** True with probability `p`. */

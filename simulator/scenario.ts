@@ -127,6 +127,13 @@ export interface ScenarioOptions {
    * @default - one each
    */
   readonly permits?: (id: number) => number;
+  /**
+   * The limit of each lock item, when the executions spread over several locks whose limits add up to
+   * `limit` (a lock split into stripes, each execution's `input` naming one): the lock monitor holds
+   * every lock item to it, and the run every moment's executions inside to `limit`.
+   * @default - `limit` (under a `rate`, its count)
+   */
+  readonly lockLimit?: number;
 }
 
 /** How long after the last stop the scheduled rules fire (sweepAfterRun): the reconciler's grace period, and a second. */
@@ -284,7 +291,7 @@ export async function runScenario(subject: Subject, options: ScenarioOptions): P
     const weightByArn = new Map<string, number>();
     const tracker = new InsideTracker(sim, subject.enterStates, subject.leaveStates, (e) => weightByArn.get(e.arn) ?? 1);
     // Under a rate the lock's permits are its count, whatever the limit (a lower one is the bodies' slots).
-    const monitor = new LockMonitor(sim, subject.table, () => options.rate?.count ?? options.limit, subject.layout).start(25);
+    const monitor = new LockMonitor(sim, subject.table, () => options.lockLimit ?? options.rate?.count ?? options.limit, subject.layout).start(25);
 
     // Decide every execution's fate up front, so that both subjects get the same ones.
     const plans = Array.from({ length: options.executions }, (_, id) => ({

@@ -1,6 +1,7 @@
 import { Duration } from 'aws-cdk-lib';
+import { JsonPath } from 'aws-cdk-lib/aws-stepfunctions';
 import { demoSubject } from '../demo/run';
-import { admissionRate, admissionRateOnceFull, brokenInvariants, countOvertaken, countOvertakers, percentile, runScenario, ScenarioOptions } from '../simulator';
+import { admissionRate, admissionRateOnceFull, brokenInvariants, countOvertaken, countOvertakers, percentile, runScenario, ScenarioOptions, stripeOf } from '../simulator';
 import { WaitStrategy } from '../src';
 
 /*
@@ -80,6 +81,44 @@ describe.each(MIXES)('%s', (_name, mix) => {
     if (!mix.lostEventRate && !mix.dynamoFaults?.maxLatencySeconds && !mix.lostWakeUpRate) {
       expect(result.reclaimedAfterRun).toBe(0);
     }
+  });
+});
+
+describe('a limit split into stripes (README: "A limit in the hundreds")', () => {
+  // 3 locks of 2 in one table, each execution's input naming one: 6 inside at most, 2 per lock item.
+  const STRIPES = 3;
+  const striped = (lockLimit: number): ScenarioOptions => ({
+    ...BASE,
+    limit: STRIPES * 2,
+    lockLimit,
+    input: (id) => ({ lock: `demo#${stripeOf(id, STRIPES)}` }),
+    failureRate: 0.1,
+    abortInsideRate: 0.1,
+    abortRate: 0.1,
+    duplicateEventRate: 0.2,
+    seed: 11,
+  });
+  const props = { lockName: JsonPath.stringAt('$.lock'), concurrencyLimit: 2 };
+
+  test.each([WaitStrategy.QUEUE, WaitStrategy.POLLING])('%s: every stripe holds its limit, and the cleanups and the reconciler free each one', async (waitStrategy) => {
+    const result = await runScenario(demoSubject(2, { ...props, waitStrategy }), striped(2));
+    expect(brokenInvariants(result, STRIPES * 2)).toEqual([]);
+    // More than one lock's 2 were inside at once: the stripes ran side by side.
+    expect(result.maxInside).toBeGreaterThan(2);
+    expect(result.aborted).toBeGreaterThan(0);
+    expect(result.cleanupExecutions).toBeGreaterThan(0);
+  });
+
+  test('the monitor holds each lock item to its own limit, not the sum', async () => {
+    // Told each lock holds 1, it sees the locks' 2.
+    const result = await runScenario(demoSubject(2, props), { ...striped(1), failureRate: 0, abortInsideRate: 0, abortRate: 0, executions: 12 });
+    expect(result.invariantViolations).toContainEqual(expect.stringMatching(/^demo#\d: 2 permits in use, limit 1$/));
+  });
+
+  test('stripeOf spreads execution numbers evenly over the stripes', () => {
+    const counts = [0, 0, 0, 0, 0];
+    for (let id = 0; id < 10000; id++) counts[stripeOf(id, 5)]++;
+    for (const n of counts) expect(Math.abs(n - 2000)).toBeLessThan(150);
   });
 });
 

@@ -59,7 +59,7 @@ export function highQueueLimitWarning(limit: number): string | undefined {
     `concurrencyLimit ${limit} with the queue: every hand-off writes the whole lock item (about ${Math.round(itemKb)} KB with ${limit} holders), ` +
     `and one item's partition takes 1,000 write units a second, so a full lock passes on at most about ${perSecond.toFixed(1)} permits a second: ` +
     `bodies shorter than about ${Math.ceil(shortest)} s will wait for DynamoDB rather than for permits. For shorter bodies, split the lock into ` +
-    'several with smaller limits, or use WaitStrategy.POLLING (README, "The ceiling of a high limit")'
+    'several with smaller limits (README, "A limit in the hundreds: split the lock"), or use WaitStrategy.POLLING (README, "The ceiling of a high limit")'
   );
 }
 
