@@ -157,9 +157,9 @@ const ON_REQUEST: Scenario[] = [
   ),
   // The high limit's 500 as 10 locks of 50 in one table, each execution's input naming one at random (README,
   // "A limit in the hundreds"): 10 lock items of 50 holders, each far below its partition's rate. The sample
-  // runs as published, one lock of 500. At a quarter of real time: faster, the DynamoDB emulator, which
-  // serves one item's writes one at a time, took seconds a call (see fellBehind) and the drain read 2.5x.
-  // About 20 minutes for the three.
+  // runs as published, one lock of 500. At a quarter of real time: at half, the DynamoDB emulator, which
+  // serves one item's writes one at a time, took 2 s (simulated) for the median call (see slowCalls) and the
+  // queue's drain read 2.5x to 2.75x. About 25 minutes for the three.
   {
     name: 'high-limit-striped',
     description: '2,000 executions at once, limit 500 as 10 locks of 50 (ours; the sample: one lock of 500), work 5 s',
