@@ -447,10 +447,12 @@ export function fellBehind(scenario: Scenario, result: ScenarioResult): string |
 /**
  * DynamoDB answers a call in single-digit milliseconds. The simulator's emulator serves one item's writes
  * one at a time, on the process's one thread: when thousands of executions call it faster than that, its
- * calls queue, and each step of a protocol (a hand-off is five) waits its turn. A median call slower
- * than this (simulated) measures the machine, not the design.
+ * calls queue, and each step of a protocol (a hand-off is five) waits its turn. A median call slower than
+ * this (simulated), ten times DynamoDB's, measures the machine, not the design. (At 50 ms the bench's
+ * runs of 100 at limit 5, at 20 times real time, warned for the sample's 100 ms, whose drain its backoff
+ * decides.)
  */
-export const SLOW_CALL_MILLIS = 50;
+export const SLOW_CALL_MILLIS = 100;
 
 /** A warning when the median DynamoDB call took longer than SLOW_CALL_MILLIS of simulated time. */
 export function slowCalls(scenario: Scenario, result: ScenarioResult): string | undefined {
