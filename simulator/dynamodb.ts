@@ -605,7 +605,8 @@ export class DynamoTaskRunner {
   public writeUnits = 0;
   public readUnits = 0;
   /**
-   * How long each admitted call took, in simulated milliseconds, injected latency left out: the
+   * How long each admitted item call took, in simulated milliseconds, injected latency left out
+   * (transactions, which run alone through their own gate, are not timed): the
    * emulator's own time, which grows when the machine cannot keep up with the clock (DynamoDB answers
    * in single-digit milliseconds). See `percentile`.
    */

@@ -231,8 +231,8 @@ export interface ScenarioResult {
    */
   readonly lastArrivalSeconds: number;
   /**
-   * The median and the 95th percentile of the DynamoDB emulator's time per call (admitted calls, injected
-   * latency left out), in simulated milliseconds. DynamoDB answers in single-digit milliseconds; when
+   * The median and the 95th percentile of the DynamoDB emulator's time per call (admitted item calls,
+   * not transactions; injected latency left out), in simulated milliseconds. DynamoDB answers in single-digit milliseconds; when
    * these grow, the machine could not serve the calls as fast as the clock asked, every step of a
    * protocol took that long, and the rates and drain times measure the machine too (run at a slower
    * `timeScale`).
