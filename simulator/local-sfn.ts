@@ -44,6 +44,10 @@ import type { Random } from './random';
  * 12. `States.Hash` digests only inputs shorter than 56 bytes correctly (one MD5/SHA block with its
  *    padding): anything longer, a state machine's ARN for one, hashes to a wrong value. We digest with
  *    Node's crypto (lower-case hex of the UTF-8 bytes, as AWS's examples give).
+ * 13. A state's output over the payload quota (256 KiB) has no consequence in the module. The simulator
+ *    saw it in the state's exit event, which reaches it a moment late: the next state could already
+ *    have run, and its DynamoDB call landed, where AWS fails the execution at that state. The run now
+ *    fails there, with States.DataLimitExceeded (the simulator's event listener gives the cause).
  *
  * Each patch must apply exactly once, so an upgrade of the module that moves the code fails loudly
  * here instead of silently running at full speed.
@@ -89,6 +93,15 @@ const PATCHES: Array<[string, string]> = [
     '        Input: options.runOptions?.context?.Execution?.Input ?? input,\n        StartTime: options.runOptions?.context?.Execution?.StartTime ?? (/* @__PURE__ */ new Date()).toISOString()\n',
   ],
   ['    if (this.stateDefinition.Result) {\n', '    if ("Result" in this.stateDefinition) {\n'],
+  [
+    '        options.eventLogger.dispatchStateExitedEvent(currStateName, currState.Type, currInput, currResult);\n',
+    '        options.eventLogger.dispatchStateExitedEvent(currStateName, currState.Type, currInput, currResult);\n' +
+      '        if (Buffer.byteLength(JSON.stringify(currResult ?? null), "utf8") > 262144) {\n' +
+      '          const exceeded = new Error(`The state \'${currStateName}\' has an output above the quota of 262144 bytes`);\n' +
+      '          exceeded.name = "States.DataLimitExceeded";\n' +
+      '          throw exceeded;\n' +
+      '        }\n',
+  ],
   [
     '        options.eventLogger.dispatchStateEnteredEvent(currStateName, currState.Type, currInput);\n',
     '        context.State = { Name: currStateName, EnteredTime: new Date(__NOW__()).toISOString(), RetryCount: 0 };\n        options.eventLogger.dispatchStateEnteredEvent(currStateName, currState.Type, currInput);\n',

@@ -861,6 +861,8 @@ describe('state machines', () => {
       const tooLarge = await sim.startExecution(machine, { x: 'x'.repeat(140_000) }).done;
       expect([tooLarge.status, tooLarge.error]).toEqual(['FAILED', 'States.DataLimitExceeded']);
       expect(tooLarge.cause).toMatch(/'Grow' has an output of \d+ bytes/);
+      // It fails at the state, as on AWS: the next state is never entered, its task never called.
+      expect([tooLarge.stateTransitions.has('After'), after]).toEqual([false, 0]);
       const fits = await sim.startExecution(machine, { x: 'x' }).done;
       expect([fits.status, fits.output]).toEqual(['SUCCEEDED', after]);
     } finally {
