@@ -49,8 +49,9 @@ import {
   RATE_INTERVAL,
   COLLECTING,
   HOLDER_COLLECTING,
+  LOCK_STRIPE_SEPARATOR,
 } from '../src/private/lock-schema';
-import { needsBodySlot, OUTSIDE_BODY_STATES } from '../src/private/state-names';
+import { needsBodySlot, OUTSIDE_BODY_STATES, STATE } from '../src/private/state-names';
 
 /*
  * What the reconciler does, as flows (client/effects.ts): the Lambda handler runs them against AWS,
@@ -72,6 +73,11 @@ export interface ReconcilerConfig {
   /** The lock the redrive guard takes: a name, or a path into the execution input. */
   readonly lockName?: string;
   readonly lockNamePath?: string;
+  /**
+   * How many stripes that lock is split into (`<lock name>#<n>`): the guard takes the permit on the
+   * stripe the execution drew, read from its history. @default 1
+   */
+  readonly lockStripes?: number;
   /** The limit of that lock: a number, or a path into the execution input. */
   readonly concurrencyLimit?: number;
   readonly concurrencyLimitPath?: string;
@@ -620,7 +626,8 @@ function* guardRun(
     return { executionArn, resumedAt, action: 'outside the body' };
   }
   const input = JSON.parse(eventInput ?? described.input ?? '{}');
-  const lockName = String(fromConfigOrInput(config.lockName, config.lockNamePath, input));
+  const baseLockName = String(fromConfigOrInput(config.lockName, config.lockNamePath, input));
+  const lockName = (config.lockStripes ?? 1) > 1 ? yield* drawnStripe(executionArn, baseLockName) : baseLockName;
   const limit = Number(fromConfigOrInput(config.concurrencyLimit, config.concurrencyLimitPath, input));
   const weighted = config.permits !== undefined || config.permitsPath !== undefined;
   const weight = weighted ? Number(fromConfigOrInput(config.permits, config.permitsPath, input)) : 1;
@@ -752,6 +759,33 @@ function* redriveHistory(executionArn: string, run: number): Flow<{ current?: st
   } while (nextToken);
   if (!redriven) throw new RedriveUndecided(`the history does not show redrive ${run} yet`);
   return { current };
+}
+
+/**
+ * The stripe of a split lock that an execution drew: the lock name in the output of its "Pick Lock
+ * Stripe" state, among the first states of its history (oldest first). A redrive resumes with the
+ * state data, so every run of the execution uses it. Throws RedriveUndecided when the history does not
+ * show it (yet: GetExecutionHistory is eventually consistent).
+ */
+function* drawnStripe(executionArn: string, lockName: string): Flow<string> {
+  let nextToken: string | undefined;
+  let read = 0;
+  do {
+    const page = yield* stepFunctions('GetExecutionHistory', { executionArn, reverseOrder: false, maxResults: 20, nextToken, includeExecutionData: true });
+    for (const event of (page.events ?? []) as HistoryEvent[]) {
+      const exited = event.stateExitedEventDetails;
+      if (exited?.name !== STATE.pickLockStripe) continue;
+      const stripe = (JSON.parse(exited.output ?? '{}') as Record<string, unknown>).lock;
+      if (typeof stripe !== 'string' || !stripe.startsWith(`${lockName}${LOCK_STRIPE_SEPARATOR}`)) {
+        throw new Error(`the history of ${executionArn} shows '${String(stripe)}' drawn by ${STATE.pickLockStripe}, not a stripe of lock '${lockName}'`);
+      }
+      return stripe;
+    }
+    read += (page.events ?? []).length;
+    nextToken = page.nextToken;
+    // The stripe is drawn before the first acquire: within the first few states, or not at all.
+  } while (nextToken && read < 100);
+  throw new RedriveUndecided(`the history does not show the stripe drawn by ${STATE.pickLockStripe} (yet)`);
 }
 
 /** One conditional write on a holder of a lock; false if its condition failed. */

@@ -80,6 +80,7 @@ function configFromEnvironment(): ReconcilerConfig {
     clockSkewMs: Number(process.env.CLOCK_SKEW_SECONDS ?? '30') * 1000,
     lockName: process.env.LOCK_NAME,
     lockNamePath: process.env.LOCK_NAME_PATH,
+    lockStripes: number('LOCK_STRIPES'),
     concurrencyLimit: number('CONCURRENCY_LIMIT'),
     concurrencyLimitPath: process.env.CONCURRENCY_LIMIT_PATH,
     permits: number('PERMITS'),

@@ -7,11 +7,12 @@ import * as tasks from 'aws-cdk-lib/aws-stepfunctions-tasks';
 import { Construct } from 'constructs';
 import { executionArnPattern } from './private/arns';
 import { defaultDeadLetterQueue } from './private/dead-letter-queue';
+import { LOCK_STRIPE_SEPARATOR } from './private/lock-schema';
 import { holderKeyAt } from './private/lock-tasks';
 import { HANDOFF_PATH, handOffChain, WAKE_ACTIONS } from './private/queue-states';
 import { pathFromParsedInput, stringValue } from './private/runtime-value';
 import { stateMachineLogs } from './private/state-machine-defaults';
-import { knownWholeSeconds, validateLockName } from './private/validation';
+import { knownWholeSeconds, MAX_LOCK_STRIPES, validateLockName } from './private/validation';
 import { grantWakeToRole } from './private/wake-grants';
 import { ISemaphoreTable } from './semaphore-table';
 
@@ -92,6 +93,15 @@ export interface CleanFromIncompleteProps {
    * @default false
    */
   readonly weightedPermits?: boolean;
+
+  /**
+   * How many stripes `lockName` is split into (the protected workflow's `lockStripes`): the permit of a
+   * stopped execution is on one of `<lockName>#0` to `<lockName>#<lockStripes - 1>`, which the event does
+   * not say, so the cleanup tries each (a Map; a stripe that does not hold it refuses the release).
+   *
+   * @default 1 - one lock, not split
+   */
+  readonly lockStripes?: number;
 }
 
 /**
@@ -144,6 +154,13 @@ export class CleanFromIncomplete extends Construct {
     }
     const maxEventAge = props.maxEventAge ?? Duration.hours(24);
     if (props.holdAfterStop) knownWholeSeconds('holdAfterStop', props.holdAfterStop, 1);
+    const stripes = props.lockStripes ?? 1;
+    if (Token.isUnresolved(stripes) || !Number.isInteger(stripes) || stripes < 1 || stripes > MAX_LOCK_STRIPES) {
+      throw new Error(`\`lockStripes\` must be an integer from 1 to ${MAX_LOCK_STRIPES}, got: ${stripes}`);
+    }
+    if (stripes > 1 && props.holdAfterStop) {
+      throw new Error('`lockStripes` cannot be combined with `holdAfterStop` yet: a rate is counted per lock. Set one of them');
+    }
 
     this.stateMachine = new sfn.StateMachine(this, 'StateMachine', {
       definitionBody: sfn.DefinitionBody.fromChainable(this.renderDefinition(props)),
@@ -206,15 +223,18 @@ export class CleanFromIncomplete extends Construct {
       hold.next(prepare);
       return hold;
     };
+    const stripes = props.lockStripes ?? 1;
+    const releaseOnStripes = (from: string, lockNameValue: string) =>
+      stripes === 1 ? release(from, lockNameValue) : this.releaseOnEachStripe(from, lockNameValue, stripes, release);
 
     if (lockName.inputPath === undefined) {
-      return this.checkEvent(release('$.detail', lockName.fixed!));
+      return this.checkEvent(releaseOnStripes('$.detail', lockName.fixed!));
     }
 
     // The lock name is in the stopped execution's input. The event carries that input as a string
     // unless it was too large for the event (`inputDetails.included` false); then ask Step Functions.
     const lockNamePath = pathFromParsedInput(lockName.inputPath, '$.input');
-    const releaseFromInput = release('$', sfn.JsonPath.stringAt(lockNamePath));
+    const releaseFromInput = releaseOnStripes('$', sfn.JsonPath.stringAt(lockNamePath));
     const checkLockName = new sfn.Choice(this, 'Lock Name In Input?')
       .when(sfn.Condition.isString(lockNamePath), releaseFromInput)
       // The execution could not have taken a permit without a lock name.
@@ -270,6 +290,36 @@ export class CleanFromIncomplete extends Construct {
         .when(sfn.Condition.not(sfn.Condition.isString('$.detail.input')), readInput)
         .otherwise(fromEvent.next(checkLockName)),
     );
+  }
+
+  /**
+   * A split lock: the release, in a Map over the stripes (`<lock name>#<n>`), every one at once. The
+   * stopped execution held a permit of one stripe at most (it drew one when it started, and the event
+   * does not say which): on the others the release is refused and ends in "Permit Not Held", at a
+   * refused write of that lock item (billed by its size) and the check that follows it.
+   */
+  private releaseOnEachStripe(
+    from: string,
+    lockNameValue: string,
+    stripes: number,
+    release: (from: string, lockNameValue: string) => sfn.IChainable,
+  ): sfn.IChainable {
+    const list = new sfn.Pass(this, 'List Lock Stripes', {
+      parameters: { stripes: sfn.JsonPath.arrayRange(0, stripes - 1, 1) },
+      resultPath: '$.lockStripes',
+    });
+    const eachStripe = new sfn.Map(this, 'Release On Each Stripe', {
+      itemsPath: '$.lockStripes.stripes',
+      itemSelector: {
+        executionArn: sfn.JsonPath.stringAt(`${from}.executionArn`),
+        stateMachineArn: sfn.JsonPath.stringAt(`${from}.stateMachineArn`),
+        redriveCount: sfn.JsonPath.numberAt(`${from}.redriveCount`),
+        lockName: sfn.JsonPath.format(`{}${LOCK_STRIPE_SEPARATOR}{}`, lockNameValue, sfn.JsonPath.stringAt('$$.Map.Item.Value')),
+      },
+      resultPath: sfn.JsonPath.DISCARD,
+    });
+    eachStripe.itemProcessor(release('$', sfn.JsonPath.stringAt('$.lockName')));
+    return list.next(eachStripe);
   }
 
   /**

@@ -20,12 +20,21 @@ import {
   WAIT_HISTORY_EVENTS,
 } from './private/history-budget';
 import { defaultStateMachineName, renderIdempotency } from './private/idempotency-config';
-import { MAX_CONCURRENCY_LIMIT, MAX_LOCK_NAME_LENGTH } from './private/lock-schema';
+import { lockStripeName, MAX_CONCURRENCY_LIMIT, MAX_LOCK_NAME_LENGTH } from './private/lock-schema';
 import { WAKE_ACTIONS } from './private/queue-states';
 import { numberValue, stringValue } from './private/runtime-value';
 import { stateMachineLogs } from './private/state-machine-defaults';
 import { STATE } from './private/state-names';
-import { highQueueLimitWarning, humanSeconds, validateConcurrencyLimit, validateLockName, validatePermitPath, validatePermits, validateWholeSeconds } from './private/validation';
+import {
+  highQueueLimitWarning,
+  humanSeconds,
+  validateConcurrencyLimit,
+  validateLockName,
+  validateLockStripes,
+  validatePermitPath,
+  validatePermits,
+  validateWholeSeconds,
+} from './private/validation';
 import { grantWakeToRole, registerWaiter } from './private/wake-grants';
 import { ACQUIRE_TIMEOUT_ERROR, INVALID_LIMIT_ERROR, INVALID_LOCK_NAME_ERROR, INVALID_PERMITS_ERROR, renderDefinition } from './private/workflow-definition';
 import { RateLimit } from './rate-limit';
@@ -82,6 +91,27 @@ export interface ConcurrencyControlledWorkflowProps {
    * interval has passed, while the bodies may still run
    */
   readonly concurrencyLimit?: number;
+
+  /**
+   * Split the lock into this many locks ("stripes") of `concurrencyLimit / lockStripes` permits each,
+   * named `<lockName>#0` to `<lockName>#<lockStripes - 1>`, for a limit in the hundreds.
+   *
+   * Each execution draws one stripe at random when it starts (one transition more, "Pick Lock Stripe")
+   * and takes its permit there, so at most `concurrencyLimit` bodies run at once in all. A lock's
+   * holders share its DynamoDB item, whose every write is billed by its size, and one item's partition
+   * takes 1,000 write units a second: split, each item holds a share of the holders on a partition of
+   * its own. What it costs: the permits are not pooled (an execution waits for a permit of its stripe
+   * while another stripe has one free), first come, first served holds within a stripe only, and the
+   * cleanup of a stopped execution tries every stripe. Metrics are per stripe: see README, "A limit in
+   * the hundreds: split the lock".
+   *
+   * `concurrencyLimit` must be a number that `lockStripes` divides, each stripe's share at most 1,000;
+   * not with `permits`, `rateLimit`, `idempotency` or `permitPath` yet. Other workflows and the CLI share
+   * the permits of a stripe by naming it (`exports#3`).
+   *
+   * @default 1 - one lock, not split
+   */
+  readonly lockStripes?: number;
 
   /**
    * The table holding the lock.
@@ -391,6 +421,12 @@ export class ConcurrencyControlledWorkflow extends Construct {
   public readonly lockName: string;
 
   /**
+   * How many locks the lock is split into (`lockStripes`): 1, or stripes named `<lockName>#0` to
+   * `<lockName>#<lockStripes - 1>`, each of `concurrencyLimit / lockStripes` permits.
+   */
+  public readonly lockStripes: number;
+
+  /**
    * The cleanup that frees the permits of stopped, timed-out and failed executions.
    */
   public readonly cleanup: CleanFromIncomplete;
@@ -435,7 +471,16 @@ export class ConcurrencyControlledWorkflow extends Construct {
     }
     this.lockName = props.lockName ?? defaultLockName(this);
     validateLockName(this.lockName);
-    validateConcurrencyLimit(props.concurrencyLimit ?? 1);
+    const lockStripes = props.lockStripes ?? 1;
+    // Split, each stripe is a lock of its share of the limit: the limit below is a stripe's.
+    const stripeLimit = validateLockStripes(lockStripes, props.concurrencyLimit, this.lockName, {
+      permits: props.permits !== undefined,
+      rateLimit: props.rateLimit !== undefined,
+      idempotency: props.idempotency !== undefined,
+      permitPath: props.permitPath !== undefined,
+    });
+    validateConcurrencyLimit(stripeLimit ?? 1);
+    this.lockStripes = lockStripes;
     const rate = props.rateLimit;
     const permits = props.permits === undefined ? undefined : numberValue('permits', props.permits);
     const weighted = permits !== undefined && !(permits.inputPath === undefined && permits.fixed === 1);
@@ -461,7 +506,7 @@ export class ConcurrencyControlledWorkflow extends Construct {
     // A concurrency limit other than the rate's count: the lock's permits are the rate's, and each body takes a
     // slot beside its permit, up to the concurrency limit (docs/design-rates-and-weights.md, "The body slot";
     // above the count, the permit goes back at the interval and the slot stays until the body ends).
-    const { limit, bodyLimit } = lockLimits(props.concurrencyLimit, rate);
+    const { limit, bodyLimit } = lockLimits(stripeLimit, rate);
     const pollSeconds = validateWholeSeconds('pollInterval', props.pollInterval ?? Duration.seconds(3), 1);
     const leaseSeconds = props.leaseDuration && validateWholeSeconds('leaseDuration', props.leaseDuration, 1);
     if (rate && leaseSeconds !== undefined && leaseSeconds < rate.intervalSeconds) {
@@ -548,6 +593,7 @@ export class ConcurrencyControlledWorkflow extends Construct {
       permits: weighted ? permits : undefined,
       bodyLimit,
       bodySlotRounds: bodyLimit === undefined ? undefined : Math.floor(slotEvents / BODY_SLOT_ROUND_EVENTS),
+      lockStripes,
     });
 
     const logOptions = stateMachineLogs(this, props.logs);
@@ -579,6 +625,7 @@ export class ConcurrencyControlledWorkflow extends Construct {
       tracingEnabled: props.tracingEnabled,
       holdAfterStop: rate?.interval,
       weightedPermits: weighted,
+      lockStripes,
     });
     this.cleanupStateMachine = this.cleanup.stateMachine;
     this.cleanupRule = this.cleanup.rule;
@@ -594,6 +641,7 @@ export class ConcurrencyControlledWorkflow extends Construct {
       permits: weighted ? props.permits : undefined,
       leaseDuration: props.leaseDuration,
       holdAfterStop: rate?.interval,
+      lockStripes,
     });
 
     this.logGroup = logOptions.destination;
@@ -779,6 +827,20 @@ export class ConcurrencyControlledWorkflow extends Construct {
     }
   }
 
+  /** A lock's metric; for a split lock, the sum of its stripes' (metric math). */
+  private overStripes(lockName: string, label: string, metric: (lockName: string) => cloudwatch.Metric): cloudwatch.IMetric {
+    if (this.lockStripes === 1) return metric(lockName);
+    const usingMetrics: Record<string, cloudwatch.IMetric> = {};
+    // Ids unique within the graph: the label's initial and the stripe (`p0`, `h0`, `q0`).
+    for (let stripe = 0; stripe < this.lockStripes; stripe++) usingMetrics[`${label[0].toLowerCase()}${stripe}`] = metric(lockStripeName(lockName, stripe));
+    return new cloudwatch.MathExpression({
+      expression: `SUM([${Object.keys(usingMetrics).join(',')}])`,
+      usingMetrics,
+      label: `${label} (${this.lockStripes} stripes)`,
+      period: metric(lockName).period,
+    });
+  }
+
   private addDashboard(withRate: boolean, withBodySlots: boolean): void {
     const lockName = stringValue('lockName', this.lockName).fixed;
     new cloudwatch.Dashboard(this, 'Dashboard', {
@@ -801,9 +863,9 @@ export class ConcurrencyControlledWorkflow extends Construct {
               ...(lockName === undefined
                 ? []
                 : [
-                  this.reconciler.metricPermitsInUse(lockName),
-                  this.reconciler.metricHolders(lockName),
-                  this.reconciler.metricQueued(lockName),
+                  this.overStripes(lockName, 'PermitsInUse', (name) => this.reconciler.metricPermitsInUse(name)),
+                  this.overStripes(lockName, 'Holders', (name) => this.reconciler.metricHolders(name)),
+                  this.overStripes(lockName, 'Queued', (name) => this.reconciler.metricQueued(name)),
                   ...(withRate ? [this.reconciler.metricPermitsHeldForRate(lockName), this.reconciler.metricWaitingForRate(lockName)] : []),
                 ]),
             ],

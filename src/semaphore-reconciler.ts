@@ -1,4 +1,4 @@
-import { Duration } from 'aws-cdk-lib';
+import { Duration, Token } from 'aws-cdk-lib';
 import * as cloudwatch from 'aws-cdk-lib/aws-cloudwatch';
 import * as events from 'aws-cdk-lib/aws-events';
 import * as targets from 'aws-cdk-lib/aws-events-targets';
@@ -12,7 +12,7 @@ import { reconcilerFunction, validateFunctionRuntime } from './private/bundled-f
 import { defaultDeadLetterQueue } from './private/dead-letter-queue';
 import { functionWithOwnLogs } from './private/function-logs';
 import { numberValue, stringValue } from './private/runtime-value';
-import { knownWholeSeconds, validatePermits, validateWholeSeconds } from './private/validation';
+import { knownWholeSeconds, MAX_LOCK_STRIPES, validatePermits, validateWholeSeconds } from './private/validation';
 import { grantWakeToRole } from './private/wake-grants';
 import { ISemaphoreTable } from './semaphore-table';
 
@@ -80,6 +80,15 @@ export interface SemaphoreReconcilerProps {
    * @default 1
    */
   readonly permits?: number;
+
+  /**
+   * How many stripes `lockName` is split into (the workflow's `lockStripes`), for the redrive guard: it
+   * takes the permit again on the stripe the execution drew, which it reads from the output of the
+   * execution's "Pick Lock Stripe" state in its history. `concurrencyLimit` is then a stripe's limit.
+   *
+   * @default 1 - one lock, not split
+   */
+  readonly lockStripes?: number;
 
   /**
    * The lease of a permit the redrive guard takes.
@@ -286,6 +295,11 @@ export class SemaphoreReconciler extends Construct {
       if (permits.inputPath !== undefined) fn.addEnvironment('PERMITS_PATH', permits.inputPath);
       else fn.addEnvironment('PERMITS', String(permits.fixed));
     }
+    const stripes = props.lockStripes ?? 1;
+    if (Token.isUnresolved(stripes) || !Number.isInteger(stripes) || stripes < 1 || stripes > MAX_LOCK_STRIPES) {
+      throw new Error(`\`lockStripes\` must be an integer from 1 to ${MAX_LOCK_STRIPES}, got: ${stripes}`);
+    }
+    if (stripes > 1) fn.addEnvironment('LOCK_STRIPES', String(stripes));
     if (props.leaseDuration) {
       fn.addEnvironment('LEASE_SECONDS', String(validateWholeSeconds('leaseDuration', props.leaseDuration, 1) ?? props.leaseDuration.toSeconds()));
     }

@@ -406,6 +406,12 @@ export const MAX_CONCURRENCY_LIMIT = 1000;
 export const QUEUE_TAIL = 'queueTail';
 /** Tickets passed: served, dropped or skipped (type N, on the lock item). */
 export const QUEUE_HEAD = 'queueHead';
+/** Separates a split lock's name from its stripe's number: stripe 3 of lock `exports` is the lock `exports#3`. */
+export const LOCK_STRIPE_SEPARATOR = '#';
+/** The name of stripe `stripe` (0 to the stripes less one) of a split lock. */
+export function lockStripeName(lockName: string, stripe: number): string {
+  return `${lockName}${LOCK_STRIPE_SEPARATOR}${stripe}`;
+}
 /** Separates the lock name from the ticket in a ticket item's key. Lock names may not contain it. */
 export const TICKET_KEY_SEPARATOR = '\u001f';
 /** The key (`lockName` attribute) of a lock's ticket item. */

@@ -18,6 +18,7 @@ export const STATE = {
   runtimePermitsMissing: 'Runtime Permits Missing',
   quotePermitsAboveLimit: 'Quote Permits Above Limit',
   formatPermitsAboveLimitCause: 'Format Permits Above Limit Cause',
+  pickLockStripe: 'Pick Lock Stripe',
   acquire: 'Acquire Permit',
   claimOwnPermit: 'Claim Own Permit',
   waitForPermit: 'Wait For Permit',

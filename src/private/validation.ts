@@ -39,6 +39,74 @@ export function validateConcurrencyLimit(limit: number): void {
   }
 }
 
+/** At most this many stripes: the cleanup tries each one for a stopped execution's permit. */
+export const MAX_LOCK_STRIPES = 100;
+
+/** What `lockStripes` may not be combined with yet, and why: the prop it names, and whether it is set. */
+export interface LockStripesConflicts {
+  readonly permits: boolean;
+  readonly rateLimit: boolean;
+  readonly idempotency: boolean;
+  readonly permitPath: boolean;
+}
+
+/**
+ * `lockStripes`: an integer from 1 to MAX_LOCK_STRIPES; above 1, a `concurrencyLimit` known at synth
+ * that it divides, each stripe's share within MAX_CONCURRENCY_LIMIT, a literal lock name short enough
+ * for the suffix, and none of the props split locks do not serve yet. Returns each stripe's limit.
+ */
+export function validateLockStripes(
+  stripes: number,
+  limit: number | undefined,
+  lockName: string,
+  conflicts: LockStripesConflicts,
+): number | undefined {
+  if (Token.isUnresolved(stripes) || !Number.isInteger(stripes) || stripes < 1 || stripes > MAX_LOCK_STRIPES) {
+    throw new Error(
+      `\`lockStripes\` must be an integer from 1 to ${MAX_LOCK_STRIPES} (the cleanup tries each stripe for a stopped execution's permit), got: ${stripes}`,
+    );
+  }
+  if (stripes === 1) return limit;
+  if (limit === undefined || Token.isUnresolved(limit) || !Number.isInteger(limit) || limit < 1) {
+    throw new Error(
+      `\`concurrencyLimit\` must be a number known at synth beside \`lockStripes\` (${stripes}), got: ${limit === undefined ? 'none' : limit}: ` +
+        'each stripe is a lock of concurrencyLimit / lockStripes permits, fixed in the definition',
+    );
+  }
+  if (limit % stripes !== 0) {
+    const lower = limit - (limit % stripes);
+    throw new Error(
+      `\`concurrencyLimit\` (${limit}) must be a multiple of \`lockStripes\` (${stripes}): each stripe is a lock of concurrencyLimit / lockStripes permits` +
+        (lower > 0 ? `; for example ${lower} or ${lower + stripes}` : `; for example ${stripes}`),
+    );
+  }
+  const share = limit / stripes;
+  if (share > MAX_CONCURRENCY_LIMIT) {
+    throw new Error(
+      `\`concurrencyLimit\` / \`lockStripes\` must be at most ${MAX_CONCURRENCY_LIMIT} (each stripe's holders share its lock item), got: ${limit} / ${stripes} = ${share}`,
+    );
+  }
+  const conflicting = ([
+    ['permits', conflicts.permits, 'a weighted acquisition would need several permits of one stripe'],
+    ['rateLimit', conflicts.rateLimit, 'a rate is counted per lock'],
+    ['idempotency', conflicts.idempotency, 'its state data keeps the input elsewhere'],
+    ['permitPath', conflicts.permitPath, 'each stripe draws fencing tokens of its own, which do not order the holders of different stripes'],
+  ] as const).find(([, set]) => set);
+  if (conflicting) {
+    throw new Error(`\`lockStripes\` (${stripes}) cannot be combined with \`${conflicting[0]}\` yet: ${conflicting[2]}. Set one of them`);
+  }
+  if (!Token.isUnresolved(lockName)) {
+    const longest = `${lockName}#${stripes - 1}`;
+    if (longest.length > MAX_LOCK_NAME_LENGTH) {
+      throw new Error(
+        `\`lockName\` must be at most ${MAX_LOCK_NAME_LENGTH - 1 - String(stripes - 1).length} characters beside \`lockStripes\` (${stripes}), ` +
+          `so that its stripes' names ('${abbreviate(lockName)}#0' to '#${stripes - 1}') fit in ${MAX_LOCK_NAME_LENGTH}, got ${lockName.length} characters`,
+      );
+    }
+  }
+  return share;
+}
+
 /** A lock limit from which the queue's hand-offs, which write the whole lock item, meet one partition's write capacity. */
 export const HIGH_QUEUE_LIMIT = 100;
 
@@ -59,7 +127,7 @@ export function highQueueLimitWarning(limit: number): string | undefined {
     `concurrencyLimit ${limit} with the queue: every hand-off writes the whole lock item (about ${Math.round(itemKb)} KB with ${limit} holders), ` +
     `and one item's partition takes 1,000 write units a second, so a full lock passes on at most about ${perSecond.toFixed(1)} permits a second: ` +
     `bodies shorter than about ${Math.ceil(shortest)} s will wait for DynamoDB rather than for permits. For shorter bodies, split the lock into ` +
-    'several with smaller limits (README, "A limit in the hundreds: split the lock"), or use WaitStrategy.POLLING (README, "The ceiling of a high limit")'
+    'several with smaller limits (`lockStripes`: README, "A limit in the hundreds: split the lock"), or use WaitStrategy.POLLING (README, "The ceiling of a high limit")'
   );
 }
 

@@ -32,6 +32,7 @@ import {
   FENCING_TOKEN,
   GIVE_UP_HANDED_CONDITION,
   LOCK_KEY,
+  LOCK_STRIPE_SEPARATOR,
   MAX_CONCURRENCY_LIMIT,
   MAX_PERMITS,
   NAMES,
@@ -90,8 +91,11 @@ const RELEASE_AT_INTERVAL_RESULT = 'releaseAtInterval';
  */
 export function renderDefinition(scope: Construct, table: ISemaphoreTable, spec: DefinitionSpec): sfn.IChainable {
   // The lock name, literal or a JSONPath string (the keys of the queue's ticket items start with it).
-  const lockNameText =
+  const baseLockNameText =
     spec.lockName.inputPath === undefined ? spec.lockName.fixed! : sfn.JsonPath.stringAt(pathFromExecutionInput(spec.lockName.inputPath));
+  // A split lock: the stripe drawn at the start, in the state data from then on (see pickLockStripe).
+  const striped = spec.lockStripes !== undefined && spec.lockStripes > 1;
+  const lockNameText = striped ? sfn.JsonPath.stringAt(STRIPED_LOCK_PATH) : baseLockNameText;
   const lockName = tasks.DynamoAttributeValue.fromString(lockNameText);
   const lockTask: LockTaskProps = { table: table, lockName, holder: ownHolderKey() };
   const limit =
@@ -103,7 +107,8 @@ export function renderDefinition(scope: Construct, table: ISemaphoreTable, spec:
   // With idempotency, the state data is the key function's result: the input at `$.payload`, which
   // the body's output replaces, an error at `$.error`; the record is completed after the release.
   const idem = spec.idempotency;
-  const errorPath = idem ? IDEMPOTENT_ERROR_PATH : '$';
+  // Split, the failure path keeps the state data (its stripe) and adds the error beside it.
+  const errorPath = idem ? IDEMPOTENT_ERROR_PATH : striped ? STRIPED_ERROR_PATH : '$';
   // Where the body finds `{ fencingToken }`, in the state data before the body.
   const permitPath = spec.permitPath && (idem ? `${IDEMPOTENT_INPUT_PATH}${spec.permitPath.slice(1)}` : spec.permitPath);
   // The release reads its holder and run from the state data, so that it can also give back the
@@ -116,7 +121,9 @@ export function renderDefinition(scope: Construct, table: ISemaphoreTable, spec:
   // Failure path: give the permit back if we hold it, then fail with the error that brought us here.
   // Under a rate limit, only once the interval has passed: the body may have started just now (and
   // its failure ended the Parallel's Wait branch early).
-  const failWithError = idem ? idem.markFailed : new sfn.Fail(scope, STATE.failWithError, { errorPath: '$.Error', causePath: '$.Cause' });
+  const failWithError = idem
+    ? idem.markFailed
+    : new sfn.Fail(scope, STATE.failWithError, { errorPath: `${errorPath}.Error`, causePath: `${errorPath}.Cause` });
   const prepareReleaseAfterFailure = new sfn.Pass(scope, STATE.prepareReleaseAfterFailure, { parameters: holderOfThisRun, resultPath: HANDOFF_PATH });
   const weight = permitWeight(spec);
   const weighted = weight !== undefined;
@@ -157,6 +164,15 @@ export function renderDefinition(scope: Construct, table: ISemaphoreTable, spec:
     (release as sfn.Pass).next(
       handOffChain(scope, { table: table, lockName, lockNameText, suffix: '', next: idem.saveResult, alreadyReleased: idem.saveResult, weighted }),
     );
+  } else if (striped) {
+    // The input waits at HANDOFF_PATH (see pickLockStripe), which the output and the release's holder
+    // replace, beside the stripe.
+    runBody = new sfn.Parallel(scope, STATE.runBody, {
+      inputPath: HANDOFF_PATH,
+      resultSelector: { output: sfn.JsonPath.objectAt('$[0]'), ...holderOfThisRun },
+      resultPath: HANDOFF_PATH,
+    });
+    release = handOffChain(scope, { table: table, lockName, lockNameText, suffix: '', outputPath: `${HANDOFF_PATH}.output`, weighted });
   } else {
     // The output and the release's holder in one object, without a state of its own (and, with the
     // release beside the body, that release's failure, if it failed).
@@ -295,7 +311,8 @@ export function renderDefinition(scope: Construct, table: ISemaphoreTable, spec:
   slotGate?.wait.addCatch(acquire, { errors: [VALIDATION_ERROR], resultPath: sfn.JsonPath.DISCARD });
   slotGate?.take.addCatch(releaseAfterFailure, { errors: [sfn.Errors.ALL], resultPath: errorPath });
   slotGate?.wait.addCatch(releaseAfterFailure, { errors: [sfn.Errors.ALL], resultPath: errorPath });
-  const start = (head: sfn.IChainable) => (idem ? idem.start(head) : head);
+  const start = (head: sfn.IChainable) =>
+    idem ? idem.start(head) : striped ? pickLockStripe(scope, baseLockNameText, spec.lockStripes!).next(head) : head;
   // With idempotency too, the checks come first: an invalid input never claims a record.
   return checkRuntimeLockName(scope, spec, checkRuntimeLimit(scope, spec, checkRuntimePermits(scope, spec, start(acquire))));
 }
@@ -683,7 +700,7 @@ function renderQueueWait(
   // and the count of their rounds into their state, which an input that is not an object (a string, a
   // number, an array) cannot hold.
   const props: sfn.ParallelProps = {
-    parameters: { [WAIT_EVENTS_PATH.slice(2)]: { events: 0 } },
+    parameters: { [WAIT_EVENTS_PATH.slice(2)]: { events: 0 }, ...stripeInBranch(spec) },
     ...(withTimer || !permitPath
       ? { resultPath: sfn.JsonPath.DISCARD }
       : { resultSelector: { fencingToken: sfn.JsonPath.objectAt('$[0].fencingToken') }, resultPath: permitPath }),
@@ -861,7 +878,7 @@ function renderWaitForPermit(
   // Full jitter on the first wait spreads executions that started together over the interval.
   // States.MathRandom's end is exclusive, so this draws 1..pollInterval.
   const drawDelay = new sfn.Pass(scope, STATE.drawPollDelay, {
-    parameters: { delaySeconds: sfn.JsonPath.mathRandom(1, (spec.pollSeconds ?? 1) + 1) },
+    parameters: { delaySeconds: sfn.JsonPath.mathRandom(1, (spec.pollSeconds ?? 1) + 1), ...stripeInBranch(spec) },
   });
   const firstWait = new sfn.Wait(scope, STATE.firstWait, { time: sfn.WaitTime.secondsPath('$.delaySeconds') });
   const polling = sfn.Chain.start(drawDelay).next(firstWait).next(poll);
@@ -908,6 +925,33 @@ const WAIT_EVENTS_PATH = '$.semaphoreWait';
 /** Marker error that ends the "Wait For Permit" Parallel once the polling branch holds a permit. */
 const PERMIT_ACQUIRED = 'SemaphorePermitAcquired';
 
+/** Split, where the state data keeps the execution's stripe (the name of the lock it takes a permit of). */
+export const STRIPED_LOCK_PATH = '$.lock';
+/** Split, where a failure puts the error, beside the stripe. */
+const STRIPED_ERROR_PATH = '$.error';
+
+/**
+ * A split lock's first state: draw the stripe, `<lock name>#<n>` with n from 0 to `stripes` - 1, and keep
+ * it in the state data at STRIPED_LOCK_PATH, the input at HANDOFF_PATH until the body (which receives the
+ * input as it came; its output then takes the input's place). Every state after it reads the stripe there;
+ * the cleanup, which cannot, tries every stripe, and the redrive guard reads it from this state's output
+ * in the execution's history. A redrive resumes with the state data, so with the same stripe.
+ * `States.MathRandom` excludes its end ("between the start number (inclusive) and end number (exclusive)").
+ */
+function pickLockStripe(scope: Construct, lockNameText: string, stripes: number): sfn.Pass {
+  return new sfn.Pass(scope, STATE.pickLockStripe, {
+    parameters: {
+      [HANDOFF_PATH.slice(2)]: sfn.JsonPath.objectAt('$'),
+      [STRIPED_LOCK_PATH.slice(2)]: sfn.JsonPath.format(`{}${LOCK_STRIPE_SEPARATOR}{}`, lockNameText, sfn.JsonPath.mathRandom(0, stripes)),
+    },
+  });
+}
+
+/** Split, the stripe in a wait's own state data (its Parallel's Parameters, or a Pass that replaces it). */
+function stripeInBranch(spec: DefinitionSpec): Record<string, string> {
+  return spec.lockStripes !== undefined && spec.lockStripes > 1 ? { [STRIPED_LOCK_PATH.slice(2)]: sfn.JsonPath.stringAt(STRIPED_LOCK_PATH) } : {};
+}
+
 /** What the workflow's definition is rendered from: the props, validated and resolved. */
 export interface DefinitionSpec {
   readonly body: sfn.IChainable;
@@ -939,6 +983,12 @@ export interface DefinitionSpec {
   readonly bodyLimit?: number;
   /** How many tries a wait for a body slot may make (its history budget; see slotWaitPacing). @default - none: no body slot */
   readonly bodySlotRounds?: number;
+  /**
+   * How many locks (stripes) of `limit` permits each the lock is split into: each execution draws one
+   * at random (`<lock name>#<0 to lockStripes - 1>`) and keeps it in its state data (STRIPED_LOCK_PATH).
+   * @default - one lock, not split
+   */
+  readonly lockStripes?: number;
 }
 
 /** The body slot's way in: its first take, and the wait (a Parallel retried from `pollInterval`, backing off) after a refusal. */
