@@ -34,6 +34,24 @@ describe('cdk-sfn-semaphore/testing', () => {
     );
   });
 
+  test('runWorkflowScenario on a lock split by lockStripes holds each stripe to its share of `limit`', async () => {
+    const stack = new Stack(new App(), 'Kit');
+    const workflow = new ConcurrencyControlledWorkflow(stack, 'Workflow', {
+      lockName: 'kit',
+      concurrencyLimit: 6,
+      lockStripes: 3,
+      body: new sfn.Wait(stack, 'Work', { time: sfn.WaitTime.duration(Duration.seconds(10)) }),
+    });
+    const options = { executions: 18, limit: 6, timeScale: 0.02, workSeconds: 10, extendHorizon: true, seed: 3 };
+    const result = await runWorkflowScenario(workflow, options);
+    expect(result.invariantViolations).toEqual([]);
+    expect(result.succeeded).toBe(18);
+    expect(result.maxInside).toBeGreaterThan(2);
+    // Told the whole limit is 3, each stripe is held to 1: the stripes' 2 are seen.
+    const halved = await runWorkflowScenario(workflow, { ...options, limit: 3 });
+    expect(halved.invariantViolations).toContainEqual(expect.stringMatching(/^kit#\d: 2 permits in use, limit 1$/));
+  });
+
   test('WorkflowSimulator: the lock shows its holder and its waiter; the figures count the workflow and its cleanup', async () => {
     const stack = new Stack(new App(), 'Kit');
     const workflow = new ConcurrencyControlledWorkflow(stack, 'Workflow', {

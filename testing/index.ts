@@ -74,7 +74,9 @@ export function workflowSubject(workflow: ConcurrencyControlledWorkflow): Subjec
 
 /**
  * Start `executions` executions of the workflow at once, with the faults of `options`, run them to
- * the end (or the horizon), sweep once as the reconciler's schedule would, and report. Pass the result
+ * the end (or the horizon), sweep once as the reconciler's schedule would, and report. For a lock split
+ * by `lockStripes`, `limit` is the whole limit, and each stripe is held to `limit / lockStripes` unless
+ * `lockLimit` says otherwise. Pass the result
  * to `brokenInvariants(result, limit)` for the invariants: never more than the limit inside, no permit
  * left held, nobody stuck, every failure explained.
  */
@@ -99,7 +101,9 @@ export async function runWorkflowScenario(workflow: ConcurrencyControlledWorkflo
   if ((options.failureRate ?? 0) > 0 && !Object.keys(handlers).some((state) => bodyTasks.has(state))) {
     throw new Error(`failureRate needs a handler of one of the body's Task states (taskHandlers), one of: ${subject.bodyStates.join(', ') || '(none)'}`);
   }
-  return runScenario(subject, { ...options, taskHandlers: handlers });
+  // A lock split by `lockStripes`: each stripe's lock item is held to its share of the limit.
+  const lockLimit = options.lockLimit ?? (workflow.lockStripes > 1 ? options.limit / workflow.lockStripes : undefined);
+  return runScenario(subject, { ...options, lockLimit, taskHandlers: handlers });
 }
 
 /**
