@@ -771,7 +771,8 @@ function* drawnStripe(executionArn: string, lockName: string): Flow<string> {
   let nextToken: string | undefined;
   let read = 0;
   do {
-    const page = yield* stepFunctions('GetExecutionHistory', { executionArn, reverseOrder: false, maxResults: 20, nextToken, includeExecutionData: true });
+    // Small pages: each event carries up to 256 KiB of data, and the draw is among the first few.
+    const page = yield* stepFunctions('GetExecutionHistory', { executionArn, reverseOrder: false, maxResults: 8, nextToken, includeExecutionData: true });
     for (const event of (page.events ?? []) as HistoryEvent[]) {
       const exited = event.stateExitedEventDetails;
       if (exited?.name !== STATE.pickLockStripe) continue;
@@ -784,7 +785,7 @@ function* drawnStripe(executionArn: string, lockName: string): Flow<string> {
     read += (page.events ?? []).length;
     nextToken = page.nextToken;
     // The stripe is drawn before the first acquire: within the first few states, or not at all.
-  } while (nextToken && read < 100);
+  } while (nextToken && read < 40);
   throw new RedriveUndecided(`the history does not show the stripe drawn by ${STATE.pickLockStripe} (yet)`);
 }
 

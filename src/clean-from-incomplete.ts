@@ -7,7 +7,8 @@ import * as tasks from 'aws-cdk-lib/aws-stepfunctions-tasks';
 import { Construct } from 'constructs';
 import { executionArnPattern } from './private/arns';
 import { defaultDeadLetterQueue } from './private/dead-letter-queue';
-import { LOCK_STRIPE_SEPARATOR } from './private/lock-schema';
+import { SERVER_ERRORS, THROTTLING_ERRORS, transientRetry } from './private/dynamodb-errors';
+import { LOCK_KEY, LOCK_STRIPE_SEPARATOR } from './private/lock-schema';
 import { holderKeyAt } from './private/lock-tasks';
 import { HANDOFF_PATH, handOffChain, WAKE_ACTIONS } from './private/queue-states';
 import { pathFromParsedInput, stringValue } from './private/runtime-value';
@@ -97,7 +98,7 @@ export interface CleanFromIncompleteProps {
   /**
    * How many stripes `lockName` is split into (the protected workflow's `lockStripes`): the permit of a
    * stopped execution is on one of `<lockName>#0` to `<lockName>#<lockStripes - 1>`, which the event does
-   * not say, so the cleanup tries each (a Map; a stripe that does not hold it refuses the release).
+   * not say, so the cleanup reads each stripe's lock item (a Map) and releases on the one that holds it.
    *
    * @default 1 - one lock, not split
    */
@@ -225,7 +226,7 @@ export class CleanFromIncomplete extends Construct {
     };
     const stripes = props.lockStripes ?? 1;
     const releaseOnStripes = (from: string, lockNameValue: string) =>
-      stripes === 1 ? release(from, lockNameValue) : this.releaseOnEachStripe(from, lockNameValue, stripes, release);
+      stripes === 1 ? release(from, lockNameValue) : this.releaseOnEachStripe(props.table, from, lockNameValue, stripes, release, notHeld);
 
     if (lockName.inputPath === undefined) {
       return this.checkEvent(releaseOnStripes('$.detail', lockName.fixed!));
@@ -293,16 +294,23 @@ export class CleanFromIncomplete extends Construct {
   }
 
   /**
-   * A split lock: the release, in a Map over the stripes (`<lock name>#<n>`), every one at once. The
-   * stopped execution held a permit of one stripe at most (it drew one when it started, and the event
-   * does not say which): on the others the release is refused and ends in "Permit Not Held", at a
-   * refused write of that lock item (billed by its size) and the check that follows it.
+   * A split lock: the release, in a Map over the stripes (`<lock name>#<n>`), up to 40 at a time (an inline
+   * Map's most). The stopped execution held a permit of one stripe at most (it drew one when it started,
+   * and the event does not say which), or of none (the workflow's own catch released it before the
+   * execution failed, or it stopped before its acquire): a consistent read of each stripe's lock item,
+   * only the execution's entry projected, tells which, and only a stripe that holds it runs the release.
+   * A read billed by the item's size (1 read unit up to 4 KB) rather than the refused writes of a release
+   * on every stripe, which the partitions of a busy split lock would feel. A read that fails past its
+   * retries runs the release, which is conditional: no iteration fails the Map, which would stop the
+   * release on the stripe that holds the permit.
    */
   private releaseOnEachStripe(
+    table: ISemaphoreTable,
     from: string,
     lockNameValue: string,
     stripes: number,
     release: (from: string, lockNameValue: string) => sfn.IChainable,
+    notHeld: sfn.Succeed,
   ): sfn.IChainable {
     const list = new sfn.Pass(this, 'List Lock Stripes', {
       parameters: { stripes: sfn.JsonPath.arrayRange(0, stripes - 1, 1) },
@@ -318,7 +326,24 @@ export class CleanFromIncomplete extends Construct {
       },
       resultPath: sfn.JsonPath.DISCARD,
     });
-    eachStripe.itemProcessor(release('$', sfn.JsonPath.stringAt('$.lockName')));
+    const releaseHere = release('$', sfn.JsonPath.stringAt('$.lockName'));
+    // The entry is a map attribute: `{"M":` in the projected item's text only if the stripe holds it
+    // (no item: `{}`; an item without it: `{"Item":{}}`; execution names cannot hold a quote).
+    const heldHere = new sfn.Choice(this, 'Held On This Stripe?')
+      .when(sfn.Condition.stringMatches('$.stripe.item', '*{"M":*'), releaseHere)
+      .otherwise(notHeld);
+    const read = new tasks.DynamoGetItem(this, 'Read Stripe Of Stopped Execution', {
+      table: table.table,
+      key: { [LOCK_KEY]: tasks.DynamoAttributeValue.fromString(sfn.JsonPath.stringAt('$.lockName')) },
+      consistentRead: true,
+      projectionExpression: [new tasks.DynamoProjectionExpression().withAttribute('#holder')],
+      expressionAttributeNames: { '#holder': holderKeyAt('$.stateMachineArn', '$.executionArn') },
+      resultSelector: { item: sfn.JsonPath.jsonToString(sfn.JsonPath.objectAt('$')) },
+      resultPath: '$.stripe',
+    })
+      .addRetry(transientRetry([...THROTTLING_ERRORS, ...SERVER_ERRORS]))
+      .addCatch(releaseHere, { errors: [sfn.Errors.ALL], resultPath: sfn.JsonPath.DISCARD });
+    eachStripe.itemProcessor(read.next(heldHere));
     return list.next(eachStripe);
   }
 

@@ -102,8 +102,9 @@ export interface ConcurrencyControlledWorkflowProps {
    * takes 1,000 write units a second: split, each item holds a share of the holders on a partition of
    * its own. What it costs: the permits are not pooled (an execution waits for a permit of its stripe
    * while another stripe has one free), first come, first served holds within a stripe only, and the
-   * cleanup of a stopped execution tries every stripe. Metrics are per stripe: see README, "A limit in
-   * the hundreds: split the lock".
+   * cleanup of a stopped execution reads every stripe. Metrics are per stripe: see README, "A limit in
+   * the hundreds: split the lock". Change it only while no execution runs: the cleanup and the redrive
+   * guard know the stripes of the current definition.
    *
    * `concurrencyLimit` must be a number that `lockStripes` divides, each stripe's share at most 1,000;
    * not with `permits`, `rateLimit`, `idempotency` or `permitPath` yet. Other workflows and the CLI share
@@ -469,7 +470,9 @@ export class ConcurrencyControlledWorkflow extends Construct {
         '`stateMachineType` must be STANDARD, got: EXPRESS. Express executions emit no status-change events, so a stopped execution\'s permit would never be freed, and run at least once, so a permit could be taken twice',
       );
     }
-    this.lockName = props.lockName ?? defaultLockName(this);
+    // A split lock's stripes add `#<n>` to the name: the default leaves room for it.
+    const stripeSuffix = Number.isInteger(props.lockStripes) && props.lockStripes! > 1 ? 1 + String(props.lockStripes! - 1).length : 0;
+    this.lockName = props.lockName ?? defaultLockName(this, MAX_LOCK_NAME_LENGTH - stripeSuffix);
     validateLockName(this.lockName);
     const lockStripes = props.lockStripes ?? 1;
     // Split, each stripe is a lock of its share of the limit: the limit below is a stripe's.
@@ -877,9 +880,9 @@ export class ConcurrencyControlledWorkflow extends Construct {
 }
 
 /** The construct path, or a unique name of the right length when the path is too long. */
-function defaultLockName(scope: Construct): string {
+function defaultLockName(scope: Construct, maxLength: number): string {
   const path = scope.node.path;
-  return path.length <= MAX_LOCK_NAME_LENGTH ? path : Names.uniqueResourceName(scope, { maxLength: MAX_LOCK_NAME_LENGTH });
+  return path.length <= maxLength ? path : Names.uniqueResourceName(scope, { maxLength });
 }
 
 /**

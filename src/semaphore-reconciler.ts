@@ -188,6 +188,16 @@ export class SemaphoreReconciler extends Construct {
     validateWholeSeconds('schedule', schedule, 60);
     const clockSkew = props.clockSkew ?? Duration.seconds(30);
     validateWholeSeconds('clockSkew', clockSkew, 0);
+    const stripes = props.lockStripes ?? 1;
+    if (Token.isUnresolved(stripes) || !Number.isInteger(stripes) || stripes < 1 || stripes > MAX_LOCK_STRIPES) {
+      throw new Error(`\`lockStripes\` must be an integer from 1 to ${MAX_LOCK_STRIPES}, got: ${stripes}`);
+    }
+    if (stripes > 1 && props.lockName === undefined) {
+      throw new Error(`\`lockStripes\` (${stripes}) is the split of \`lockName\`, for the redrive guard: set \`lockName\` too`);
+    }
+    if (stripes > 1 && (props.permits !== undefined || props.holdAfterStop !== undefined)) {
+      throw new Error(`\`lockStripes\` (${stripes}) cannot be combined with \`${props.permits !== undefined ? 'permits' : 'holdAfterStop'}\` yet. Set one of them`);
+    }
     this.namespace = props.metricsNamespace ?? 'CdkSfnSemaphore';
     this.tableName = props.table.tableName;
     const stateMachines = props.stateMachines ?? [];
@@ -296,9 +306,6 @@ export class SemaphoreReconciler extends Construct {
       else fn.addEnvironment('PERMITS', String(permits.fixed));
     }
     const stripes = props.lockStripes ?? 1;
-    if (Token.isUnresolved(stripes) || !Number.isInteger(stripes) || stripes < 1 || stripes > MAX_LOCK_STRIPES) {
-      throw new Error(`\`lockStripes\` must be an integer from 1 to ${MAX_LOCK_STRIPES}, got: ${stripes}`);
-    }
     if (stripes > 1) fn.addEnvironment('LOCK_STRIPES', String(stripes));
     if (props.leaseDuration) {
       fn.addEnvironment('LEASE_SECONDS', String(validateWholeSeconds('leaseDuration', props.leaseDuration, 1) ?? props.leaseDuration.toSeconds()));

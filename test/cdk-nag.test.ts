@@ -15,10 +15,11 @@ function findings(stack: Stack): string[] {
     .sort();
 }
 
-function stackWithWorkflow(lockName?: string) {
+function stackWithWorkflow(lockName?: string, lockStripes?: number) {
   const stack = new Stack(new App(), 'Stack');
   Aspects.of(stack).add(new AwsSolutionsChecks({ verbose: true }));
-  const workflow = new ConcurrencyControlledWorkflow(stack, 'Workflow', { body: new sfn.Pass(stack, 'Work'), lockName });
+  const split = lockStripes === undefined ? {} : { lockStripes, concurrencyLimit: 10 * lockStripes };
+  const workflow = new ConcurrencyControlledWorkflow(stack, 'Workflow', { body: new sfn.Pass(stack, 'Work'), lockName, ...split });
   return { stack, workflow };
 }
 
@@ -67,11 +68,12 @@ test('the defaults leave only findings that cannot be fixed', () => {
   ]);
 });
 
-test.each([
-  ['a fixed lock name', undefined],
-  ['a lock name from the input', sfn.JsonPath.stringAt('$.tenant')],
-])('with %s, AwsSolutions passes once the justified findings are suppressed', (_name, lockName) => {
-  const { stack, workflow } = stackWithWorkflow(lockName);
+test.each<[string, string | undefined, number | undefined]>([
+  ['a fixed lock name', undefined, undefined],
+  ['a lock name from the input', sfn.JsonPath.stringAt('$.tenant'), undefined],
+  ['a lock split into stripes (the cleanup reads each)', undefined, 4],
+])('with %s, AwsSolutions passes once the justified findings are suppressed', (_name, lockName, lockStripes) => {
+  const { stack, workflow } = stackWithWorkflow(lockName, lockStripes);
 
   suppressJustifiedFindings(workflow);
 

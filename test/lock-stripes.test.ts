@@ -1,15 +1,25 @@
-import { Duration } from 'aws-cdk-lib';
+import { App, Duration, Stack } from 'aws-cdk-lib';
 import { Annotations, Match, Template } from 'aws-cdk-lib/assertions';
-import { JsonPath } from 'aws-cdk-lib/aws-stepfunctions';
+import { JsonPath, Pass } from 'aws-cdk-lib/aws-stepfunctions';
+import { Construct } from 'constructs';
 import { demoSubject } from '../demo/run';
 import { brokenInvariants, Execution, runScenario, ScenarioOptions, Simulator } from '../simulator';
 import { lockState, simulate, stateMachineLogicalId, until, WorkTracker, workflowStack } from './helpers';
-import { ConcurrencyControlledWorkflowProps, IdempotencyKey, RateLimit, WaitStrategy } from '../src';
+import {
+  ConcurrencyControlledWorkflow,
+  ConcurrencyControlledWorkflowProps,
+  IdempotencyKey,
+  RateLimit,
+  SemaphoreReconciler,
+  SemaphoreReconcilerProps,
+  SemaphoreTable,
+  WaitStrategy,
+} from '../src';
 
 /*
  * A lock split into stripes (`lockStripes`): each execution draws one of `<lockName>#0` to `#<k-1>`
  * when it starts and takes its permit there. Every path runs in the simulator: the workflow with both
- * wait strategies, the cleanup (which tries every stripe), the redrive guard (which reads the stripe
+ * wait strategies, the cleanup (which reads every stripe), the redrive guard (which reads the stripe
  * from the history) and the fault suite's mixes, with each stripe held to its own share of the limit.
  */
 
@@ -118,8 +128,22 @@ test('payload edges: the input shares the state data with the stripe until the b
   });
 });
 
+test('a body that fails on an input near the quota fails with its own error: the error takes the input\'s place', async () => {
+  const { stack, workflow, workFunctionId } = workflowStack({ concurrencyLimit: 2, lockStripes: 2 });
+  const work = new WorkTracker();
+  await simulate(stack, { lambdaHandlers: { [workFunctionId]: work.handler } }, async (sim) => {
+    const sm = sim.stateMachine(stateMachineLogicalId(workflow.stateMachine));
+    // The input, the stripe and the error (about 130 bytes) would not fit together; the input and the stripe do.
+    const e = await sim.startExecution(sm, { fail: true, pad: 'x'.repeat(256 * 1024 - 110) }).done;
+    expect([e.status, e.error]).toEqual(['FAILED', 'WorkFailed']);
+    expect(JSON.parse(e.cause!).errorMessage).toBe(`work failed for ${e.name}`);
+    await sim.idle();
+    for (const lock of await lockState(sim)) expect(lock).toMatchObject({ permitsInUse: 0, holders: [] });
+  });
+});
+
 describe('the cleanup and the redrive guard', () => {
-  test('a stop inside the body: the cleanup tries every stripe, frees the one held, and the waiter on it gets the permit', async () => {
+  test('a stop inside the body: the cleanup reads every stripe, frees the one that holds it, and the waiter on it gets the permit', async () => {
     const { stack, workflow, workFunctionId } = workflowStack({ concurrencyLimit: 2, lockStripes: 2, reconcilerScheduleEnabled: false });
     const work = new WorkTracker((input) => input.seconds);
     await simulate(stack, { lambdaHandlers: { [workFunctionId]: work.handler } }, async (sim) => {
@@ -136,12 +160,54 @@ describe('the cleanup and the redrive guard', () => {
 
       const cleanups = [...sim.executions.values()].filter((e) => e.stateMachine === cleanup);
       expect(cleanups.map((e) => e.status)).toEqual(['SUCCEEDED']);
-      // One release per stripe: the stripe that held it released, the other refused.
-      expect(cleanups[0].stateTransitions.get('Release Permit Of Stopped Execution')).toBe(2);
+      // Each stripe read; only the stripe that held it released (the other wrote nothing).
+      expect(cleanups[0].stateTransitions.get('Read Stripe Of Stopped Execution')).toBe(2);
+      expect(cleanups[0].stateTransitions.get('Release Permit Of Stopped Execution')).toBe(1);
       expect(cleanups[0].stateTransitions.get('Permit Not Held')).toBe(1);
       expect(stripe).toMatch(new RegExp(`^${LOCK}#[01]$`));
       expect(work.maxInside).toBeLessThanOrEqual(2);
       for (const lock of await lockState(sim)) expect(lock).toMatchObject({ permitsInUse: 0, holders: [] });
+    });
+  });
+
+  test('a lock name from the input: the cleanup reads it from the stopped execution\'s input, then its stripes', async () => {
+    const { stack, workflow, workFunctionId } = workflowStack({
+      lockName: JsonPath.stringAt('$.tenant'),
+      concurrencyLimit: 2,
+      lockStripes: 2,
+      reconcilerScheduleEnabled: false,
+    });
+    const work = new WorkTracker((input) => input.seconds);
+    await simulate(stack, { lambdaHandlers: { [workFunctionId]: work.handler } }, async (sim) => {
+      const sm = sim.stateMachine(stateMachineLogicalId(workflow.stateMachine));
+      const stopped = await sim.startExecution(sm, { tenant: 'acme', seconds: 10, abortInside: true }).done;
+      expect(stopped.status).toBe('ABORTED');
+      await sim.idle();
+      const locks = await lockState(sim);
+      expect(locks.map((l) => l.lockName)).toEqual([expect.stringMatching(/^acme#[01]$/)]);
+      expect(locks[0]).toMatchObject({ permitsInUse: 0, holders: [] });
+      const cleanup = sim.stateMachine(stateMachineLogicalId(workflow.cleanupStateMachine));
+      const [run] = [...sim.executions.values()].filter((e) => e.stateMachine === cleanup);
+      expect(run.stateTransitions.get('Read Stripe Of Stopped Execution')).toBe(2);
+      expect(run.stateTransitions.get('Release Permit Of Stopped Execution')).toBe(1);
+    });
+  });
+
+  test('a body that failed gave its permit back: its cleanup reads every stripe and writes nothing', async () => {
+    const { stack, workflow, workFunctionId } = workflowStack({ concurrencyLimit: 8, lockStripes: 4, reconcilerScheduleEnabled: false });
+    const work = new WorkTracker();
+    await simulate(stack, { lambdaHandlers: { [workFunctionId]: work.handler } }, async (sim) => {
+      const sm = sim.stateMachine(stateMachineLogicalId(workflow.stateMachine));
+      const failed = await sim.startExecution(sm, { fail: true }).done;
+      expect([failed.status, failed.error]).toEqual(['FAILED', 'WorkFailed']);
+      await sim.idle();
+      const cleanup = sim.stateMachine(stateMachineLogicalId(workflow.cleanupStateMachine));
+      const [run] = [...sim.executions.values()].filter((e) => e.stateMachine === cleanup);
+      expect(run.status).toBe('SUCCEEDED');
+      expect(run.stateTransitions.get('Read Stripe Of Stopped Execution')).toBe(4);
+      expect(run.stateTransitions.get('Permit Not Held')).toBe(4);
+      expect(run.stateTransitions.has('Release Permit Of Stopped Execution')).toBe(false);
+      expect([run.dynamoCalls, run.writeUnits]).toEqual([4, 0]);
     });
   });
 
@@ -186,6 +252,11 @@ describe('the fault suite on a split lock', () => {
     ['failing work, stops inside the body and anywhere, duplicated and delayed events', { failureRate: 0.1, abortInsideRate: 0.1, abortRate: 0.1, duplicateEventRate: 0.3, maxEventDelaySeconds: 30 }],
     ['lost events: 30% of status events never arrive', { failureRate: 0.1, abortInsideRate: 0.3, lostEventRate: 0.3, horizonFactor: 8 }],
     ['throttling and server errors after the write', { failureRate: 0.1, dynamoFaults: { throttleRate: 0.05, serverErrorAfterWriteRate: 0.05 } }],
+    [
+      'the late-acquire race: stops while slow DynamoDB calls are in flight',
+      { abortAcquiringRate: 0.03, abortRate: 0.1, dynamoFaults: { maxLatencySeconds: 3 }, duplicateEventRate: 0.2, maxEventDelaySeconds: 10 },
+    ],
+    ['lost wake-ups: 20% of SendTaskSuccess calls never arrive', { lostWakeUpRate: 0.2, failureRate: 0.1, abortRate: 0.1 }],
   ];
   const props = (waitStrategy: WaitStrategy): Partial<ConcurrencyControlledWorkflowProps> => ({
     concurrencyLimit: 6,
@@ -205,6 +276,8 @@ describe('the fault suite on a split lock', () => {
         expect(result.lostEvents).toBeGreaterThan(0);
         expect(result.reclaimedByReconciler).toBeGreaterThan(0);
       }
+      if (mix.lostWakeUpRate && waitStrategy === WaitStrategy.QUEUE) expect(result.lostWakeUps).toBeGreaterThan(0);
+      if (mix.abortAcquiringRate) expect(result.aborted).toBeGreaterThan(0);
     });
   });
 
@@ -257,7 +330,8 @@ describe('synth', () => {
     ['a fraction', { lockStripes: 2.5, concurrencyLimit: 10 }, /`lockStripes` must be an integer from 1 to 100 .*got: 2.5/],
     ['too many', { lockStripes: 101, concurrencyLimit: 101 }, /`lockStripes` must be an integer from 1 to 100 .*got: 101/],
     ['no limit', { lockStripes: 2 }, /`concurrencyLimit` must be a number known at synth beside `lockStripes` \(2\), got: none/],
-    ['a limit from the input', { lockStripes: 2, concurrencyLimit: JsonPath.numberAt('$.limit') }, /`concurrencyLimit` must be a number known at synth beside `lockStripes` \(2\)/],
+    ['a limit from the input', { lockStripes: 2, concurrencyLimit: JsonPath.numberAt('$.limit') }, /`concurrencyLimit` must be a number known at synth beside `lockStripes` \(2\), got: a token/],
+    ['a fractional limit', { lockStripes: 2, concurrencyLimit: 10.5 }, /`concurrencyLimit` must be a positive integer, got: 10.5/],
     ['a limit it does not divide', { lockStripes: 7, concurrencyLimit: 500 }, /`concurrencyLimit` \(500\) must be a multiple of `lockStripes` \(7\).*for example 497 or 504/],
     ['a share above 1,000', { lockStripes: 2, concurrencyLimit: 2400 }, /`concurrencyLimit` \/ `lockStripes` must be at most 1000 .*got: 2400 \/ 2 = 1200/],
     ['weights', { lockStripes: 2, concurrencyLimit: 10, permits: 2 }, /`lockStripes` \(2\) cannot be combined with `permits` yet/],
@@ -271,6 +345,26 @@ describe('synth', () => {
     ['a name too long for the suffix', { lockStripes: 10, concurrencyLimit: 10, lockName: 'x'.repeat(254) }, /`lockName` must be at most 253 characters beside `lockStripes` \(10\)/],
   ])('refused: %s', (_name, props, message) => {
     expect(() => workflowStack(props)).toThrow(message);
+  });
+
+  test('the default lock name of a deeply nested workflow leaves room for the stripes\' suffix', () => {
+    const stack = new Stack(new App(), 'TestStack');
+    let scope: Construct = stack;
+    for (let i = 0; i < 6; i++) scope = new Construct(scope, `Level${i}-${'n'.repeat(40)}`);
+    const workflow = new ConcurrencyControlledWorkflow(scope, 'Workflow', { body: new Pass(stack, 'Work'), concurrencyLimit: 20, lockStripes: 10 });
+    // Its path is longer than 255 characters: the default is a unique name of at most 253.
+    expect(workflow.node.path.length).toBeGreaterThan(255);
+    expect(workflow.lockName.length).toBeGreaterThan(200);
+    expect(`${workflow.lockName}#9`.length).toBeLessThanOrEqual(255);
+  });
+
+  test.each<[string, Partial<SemaphoreReconcilerProps>, RegExp]>([
+    ['zero stripes', { lockName: 'l', lockStripes: 0 }, /`lockStripes` must be an integer from 1 to 100, got: 0/],
+    ['no lock', { lockStripes: 2 }, /`lockStripes` \(2\) is the split of `lockName`, for the redrive guard: set `lockName` too/],
+    ['weights', { lockName: 'l', lockStripes: 2, permits: 2, concurrencyLimit: 4 }, /`lockStripes` \(2\) cannot be combined with `permits` yet/],
+  ])('the reconciler refuses: %s', (_name, props, message) => {
+    const stack = new Stack(new App(), 'S');
+    expect(() => new SemaphoreReconciler(stack, 'R', { table: SemaphoreTable.fromTableName(stack, 'T', 't'), ...props })).toThrow(message);
   });
 
   test('one stripe is one lock: the definition is the same as without the prop', () => {

@@ -67,11 +67,23 @@ export function validateLockStripes(
     );
   }
   if (stripes === 1) return limit;
-  if (limit === undefined || Token.isUnresolved(limit) || !Number.isInteger(limit) || limit < 1) {
+  const conflicting = ([
+    ['permits', conflicts.permits, 'a weighted acquisition would need several permits of one stripe'],
+    ['rateLimit', conflicts.rateLimit, 'a rate is counted per lock'],
+    ['idempotency', conflicts.idempotency, 'its state data keeps the input elsewhere'],
+    ['permitPath', conflicts.permitPath, 'each stripe draws fencing tokens of its own, which do not order the holders of different stripes'],
+  ] as const).find(([, set]) => set);
+  if (conflicting) {
+    throw new Error(`\`lockStripes\` (${stripes}) cannot be combined with \`${conflicting[0]}\` yet: ${conflicting[2]}. Set one of them`);
+  }
+  if (limit === undefined || Token.isUnresolved(limit)) {
     throw new Error(
-      `\`concurrencyLimit\` must be a number known at synth beside \`lockStripes\` (${stripes}), got: ${limit === undefined ? 'none' : limit}: ` +
+      `\`concurrencyLimit\` must be a number known at synth beside \`lockStripes\` (${stripes}), got: ${limit === undefined ? 'none' : 'a token'}: ` +
         'each stripe is a lock of concurrencyLimit / lockStripes permits, fixed in the definition',
     );
+  }
+  if (!Number.isInteger(limit) || limit < 1) {
+    throw new Error(`\`concurrencyLimit\` must be a positive integer, got: ${limit}`);
   }
   if (limit % stripes !== 0) {
     const lower = limit - (limit % stripes);
@@ -85,15 +97,6 @@ export function validateLockStripes(
     throw new Error(
       `\`concurrencyLimit\` / \`lockStripes\` must be at most ${MAX_CONCURRENCY_LIMIT} (each stripe's holders share its lock item), got: ${limit} / ${stripes} = ${share}`,
     );
-  }
-  const conflicting = ([
-    ['permits', conflicts.permits, 'a weighted acquisition would need several permits of one stripe'],
-    ['rateLimit', conflicts.rateLimit, 'a rate is counted per lock'],
-    ['idempotency', conflicts.idempotency, 'its state data keeps the input elsewhere'],
-    ['permitPath', conflicts.permitPath, 'each stripe draws fencing tokens of its own, which do not order the holders of different stripes'],
-  ] as const).find(([, set]) => set);
-  if (conflicting) {
-    throw new Error(`\`lockStripes\` (${stripes}) cannot be combined with \`${conflicting[0]}\` yet: ${conflicting[2]}. Set one of them`);
   }
   if (!Token.isUnresolved(lockName)) {
     const longest = `${lockName}#${stripes - 1}`;

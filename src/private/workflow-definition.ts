@@ -107,8 +107,9 @@ export function renderDefinition(scope: Construct, table: ISemaphoreTable, spec:
   // With idempotency, the state data is the key function's result: the input at `$.payload`, which
   // the body's output replaces, an error at `$.error`; the record is completed after the release.
   const idem = spec.idempotency;
-  // Split, the failure path keeps the state data (its stripe) and adds the error beside it.
-  const errorPath = idem ? IDEMPOTENT_ERROR_PATH : striped ? STRIPED_ERROR_PATH : '$';
+  // Split, the failure path keeps the stripe: the error takes the input's place (HANDOFF_PATH), and the
+  // release's holder and run join it there.
+  const errorPath = idem ? IDEMPOTENT_ERROR_PATH : striped ? HANDOFF_PATH : '$';
   // Where the body finds `{ fencingToken }`, in the state data before the body.
   const permitPath = spec.permitPath && (idem ? `${IDEMPOTENT_INPUT_PATH}${spec.permitPath.slice(1)}` : spec.permitPath);
   // The release reads its holder and run from the state data, so that it can also give back the
@@ -121,10 +122,14 @@ export function renderDefinition(scope: Construct, table: ISemaphoreTable, spec:
   // Failure path: give the permit back if we hold it, then fail with the error that brought us here.
   // Under a rate limit, only once the interval has passed: the body may have started just now (and
   // its failure ended the Parallel's Wait branch early).
+  const failedWith = striped ? `${HANDOFF_PATH}.${STRIPED_ERROR_FIELD}` : errorPath;
   const failWithError = idem
     ? idem.markFailed
-    : new sfn.Fail(scope, STATE.failWithError, { errorPath: `${errorPath}.Error`, causePath: `${errorPath}.Cause` });
-  const prepareReleaseAfterFailure = new sfn.Pass(scope, STATE.prepareReleaseAfterFailure, { parameters: holderOfThisRun, resultPath: HANDOFF_PATH });
+    : new sfn.Fail(scope, STATE.failWithError, { errorPath: `${failedWith}.Error`, causePath: `${failedWith}.Cause` });
+  const prepareReleaseAfterFailure = new sfn.Pass(scope, STATE.prepareReleaseAfterFailure, {
+    parameters: striped ? { ...holderOfThisRun, [STRIPED_ERROR_FIELD]: sfn.JsonPath.objectAt(HANDOFF_PATH) } : holderOfThisRun,
+    resultPath: HANDOFF_PATH,
+  });
   const weight = permitWeight(spec);
   const weighted = weight !== undefined;
   // A concurrency limit above the rate's count: the permit goes back at the interval and the body keeps
@@ -927,15 +932,16 @@ const PERMIT_ACQUIRED = 'SemaphorePermitAcquired';
 
 /** Split, where the state data keeps the execution's stripe (the name of the lock it takes a permit of). */
 export const STRIPED_LOCK_PATH = '$.lock';
-/** Split, where a failure puts the error, beside the stripe. */
-const STRIPED_ERROR_PATH = '$.error';
+/** Split, where the release after a failure keeps the error, beside its holder and run (at HANDOFF_PATH). */
+const STRIPED_ERROR_FIELD = 'error';
 
 /**
  * A split lock's first state: draw the stripe, `<lock name>#<n>` with n from 0 to `stripes` - 1, and keep
  * it in the state data at STRIPED_LOCK_PATH, the input at HANDOFF_PATH until the body (which receives the
  * input as it came; its output then takes the input's place). Every state after it reads the stripe there;
- * the cleanup, which cannot, tries every stripe, and the redrive guard reads it from this state's output
- * in the execution's history. A redrive resumes with the state data, so with the same stripe.
+ * the cleanup, which cannot, reads every stripe, and the redrive guard reads it from this state's output
+ * in the execution's history. A redrive resumes with the state data, so with the same stripe. A failure
+ * puts its error in the input's place, so that the input and an error's cause never fill the state data together.
  * `States.MathRandom` excludes its end ("between the start number (inclusive) and end number (exclusive)").
  */
 function pickLockStripe(scope: Construct, lockNameText: string, stripes: number): sfn.Pass {
