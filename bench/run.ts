@@ -180,7 +180,7 @@ const ON_REQUEST: Scenario[] = [
   // its partition's rate. (Until 2026-11-30 each execution's input named its lock: the same locks.) The sample
   // runs as published, one lock of 500. At a quarter of real time: at half, the DynamoDB emulator, which
   // serves one item's writes one at a time, took 2 s (simulated) for the median call (see slowCalls) and the
-  // queue's drain read 2.5x to 2.75x. About 25 minutes for the three.
+  // queue's drain read 2.5x to 2.75x. About 55 minutes for the three on 2026-11-30, 42 of them the sample's.
   {
     name: 'high-limit-striped',
     description: '2,000 executions at once, limit 500 split by lockStripes: 10 into locks of 50 (ours; the sample: one lock of 500), work 5 s',
