@@ -4,7 +4,15 @@ import { parseArgs, ParseArgsConfig } from 'util';
 import { DynamoDBClient } from '@aws-sdk/client-dynamodb';
 import { SFNClient } from '@aws-sdk/client-sfn';
 import { HolderStatus, SemaphoreClient, sleep, WaitState } from './semaphore-client';
-import { isExecutionHolder, MAX_CONCURRENCY_LIMIT, MAX_OWNER_LENGTH, MAX_PERMITS, MAX_RATE_INTERVAL_SECONDS } from '../src/private/lock-schema';
+import {
+  isExecutionHolder,
+  lockStripeName,
+  MAX_CONCURRENCY_LIMIT,
+  MAX_LOCK_STRIPES,
+  MAX_OWNER_LENGTH,
+  MAX_PERMITS,
+  MAX_RATE_INTERVAL_SECONDS,
+} from '../src/private/lock-schema';
 
 /*
  * cdk-sfn-semaphore: flock for AWS. The same permits as the Step Functions workflows, for shell
@@ -98,14 +106,14 @@ freed with force-release. On a lock whose workflows have a rate limit, it first 
 rate's interval has passed since the acquire (every acquisition, this one included, counts for it).
 
 ${COMMON_HELP}`,
-  'run': `Usage: ${NAME} run LOCK [--limit N] [--permits N] [--lease 15m] [--wait 60s | --no-wait] [--owner NAME]
-                [--rate-interval D] -- COMMAND [ARGS...]
+  'run': `Usage: ${NAME} run LOCK [--stripes K] [--limit N] [--permits N] [--lease 15m] [--wait 60s | --no-wait]
+                [--owner NAME] [--rate-interval D] -- COMMAND [ARGS...]
 
 Take a permit, run COMMAND, renew the lease every third of its duration while COMMAND runs, and give
 the permit back when it exits. Exits with COMMAND's exit code (128 + the signal number when a signal
 ended it), or 3 when no permit was free within the wait. COMMAND finds the lease id in
-$CDK_SFN_SEMAPHORE_LEASE_ID and the fencing token (it strictly increases with every acquisition of
-the lock) in $CDK_SFN_SEMAPHORE_FENCING_TOKEN.
+$CDK_SFN_SEMAPHORE_LEASE_ID, the lock in $CDK_SFN_SEMAPHORE_LOCK, and the fencing token (it strictly
+increases with every acquisition of the lock) in $CDK_SFN_SEMAPHORE_FENCING_TOKEN.
 
 COMMAND runs in a process group (and session) of its own: SIGINT, SIGTERM, SIGHUP and SIGQUIT sent to
 ${NAME} (Ctrl-C and Ctrl-\\ in a terminal included) are passed to that whole group, once, children of
@@ -119,6 +127,8 @@ keep failing until the lease has ended (it may be reclaimed), COMMAND's group ge
 SIGKILL after min(10s, a third of the lease), and the exit code is 3. If giving the permit back fails
 (after retries), ${NAME} warns and still exits with COMMAND's code: the lease then expires on its own.
 
+  --stripes K     LOCK is split into K stripes (a workflow's lockStripes): take the permit of one of
+                  LOCK#0 to LOCK#K-1, drawn at random, as the workflow's executions do; default 1, LOCK
   --limit, --permits, --lease, --wait, --no-wait, --owner, --rate-interval   as for acquire
 
 ${COMMON_HELP}`,
@@ -163,7 +173,7 @@ const COMMANDS: Record<string, { options: ParseArgsConfig['options']; positional
   'acquire': { options: { ...ACQUIRE_OPTIONS, json: { type: 'boolean' } }, positionals: ['LOCK'] },
   'renew': { options: { lease: { type: 'string' } }, positionals: ['LOCK', 'LEASE_ID'] },
   'release': { options: {}, positionals: ['LOCK', 'LEASE_ID'] },
-  'run': { options: ACQUIRE_OPTIONS, positionals: ['LOCK'] },
+  'run': { options: { ...ACQUIRE_OPTIONS, stripes: { type: 'string' } }, positionals: ['LOCK'] },
   'status': { options: { json: { type: 'boolean' } }, positionals: ['LOCK'] },
   'force-release': { options: { reason: { type: 'string' } }, positionals: ['LOCK', 'HOLDER'] },
 };
@@ -230,7 +240,10 @@ async function dispatch(argv: string[], io: CliIo): Promise<number> {
   if (name === 'run' && command.length === 0) throw new CliError(`run: no command after '--' (see ${NAME} run --help)`, EXIT.usage);
   if (name !== 'run' && command.length > 0) throw new CliError(`${name}: unexpected '-- ${command.join(' ')}'`, EXIT.usage);
 
-  const [lock, second] = positionals;
+  const [named, second] = positionals;
+  // run --stripes K: one of the stripes of a lock split by a workflow's lockStripes, drawn at random as its executions draw.
+  const stripes = name === 'run' && values.stripes !== undefined ? stripesOption(values.stripes) : 1;
+  const lock = stripes > 1 ? lockStripeName(named, Math.floor(Math.random() * stripes)) : named;
   if ((name === 'renew' || name === 'release') && isExecutionHolder(second)) {
     const why = name === 'renew' ? 'its permit lasts as long as it runs' : `free its permit with '${NAME} force-release LOCK HOLDER --reason TEXT' (stop it first)`;
     throw new CliError(`${name}: ${second} is an execution, not a lease: ${why}`, EXIT.usage);
@@ -351,6 +364,15 @@ function acquireOptions(command: string, values: Values, env: NodeJS.ProcessEnv)
     owner: (values.owner as string | undefined) ?? defaultOwner(env),
     rateIntervalSeconds: values['rate-interval'] === undefined ? undefined : rateIntervalOption(command, values['rate-interval']),
   };
+}
+
+/** --stripes: an integer from 1 to MAX_LOCK_STRIPES, as a workflow's lockStripes. */
+function stripesOption(value: string | boolean): number {
+  const stripes = /^\s*\d+\s*$/.test(String(value)) ? Number(value) : NaN;
+  if (!Number.isSafeInteger(stripes) || stripes < 1 || stripes > MAX_LOCK_STRIPES) {
+    throw new CliError(`run: --stripes must be an integer from 1 to ${MAX_LOCK_STRIPES} (as a workflow's lockStripes), got: '${value}'`, EXIT.usage);
+  }
+  return stripes;
 }
 
 /** --rate-interval: whole seconds from 1 to a day, as a workflow's RateLimit. */
@@ -530,6 +552,7 @@ async function run(client: SemaphoreClient, lock: string, command: string[], opt
     const env = {
       ...process.env,
       CDK_SFN_SEMAPHORE_LEASE_ID: held.leaseId,
+      CDK_SFN_SEMAPHORE_LOCK: lock,
       ...(held.fencingToken === undefined ? {} : { CDK_SFN_SEMAPHORE_FENCING_TOKEN: String(held.fencingToken) }),
     };
     const running = spawn(command[0], command.slice(1), { stdio: 'inherit', detached: true, env });

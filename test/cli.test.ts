@@ -672,6 +672,32 @@ describe('run', () => {
     expect(await client().release(LOCK, holder.id)).toBe(true);
   });
 
+  test('--stripes K: the permit of a stripe drawn at random, named to the command in $CDK_SFN_SEMAPHORE_LOCK', async () => {
+    const seen = new Set<string>();
+    for (let i = 0; i < 12; i++) {
+      const file = marker();
+      const result = await cli('run', 'striped', '--stripes', '3', '--', 'sh', '-c', `printf %s "$CDK_SFN_SEMAPHORE_LOCK" > ${file}`);
+      expect(result).toEqual({ code: 0, stdout: '', stderr: '' });
+      seen.add(fs.readFileSync(file, 'utf8'));
+    }
+    // Only the stripes, more than one of them (all 12 on one: 3 in 3^12), each given back.
+    for (const lock of seen) expect(lock).toMatch(/^striped#[0-2]$/);
+    expect(seen.size).toBeGreaterThan(1);
+    for (const lock of seen) expect((await client().status(lock)).permitsInUse).toBe(0);
+
+    // One stripe is the lock itself; a count a workflow could not have is refused.
+    const file = marker();
+    expect((await cli('run', 'whole', '--stripes', '1', '--', 'sh', '-c', `printf %s "$CDK_SFN_SEMAPHORE_LOCK" > ${file}`)).code).toBe(0);
+    expect(fs.readFileSync(file, 'utf8')).toBe('whole');
+    for (const bad of ['0', '101', '2.5', 'many']) {
+      expect(await cli('run', 'striped', '--stripes', bad, '--', 'true')).toEqual({
+        code: 2,
+        stdout: '',
+        stderr: `cdk-sfn-semaphore: run: --stripes must be an integer from 1 to 100 (as a workflow's lockStripes), got: '${bad}'`,
+      });
+    }
+  });
+
   test('a command that cannot start: exit 1, and the permit comes back', async () => {
     const result = await binary('run', LOCK, '--', path.join(tmp, 'no-such-command')).done;
     expect(result.code).toBe(1);

@@ -1,6 +1,16 @@
 import { Duration, Token } from 'aws-cdk-lib';
 import { parseFieldPath } from './idempotency-key';
-import { MAX_CONCURRENCY_LIMIT, MAX_HOLDER_ENTRY_BYTES, MAX_LOCK_NAME_LENGTH, MAX_PERMITS, MAX_PERMITS_REASON, TICKET_KEY_SEPARATOR } from './lock-schema';
+import {
+  MAX_CONCURRENCY_LIMIT,
+  MAX_HOLDER_ENTRY_BYTES,
+  MAX_LOCK_NAME_LENGTH,
+  MAX_LOCK_STRIPES,
+  MAX_PERMITS,
+  MAX_PERMITS_REASON,
+  TICKET_KEY_SEPARATOR,
+} from './lock-schema';
+
+export { MAX_LOCK_STRIPES };
 
 /*
  * Synth-time checks of user input. Each message names the prop, shows the value and says what is
@@ -39,9 +49,6 @@ export function validateConcurrencyLimit(limit: number): void {
   }
 }
 
-/** At most this many stripes: the cleanup tries each one for a stopped execution's permit. */
-export const MAX_LOCK_STRIPES = 100;
-
 /** What `lockStripes` may not be combined with yet, and why: the prop it names, and whether it is set. */
 export interface LockStripesConflicts {
   readonly permits: boolean;
@@ -63,7 +70,7 @@ export function validateLockStripes(
 ): number | undefined {
   if (Token.isUnresolved(stripes) || !Number.isInteger(stripes) || stripes < 1 || stripes > MAX_LOCK_STRIPES) {
     throw new Error(
-      `\`lockStripes\` must be an integer from 1 to ${MAX_LOCK_STRIPES} (the cleanup tries each stripe for a stopped execution's permit), got: ${stripes}`,
+      `\`lockStripes\` must be an integer from 1 to ${MAX_LOCK_STRIPES} (the cleanup reads each stripe for a stopped execution's permit), got: ${stripes}`,
     );
   }
   if (stripes === 1) return limit;
