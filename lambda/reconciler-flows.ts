@@ -49,6 +49,7 @@ import {
   RATE_INTERVAL,
   COLLECTING,
   HOLDER_COLLECTING,
+  LOCK_STRIPE_FIELD,
   LOCK_STRIPE_SEPARATOR,
 } from '../src/private/lock-schema';
 import { needsBodySlot, OUTSIDE_BODY_STATES, STATE } from '../src/private/state-names';
@@ -771,12 +772,14 @@ function* drawnStripe(executionArn: string, lockName: string): Flow<string> {
   let nextToken: string | undefined;
   let read = 0;
   do {
-    // Small pages: each event carries up to 256 KiB of data, and the draw is among the first few.
-    const page = yield* stepFunctions('GetExecutionHistory', { executionArn, reverseOrder: false, maxResults: 8, nextToken, includeExecutionData: true });
+    // Small pages first: each event carries up to 256 KiB of data, and the draw is among the first few
+    // (after the idempotency's states; a duplicate that took over from a failed original draws later).
+    const maxResults = read === 0 ? 8 : 100;
+    const page = yield* stepFunctions('GetExecutionHistory', { executionArn, reverseOrder: false, maxResults, nextToken, includeExecutionData: true });
     for (const event of (page.events ?? []) as HistoryEvent[]) {
       const exited = event.stateExitedEventDetails;
       if (exited?.name !== STATE.pickLockStripe) continue;
-      const stripe = (JSON.parse(exited.output ?? '{}') as Record<string, unknown>).lock;
+      const stripe = (JSON.parse(exited.output ?? '{}') as { [LOCK_STRIPE_FIELD]?: { name?: unknown } })[LOCK_STRIPE_FIELD]?.name;
       if (typeof stripe !== 'string' || !stripe.startsWith(`${lockName}${LOCK_STRIPE_SEPARATOR}`)) {
         throw new Error(`the history of ${executionArn} shows '${String(stripe)}' drawn by ${STATE.pickLockStripe}, not a stripe of lock '${lockName}'`);
       }
@@ -784,8 +787,8 @@ function* drawnStripe(executionArn: string, lockName: string): Flow<string> {
     }
     read += (page.events ?? []).length;
     nextToken = page.nextToken;
-    // The stripe is drawn before the first acquire: within the first few states, or not at all.
-  } while (nextToken && read < 40);
+    // The stripe is drawn before the first acquire, which comes before the body the guard is called for.
+  } while (nextToken);
   throw new RedriveUndecided(`the history does not show the stripe drawn by ${STATE.pickLockStripe} (yet)`);
 }
 

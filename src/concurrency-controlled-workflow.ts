@@ -107,7 +107,7 @@ export interface ConcurrencyControlledWorkflowProps {
    * guard know the stripes of the current definition.
    *
    * `concurrencyLimit` must be a number that `lockStripes` divides, each stripe's share at most 1,000;
-   * not with `permits`, `rateLimit`, `idempotency` or `permitPath` yet. Other workflows and the CLI share
+   * not with `permits`, `rateLimit` or `permitPath` yet. Other workflows and the CLI share
    * the permits of a stripe by naming it (`exports#3`).
    *
    * @default 1 - one lock, not split
@@ -479,7 +479,6 @@ export class ConcurrencyControlledWorkflow extends Construct {
     const stripeLimit = validateLockStripes(lockStripes, props.concurrencyLimit, this.lockName, {
       permits: props.permits !== undefined,
       rateLimit: props.rateLimit !== undefined,
-      idempotency: props.idempotency !== undefined,
       permitPath: props.permitPath !== undefined,
     });
     validateConcurrencyLimit(stripeLimit ?? 1);

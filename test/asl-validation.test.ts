@@ -92,6 +92,7 @@ const configurations: Array<[string, Partial<ConcurrencyControlledWorkflowProps>
   ['a fixed weight, the queue (collecting the permits one by one)', { permits: 3, concurrencyLimit: 5 }],
   ['a weight from the input, polling, with a lease', { permits: sfn.JsonPath.numberAt('$.weight'), concurrencyLimit: 10, waitStrategy: WaitStrategy.POLLING, leaseDuration: Duration.minutes(5) }],
   ['a lock split into stripes, the queue, acquire timeout', { concurrencyLimit: 500, lockStripes: 10, acquireTimeout: Duration.minutes(5) }],
+  ['a lock split into stripes, idempotent', { concurrencyLimit: 20, lockStripes: 4, idempotency: { key: IdempotencyKey.fromFields('$.id') } }],
   ['a lock from the input split into stripes, polling', { lockName: sfn.JsonPath.stringAt('$.lock'), concurrencyLimit: 12, lockStripes: 4, waitStrategy: WaitStrategy.POLLING }],
   ['a weight from the input, idempotent, acquire timeout', { permits: sfn.JsonPath.numberAt('$.weight'), concurrencyLimit: 8, acquireTimeout: Duration.minutes(5), idempotency: { key: IdempotencyKey.fromFields('$.id') } }],
 ];

@@ -236,6 +236,56 @@ describe('the cleanup and the redrive guard', () => {
   });
 });
 
+describe('with idempotency', () => {
+  const props = { concurrencyLimit: 4, lockStripes: 2, idempotency: { key: IdempotencyKey.fromFields('$.id') } };
+
+  test('a repeat returns the stored result; different inputs run on their stripes; a failure runs again and keeps its error', async () => {
+    const { stack, workflow, workFunctionId } = workflowStack(props);
+    const work = new WorkTracker(() => 5);
+    await simulate(stack, { lambdaHandlers: { [workFunctionId]: work.handler } }, async (sim) => {
+      const sm = sim.stateMachine(stateMachineLogicalId(workflow.stateMachine));
+      const first = await sim.startExecution(sm, { id: 'a', n: 1 }).done;
+      expect([first.status, first.output]).toEqual(['SUCCEEDED', { worked: true, echo: { id: 'a', n: 1 } }]);
+      expect(first.stateTransitions.get('Pick Lock Stripe')).toBe(1);
+      const repeat = await sim.startExecution(sm, { id: 'a', n: 2 }).done;
+      expect([repeat.status, repeat.output]).toEqual(['SUCCEEDED', first.output]);
+      // A repeat takes no permit: it does not draw.
+      expect(repeat.stateTransitions.has('Pick Lock Stripe')).toBe(false);
+
+      const others = await Promise.all(['b', 'c', 'd', 'e', 'f', 'g'].map((id) => sim.startExecution(sm, { id }).done));
+      expect(others.map((e) => e.status)).toEqual(Array(6).fill('SUCCEEDED'));
+      expect(work.maxInside).toBeLessThanOrEqual(4);
+
+      const failed = await sim.startExecution(sm, { id: 'h', fail: true }).done;
+      expect([failed.status, failed.error]).toEqual(['FAILED', 'WorkFailed']);
+      const again = await sim.startExecution(sm, { id: 'h' }).done;
+      expect(again.status).toBe('SUCCEEDED');
+      expect(work.byExecution.get(again.arn)).toBe(1);
+      await sim.idle();
+      for (const lock of await lockState(sim)) expect(lock).toMatchObject({ permitsInUse: 0, holders: [] });
+      expect((await lockState(sim)).map((l) => l.lockName).sort()).toEqual([`${LOCK}#0`, `${LOCK}#1`]);
+    });
+  });
+
+  test('redriven inside the body: the guard reads the stripe from the draw that followed the idempotency\'s states', async () => {
+    const { stack, workflow, workFunctionId } = workflowStack({ ...props, concurrencyLimit: 8, lockStripes: 4, reconcilerScheduleEnabled: false });
+    const work = new WorkTracker((input, run) => (run === 1 ? input.seconds : 600));
+    await simulate(stack, { lambdaHandlers: { [workFunctionId]: work.handler } }, async (sim) => {
+      const sm = sim.stateMachine(stateMachineLogicalId(workflow.stateMachine));
+      const x = await sim.startExecution(sm, { id: 'x', seconds: 10, abortInside: true }, { name: 'x' }).done;
+      await sim.idle();
+      const [stripe] = (await lockState(sim)).map((lock) => lock.lockName);
+      expect(await lockState(sim)).toEqual([{ lockName: stripe, permitsInUse: 0, holders: [] }]);
+      void sim.redriveExecution(x.arn);
+      await until(async () => (await holdersByStripe(sim))[stripe]?.includes(x.arn) === true, 'the guard to take the permit for x');
+      expect(await lockState(sim)).toEqual([{ lockName: stripe, permitsInUse: 1, holders: [x.arn] }]);
+      [...sim.executions.values()].find((e) => e.arn === x.arn)!.abort();
+      await sim.idle();
+      for (const lock of await lockState(sim)) expect(lock).toMatchObject({ permitsInUse: 0, holders: [] });
+    });
+  });
+});
+
 describe('the fault suite on a split lock', () => {
   // 3 stripes of 2: 6 inside at most, 2 per lock item (the monitor's lockLimit), under DynamoDB's capacity rules.
   const BASE: ScenarioOptions = {
@@ -337,11 +387,6 @@ describe('synth', () => {
     ['weights', { lockStripes: 2, concurrencyLimit: 10, permits: 2 }, /`lockStripes` \(2\) cannot be combined with `permits` yet/],
     ['a rate', { lockStripes: 2, concurrencyLimit: 10, rateLimit: RateLimit.perSecond(5) }, /`lockStripes` \(2\) cannot be combined with `rateLimit` yet/],
     ['fencing tokens', { lockStripes: 2, concurrencyLimit: 10, permitPath: '$.permit' }, /`lockStripes` \(2\) cannot be combined with `permitPath` yet: each stripe draws fencing tokens of its own/],
-    [
-      'idempotency',
-      { lockStripes: 2, concurrencyLimit: 10, idempotency: { key: IdempotencyKey.fromFields('$.id') } },
-      /`lockStripes` \(2\) cannot be combined with `idempotency` yet/,
-    ],
     ['a name too long for the suffix', { lockStripes: 10, concurrencyLimit: 10, lockName: 'x'.repeat(254) }, /`lockName` must be at most 253 characters beside `lockStripes` \(10\)/],
   ])('refused: %s', (_name, props, message) => {
     expect(() => workflowStack(props)).toThrow(message);

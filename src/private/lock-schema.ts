@@ -408,6 +408,8 @@ export const QUEUE_TAIL = 'queueTail';
 export const QUEUE_HEAD = 'queueHead';
 /** At most this many stripes of a split lock (`lockStripes`): the cleanup reads each one for a stopped execution's permit. */
 export const MAX_LOCK_STRIPES = 100;
+/** The field of a split lock's execution state data that keeps its stripe, `{ name }` (see pickLockStripe). */
+export const LOCK_STRIPE_FIELD = 'lockStripe';
 /** Separates a split lock's name from its stripe's number: stripe 3 of lock `exports` is the lock `exports#3`. */
 export const LOCK_STRIPE_SEPARATOR = '#';
 /** The name of stripe `stripe` (0 to the stripes less one) of a split lock. */

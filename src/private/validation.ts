@@ -53,7 +53,6 @@ export function validateConcurrencyLimit(limit: number): void {
 export interface LockStripesConflicts {
   readonly permits: boolean;
   readonly rateLimit: boolean;
-  readonly idempotency: boolean;
   readonly permitPath: boolean;
 }
 
@@ -77,7 +76,6 @@ export function validateLockStripes(
   const conflicting = ([
     ['permits', conflicts.permits, 'a weighted acquisition would need several permits of one stripe'],
     ['rateLimit', conflicts.rateLimit, 'a rate is counted per lock'],
-    ['idempotency', conflicts.idempotency, 'its state data keeps the input elsewhere'],
     ['permitPath', conflicts.permitPath, 'each stripe draws fencing tokens of its own, which do not order the holders of different stripes'],
   ] as const).find(([, set]) => set);
   if (conflicting) {

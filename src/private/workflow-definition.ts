@@ -32,6 +32,7 @@ import {
   FENCING_TOKEN,
   GIVE_UP_HANDED_CONDITION,
   LOCK_KEY,
+  LOCK_STRIPE_FIELD,
   LOCK_STRIPE_SEPARATOR,
   MAX_CONCURRENCY_LIMIT,
   MAX_PERMITS,
@@ -95,6 +96,8 @@ export function renderDefinition(scope: Construct, table: ISemaphoreTable, spec:
     spec.lockName.inputPath === undefined ? spec.lockName.fixed! : sfn.JsonPath.stringAt(pathFromExecutionInput(spec.lockName.inputPath));
   // A split lock: the stripe drawn at the start, in the state data from then on (see pickLockStripe).
   const striped = spec.lockStripes !== undefined && spec.lockStripes > 1;
+  // Split without idempotency, the input waits at HANDOFF_PATH until the body (idempotency keeps it at its payload).
+  const inputAtHandoff = striped && spec.idempotency === undefined;
   const lockNameText = striped ? sfn.JsonPath.stringAt(STRIPED_LOCK_PATH) : baseLockNameText;
   const lockName = tasks.DynamoAttributeValue.fromString(lockNameText);
   const lockTask: LockTaskProps = { table: table, lockName, holder: ownHolderKey() };
@@ -109,7 +112,7 @@ export function renderDefinition(scope: Construct, table: ISemaphoreTable, spec:
   const idem = spec.idempotency;
   // Split, the failure path keeps the stripe: the error takes the input's place (HANDOFF_PATH), and the
   // release's holder and run join it there.
-  const errorPath = idem ? IDEMPOTENT_ERROR_PATH : striped ? HANDOFF_PATH : '$';
+  const errorPath = idem ? IDEMPOTENT_ERROR_PATH : inputAtHandoff ? HANDOFF_PATH : '$';
   // Where the body finds `{ fencingToken }`, in the state data before the body.
   const permitPath = spec.permitPath && (idem ? `${IDEMPOTENT_INPUT_PATH}${spec.permitPath.slice(1)}` : spec.permitPath);
   // The release reads its holder and run from the state data, so that it can also give back the
@@ -122,12 +125,12 @@ export function renderDefinition(scope: Construct, table: ISemaphoreTable, spec:
   // Failure path: give the permit back if we hold it, then fail with the error that brought us here.
   // Under a rate limit, only once the interval has passed: the body may have started just now (and
   // its failure ended the Parallel's Wait branch early).
-  const failedWith = striped ? `${HANDOFF_PATH}.${STRIPED_ERROR_FIELD}` : errorPath;
+  const failedWith = inputAtHandoff ? `${HANDOFF_PATH}.${STRIPED_ERROR_FIELD}` : errorPath;
   const failWithError = idem
     ? idem.markFailed
     : new sfn.Fail(scope, STATE.failWithError, { errorPath: `${failedWith}.Error`, causePath: `${failedWith}.Cause` });
   const prepareReleaseAfterFailure = new sfn.Pass(scope, STATE.prepareReleaseAfterFailure, {
-    parameters: striped ? { ...holderOfThisRun, [STRIPED_ERROR_FIELD]: sfn.JsonPath.objectAt(HANDOFF_PATH) } : holderOfThisRun,
+    parameters: inputAtHandoff ? { ...holderOfThisRun, [STRIPED_ERROR_FIELD]: sfn.JsonPath.objectAt(HANDOFF_PATH) } : holderOfThisRun,
     resultPath: HANDOFF_PATH,
   });
   const weight = permitWeight(spec);
@@ -169,7 +172,7 @@ export function renderDefinition(scope: Construct, table: ISemaphoreTable, spec:
     (release as sfn.Pass).next(
       handOffChain(scope, { table: table, lockName, lockNameText, suffix: '', next: idem.saveResult, alreadyReleased: idem.saveResult, weighted }),
     );
-  } else if (striped) {
+  } else if (inputAtHandoff) {
     // The input waits at HANDOFF_PATH (see pickLockStripe), which the output and the release's holder
     // replace, beside the stripe.
     runBody = new sfn.Parallel(scope, STATE.runBody, {
@@ -316,8 +319,9 @@ export function renderDefinition(scope: Construct, table: ISemaphoreTable, spec:
   slotGate?.wait.addCatch(acquire, { errors: [VALIDATION_ERROR], resultPath: sfn.JsonPath.DISCARD });
   slotGate?.take.addCatch(releaseAfterFailure, { errors: [sfn.Errors.ALL], resultPath: errorPath });
   slotGate?.wait.addCatch(releaseAfterFailure, { errors: [sfn.Errors.ALL], resultPath: errorPath });
-  const start = (head: sfn.IChainable) =>
-    idem ? idem.start(head) : striped ? pickLockStripe(scope, baseLockNameText, spec.lockStripes!).next(head) : head;
+  const drawn = (head: sfn.IChainable) =>
+    striped ? pickLockStripe(scope, baseLockNameText, spec.lockStripes!, idem !== undefined).next(head) : head;
+  const start = (head: sfn.IChainable) => (idem ? idem.start(drawn(head)) : drawn(head));
   // With idempotency too, the checks come first: an invalid input never claims a record.
   return checkRuntimeLockName(scope, spec, checkRuntimeLimit(scope, spec, checkRuntimePermits(scope, spec, start(acquire))));
 }
@@ -930,32 +934,31 @@ const WAIT_EVENTS_PATH = '$.semaphoreWait';
 /** Marker error that ends the "Wait For Permit" Parallel once the polling branch holds a permit. */
 const PERMIT_ACQUIRED = 'SemaphorePermitAcquired';
 
-/** Split, where the state data keeps the execution's stripe (the name of the lock it takes a permit of). */
-export const STRIPED_LOCK_PATH = '$.lock';
+/** Split, where the state data keeps the stripe's name. */
+export const STRIPED_LOCK_PATH = `$.${LOCK_STRIPE_FIELD}.name`;
 /** Split, where the release after a failure keeps the error, beside its holder and run (at HANDOFF_PATH). */
 const STRIPED_ERROR_FIELD = 'error';
 
 /**
- * A split lock's first state: draw the stripe, `<lock name>#<n>` with n from 0 to `stripes` - 1, and keep
- * it in the state data at STRIPED_LOCK_PATH, the input at HANDOFF_PATH until the body (which receives the
- * input as it came; its output then takes the input's place). Every state after it reads the stripe there;
+ * A split lock's first state (after the idempotency's, if any): draw the stripe, `<lock name>#<n>` with n
+ * from 0 to `stripes` - 1, and keep it in the state data at STRIPED_LOCK_PATH. Without idempotency the input
+ * waits at HANDOFF_PATH until the body (which receives the input as it came; its output then takes the
+ * input's place); with it, the state data is an object already, the payload in it. Every state after it reads the stripe there;
  * the cleanup, which cannot, reads every stripe, and the redrive guard reads it from this state's output
  * in the execution's history. A redrive resumes with the state data, so with the same stripe. A failure
  * puts its error in the input's place, so that the input and an error's cause never fill the state data together.
  * `States.MathRandom` excludes its end ("between the start number (inclusive) and end number (exclusive)").
  */
-function pickLockStripe(scope: Construct, lockNameText: string, stripes: number): sfn.Pass {
-  return new sfn.Pass(scope, STATE.pickLockStripe, {
-    parameters: {
-      [HANDOFF_PATH.slice(2)]: sfn.JsonPath.objectAt('$'),
-      [STRIPED_LOCK_PATH.slice(2)]: sfn.JsonPath.format(`{}${LOCK_STRIPE_SEPARATOR}{}`, lockNameText, sfn.JsonPath.mathRandom(0, stripes)),
-    },
-  });
+function pickLockStripe(scope: Construct, lockNameText: string, stripes: number, idempotent: boolean): sfn.Pass {
+  const stripe = { name: sfn.JsonPath.format(`{}${LOCK_STRIPE_SEPARATOR}{}`, lockNameText, sfn.JsonPath.mathRandom(0, stripes)) };
+  return idempotent
+    ? new sfn.Pass(scope, STATE.pickLockStripe, { parameters: stripe, resultPath: `$.${LOCK_STRIPE_FIELD}` })
+    : new sfn.Pass(scope, STATE.pickLockStripe, { parameters: { [HANDOFF_PATH.slice(2)]: sfn.JsonPath.objectAt('$'), [LOCK_STRIPE_FIELD]: stripe } });
 }
 
 /** Split, the stripe in a wait's own state data (its Parallel's Parameters, or a Pass that replaces it). */
-function stripeInBranch(spec: DefinitionSpec): Record<string, string> {
-  return spec.lockStripes !== undefined && spec.lockStripes > 1 ? { [STRIPED_LOCK_PATH.slice(2)]: sfn.JsonPath.stringAt(STRIPED_LOCK_PATH) } : {};
+function stripeInBranch(spec: DefinitionSpec): Record<string, unknown> {
+  return spec.lockStripes !== undefined && spec.lockStripes > 1 ? { [LOCK_STRIPE_FIELD]: sfn.JsonPath.objectAt(`$.${LOCK_STRIPE_FIELD}`) } : {};
 }
 
 /** What the workflow's definition is rendered from: the props, validated and resolved. */
