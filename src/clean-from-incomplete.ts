@@ -13,7 +13,7 @@ import { holderKeyAt } from './private/lock-tasks';
 import { HANDOFF_PATH, handOffChain, WAKE_ACTIONS } from './private/queue-states';
 import { pathFromParsedInput, stringValue } from './private/runtime-value';
 import { stateMachineLogs } from './private/state-machine-defaults';
-import { knownWholeSeconds, MAX_LOCK_STRIPES, validateLockName } from './private/validation';
+import { isLockStripeCount, knownWholeSeconds, MAX_LOCK_STRIPES, validateLockName } from './private/validation';
 import { grantWakeToRole } from './private/wake-grants';
 import { ISemaphoreTable } from './semaphore-table';
 
@@ -156,7 +156,7 @@ export class CleanFromIncomplete extends Construct {
     const maxEventAge = props.maxEventAge ?? Duration.hours(24);
     if (props.holdAfterStop) knownWholeSeconds('holdAfterStop', props.holdAfterStop, 1);
     const stripes = props.lockStripes ?? 1;
-    if (Token.isUnresolved(stripes) || !Number.isInteger(stripes) || stripes < 1 || stripes > MAX_LOCK_STRIPES) {
+    if (!isLockStripeCount(stripes)) {
       throw new Error(`\`lockStripes\` must be an integer from 1 to ${MAX_LOCK_STRIPES}, got: ${stripes}`);
     }
     if (stripes > 1 && props.holdAfterStop) {

@@ -28,6 +28,7 @@ import { STATE } from './private/state-names';
 import {
   highQueueLimitWarning,
   humanSeconds,
+  isLockStripeCount,
   validateConcurrencyLimit,
   validateLockName,
   validateLockStripes,
@@ -471,7 +472,7 @@ export class ConcurrencyControlledWorkflow extends Construct {
       );
     }
     // A split lock's stripes add `#<n>` to the name: the default leaves room for it.
-    const stripeSuffix = Number.isInteger(props.lockStripes) && props.lockStripes! > 1 ? 1 + String(props.lockStripes! - 1).length : 0;
+    const stripeSuffix = isLockStripeCount(props.lockStripes ?? 1) && props.lockStripes! > 1 ? lockStripeName('', props.lockStripes! - 1).length : 0;
     this.lockName = props.lockName ?? defaultLockName(this, MAX_LOCK_NAME_LENGTH - stripeSuffix);
     validateLockName(this.lockName);
     const lockStripes = props.lockStripes ?? 1;

@@ -1,4 +1,4 @@
-import { Duration, Token } from 'aws-cdk-lib';
+import { Duration } from 'aws-cdk-lib';
 import * as cloudwatch from 'aws-cdk-lib/aws-cloudwatch';
 import * as events from 'aws-cdk-lib/aws-events';
 import * as targets from 'aws-cdk-lib/aws-events-targets';
@@ -12,7 +12,7 @@ import { reconcilerFunction, validateFunctionRuntime } from './private/bundled-f
 import { defaultDeadLetterQueue } from './private/dead-letter-queue';
 import { functionWithOwnLogs } from './private/function-logs';
 import { numberValue, stringValue } from './private/runtime-value';
-import { knownWholeSeconds, MAX_LOCK_STRIPES, validatePermits, validateWholeSeconds } from './private/validation';
+import { isLockStripeCount, knownWholeSeconds, MAX_LOCK_STRIPES, validatePermits, validateWholeSeconds } from './private/validation';
 import { grantWakeToRole } from './private/wake-grants';
 import { ISemaphoreTable } from './semaphore-table';
 
@@ -189,7 +189,7 @@ export class SemaphoreReconciler extends Construct {
     const clockSkew = props.clockSkew ?? Duration.seconds(30);
     validateWholeSeconds('clockSkew', clockSkew, 0);
     const stripes = props.lockStripes ?? 1;
-    if (Token.isUnresolved(stripes) || !Number.isInteger(stripes) || stripes < 1 || stripes > MAX_LOCK_STRIPES) {
+    if (!isLockStripeCount(stripes)) {
       throw new Error(`\`lockStripes\` must be an integer from 1 to ${MAX_LOCK_STRIPES}, got: ${stripes}`);
     }
     if (stripes > 1 && props.lockName === undefined) {

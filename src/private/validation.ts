@@ -5,6 +5,7 @@ import {
   MAX_HOLDER_ENTRY_BYTES,
   MAX_LOCK_NAME_LENGTH,
   MAX_LOCK_STRIPES,
+  lockStripeName,
   MAX_PERMITS,
   MAX_PERMITS_REASON,
   TICKET_KEY_SEPARATOR,
@@ -56,6 +57,11 @@ export interface LockStripesConflicts {
   readonly permitPath: boolean;
 }
 
+/** A stripe count a split lock may have (`lockStripes`): an integer from 1 to MAX_LOCK_STRIPES, known at synth. */
+export function isLockStripeCount(stripes: number): boolean {
+  return !Token.isUnresolved(stripes) && Number.isInteger(stripes) && stripes >= 1 && stripes <= MAX_LOCK_STRIPES;
+}
+
 /**
  * `lockStripes`: an integer from 1 to MAX_LOCK_STRIPES; above 1, a `concurrencyLimit` known at synth
  * that it divides, each stripe's share within MAX_CONCURRENCY_LIMIT, a literal lock name short enough
@@ -67,7 +73,7 @@ export function validateLockStripes(
   lockName: string,
   conflicts: LockStripesConflicts,
 ): number | undefined {
-  if (Token.isUnresolved(stripes) || !Number.isInteger(stripes) || stripes < 1 || stripes > MAX_LOCK_STRIPES) {
+  if (!isLockStripeCount(stripes)) {
     throw new Error(
       `\`lockStripes\` must be an integer from 1 to ${MAX_LOCK_STRIPES} (the cleanup reads each stripe for a stopped execution's permit), got: ${stripes}`,
     );
@@ -104,7 +110,7 @@ export function validateLockStripes(
     );
   }
   if (!Token.isUnresolved(lockName)) {
-    const longest = `${lockName}#${stripes - 1}`;
+    const longest = lockStripeName(lockName, stripes - 1);
     if (longest.length > MAX_LOCK_NAME_LENGTH) {
       throw new Error(
         `\`lockName\` must be at most ${MAX_LOCK_NAME_LENGTH - 1 - String(stripes - 1).length} characters beside \`lockStripes\` (${stripes}), ` +
