@@ -1,5 +1,6 @@
 import { Duration } from 'aws-cdk-lib';
 import { JsonPath } from 'aws-cdk-lib/aws-stepfunctions';
+import { FAULT_MIXES, FAULT_SUITE_BASE } from './fault-mixes';
 import { demoSubject } from '../demo/run';
 import { admissionRate, admissionRateOnceFull, brokenInvariants, countOvertaken, countOvertakers, percentile, runScenario, ScenarioOptions, stripeOf } from '../simulator';
 import { WaitStrategy } from '../src';
@@ -14,39 +15,9 @@ import { WaitStrategy } from '../src';
  * A soak of 1,000 executions runs from the bench (`npm run bench -- --soak`), not here.
  */
 
-const LIMIT = 4;
-// Under DynamoDB's capacity rules: every write billed by the item's size, and the lock item's partition
-// throttled beyond 1,000 write units a second. DescribeExecution and ListExecutions are eventually
-// consistent: a third of their answers are as of up to 10 s ago. (The library reads them at least
-// 60 s after an entry was written, so few answers differ; reconciler-simulation.test.ts shows one that does.)
-const BASE: ScenarioOptions = {
-  executions: 60,
-  limit: LIMIT,
-  workSeconds: 10,
-  timeScale: 0.02,
-  capacity: { partitionLimits: true },
-  staleReads: { windowSeconds: 10, rate: 0.3 },
-  // A busy machine's pauses pass as simulated time: go past the horizon while executions still finish.
-  extendHorizon: true,
-};
-
-const MIXES: Array<[string, Partial<ScenarioOptions>]> = [
-  [
-    'failing work, stops inside the body, duplicated and delayed events',
-    { failureRate: 0.1, abortInsideRate: 0.1, duplicateEventRate: 0.3, maxEventDelaySeconds: 30 },
-  ],
-  ['throttling and server errors after the write', { failureRate: 0.1, dynamoFaults: { throttleRate: 0.05, serverErrorAfterWriteRate: 0.05 } }],
-  ['stops at random moments: waiting, acquiring, working, releasing', { failureRate: 0.1, abortRate: 0.15, duplicateEventRate: 0.1 }],
-  // Lost events can leak every permit until the reconciler's next run (5 min): a later horizon.
-  ['lost events: 30% of status events never arrive', { failureRate: 0.1, abortInsideRate: 0.3, lostEventRate: 0.3, horizonFactor: 8 }],
-  [
-    'the late-acquire race: stops while slow DynamoDB calls are in flight',
-    { abortAcquiringRate: 0.03, abortRate: 0.1, dynamoFaults: { maxLatencySeconds: 3 }, duplicateEventRate: 0.2, maxEventDelaySeconds: 10 },
-  ],
-  // The queue's own fault: the releaser's SendTaskSuccess is reported done but never reaches the waiter,
-  // which finds its permit when its wait times out. (Polling wakes nobody: the mix is stops and failures.)
-  ['lost wake-ups: 20% of SendTaskSuccess calls never arrive', { lostWakeUpRate: 0.2, failureRate: 0.1, abortRate: 0.1 }],
-];
+const BASE = FAULT_SUITE_BASE;
+const LIMIT = BASE.limit;
+const MIXES = FAULT_MIXES;
 
 describe.each(MIXES)('%s', (_name, mix) => {
   // The default wait strategy (the queue), with its check interval scaled down as the run is; and polling.

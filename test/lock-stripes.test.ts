@@ -4,6 +4,7 @@ import { JsonPath, Pass } from 'aws-cdk-lib/aws-stepfunctions';
 import { Construct } from 'constructs';
 import { demoSubject } from '../demo/run';
 import { brokenInvariants, Execution, runScenario, ScenarioOptions, Simulator } from '../simulator';
+import { FAULT_MIXES, FAULT_SUITE_BASE } from './fault-mixes';
 import { lockState, simulate, stateMachineLogicalId, until, WorkTracker, workflowStack } from './helpers';
 import {
   ConcurrencyControlledWorkflow,
@@ -287,27 +288,9 @@ describe('with idempotency', () => {
 });
 
 describe('the fault suite on a split lock', () => {
-  // 3 stripes of 2: 6 inside at most, 2 per lock item (the monitor's lockLimit), under DynamoDB's capacity rules.
-  const BASE: ScenarioOptions = {
-    executions: 60,
-    limit: 6,
-    lockLimit: 2,
-    workSeconds: 10,
-    timeScale: 0.02,
-    capacity: { partitionLimits: true },
-    staleReads: { windowSeconds: 10, rate: 0.3 },
-    extendHorizon: true,
-  };
-  const MIXES: Array<[string, Partial<ScenarioOptions>]> = [
-    ['failing work, stops inside the body and anywhere, duplicated and delayed events', { failureRate: 0.1, abortInsideRate: 0.1, abortRate: 0.1, duplicateEventRate: 0.3, maxEventDelaySeconds: 30 }],
-    ['lost events: 30% of status events never arrive', { failureRate: 0.1, abortInsideRate: 0.3, lostEventRate: 0.3, horizonFactor: 8 }],
-    ['throttling and server errors after the write', { failureRate: 0.1, dynamoFaults: { throttleRate: 0.05, serverErrorAfterWriteRate: 0.05 } }],
-    [
-      'the late-acquire race: stops while slow DynamoDB calls are in flight',
-      { abortAcquiringRate: 0.03, abortRate: 0.1, dynamoFaults: { maxLatencySeconds: 3 }, duplicateEventRate: 0.2, maxEventDelaySeconds: 10 },
-    ],
-    ['lost wake-ups: 20% of SendTaskSuccess calls never arrive', { lostWakeUpRate: 0.2, failureRate: 0.1, abortRate: 0.1 }],
-  ];
+  // The fault suite's run and mixes on 3 stripes of 2: 6 inside at most, 2 per lock item (the monitor's lockLimit).
+  const BASE: ScenarioOptions = { ...FAULT_SUITE_BASE, limit: 6, lockLimit: 2 };
+  const MIXES = FAULT_MIXES;
   const props = (waitStrategy: WaitStrategy): Partial<ConcurrencyControlledWorkflowProps> => ({
     concurrencyLimit: 6,
     lockStripes: 3,
