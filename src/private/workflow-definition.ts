@@ -935,7 +935,7 @@ const WAIT_EVENTS_PATH = '$.semaphoreWait';
 const PERMIT_ACQUIRED = 'SemaphorePermitAcquired';
 
 /** Split, where the state data keeps the stripe's name. */
-export const STRIPED_LOCK_PATH = `$.${LOCK_STRIPE_FIELD}.name`;
+const STRIPED_LOCK_PATH = `$.${LOCK_STRIPE_FIELD}.name`;
 /** Split, where the release after a failure keeps the error, beside its holder and run (at HANDOFF_PATH). */
 const STRIPED_ERROR_FIELD = 'error';
 
