@@ -37,7 +37,15 @@ import {
   validateWholeSeconds,
 } from './private/validation';
 import { grantWakeToRole, registerWaiter } from './private/wake-grants';
-import { ACQUIRE_TIMEOUT_ERROR, INVALID_LIMIT_ERROR, INVALID_LOCK_NAME_ERROR, INVALID_PERMITS_ERROR, renderDefinition } from './private/workflow-definition';
+import {
+  ACQUIRE_TIMEOUT_ERROR,
+  DefinitionSpec,
+  firstWaitOutsideParallel,
+  INVALID_LIMIT_ERROR,
+  INVALID_LOCK_NAME_ERROR,
+  INVALID_PERMITS_ERROR,
+  renderDefinition,
+} from './private/workflow-definition';
 import { RateLimit } from './rate-limit';
 import { SemaphoreReconciler } from './semaphore-reconciler';
 import { ISemaphoreTable, SemaphoreTable } from './semaphore-table';
@@ -576,7 +584,7 @@ export class ConcurrencyControlledWorkflow extends Construct {
       );
     }
 
-    const definition = renderDefinition(this, this.table, {
+    const spec: DefinitionSpec = {
       body: props.body,
       lockName: stringValue('lockName', this.lockName),
       limit: numberValue('concurrencyLimit', limit),
@@ -597,7 +605,8 @@ export class ConcurrencyControlledWorkflow extends Construct {
       bodyLimit,
       bodySlotRounds: bodyLimit === undefined ? undefined : Math.floor(slotEvents / BODY_SLOT_ROUND_EVENTS),
       lockStripes,
-    });
+    };
+    const definition = renderDefinition(this, this.table, spec);
 
     const logOptions = stateMachineLogs(this, props.logs);
     this.stateMachine = new sfn.StateMachine(this, 'StateMachine', {
@@ -654,7 +663,7 @@ export class ConcurrencyControlledWorkflow extends Construct {
         'the state machine does not log at level ALL: metricAcquisitions(), metricWaits(), metricBodySlotWaits() and metricAcquireTimeouts() will stay empty',
       );
     }
-    this.addMetricFilters(bodyLimit !== undefined);
+    this.addMetricFilters(bodyLimit !== undefined, firstWaitOutsideParallel(spec));
     if (props.dashboard) {
       this.addDashboard(rate !== undefined, bodyLimit !== undefined);
     }
@@ -795,16 +804,22 @@ export class ConcurrencyControlledWorkflow extends Construct {
    * Metric filters on the state machine's log (level ALL): its state-entered and execution-failed
    * events name the state and the error, which is all these metrics need.
    */
-  private addMetricFilters(withBodySlots: boolean): void {
+  private addMetricFilters(withBodySlots: boolean, firstWaitFlat: boolean): void {
     const filters: Record<string, logs.IFilterPattern> = {
       Acquisitions: logs.FilterPattern.all(
         logs.FilterPattern.stringValue('$.type', '=', 'ParallelStateEntered'),
         logs.FilterPattern.stringValue('$.details.name', '=', STATE.runBody),
       ),
-      Waits: logs.FilterPattern.all(
-        logs.FilterPattern.stringValue('$.type', '=', 'ParallelStateEntered'),
-        logs.FilterPattern.stringValue('$.details.name', '=', STATE.waitForPermit),
-      ),
+      // A wait starts in "Take Ticket" where it runs outside the Parallel (which it enters only when its first wait ends otherwise).
+      Waits: firstWaitFlat
+        ? logs.FilterPattern.all(
+          logs.FilterPattern.stringValue('$.type', '=', 'TaskStateEntered'),
+          logs.FilterPattern.stringValue('$.details.name', '=', STATE.takeTicket),
+        )
+        : logs.FilterPattern.all(
+          logs.FilterPattern.stringValue('$.type', '=', 'ParallelStateEntered'),
+          logs.FilterPattern.stringValue('$.details.name', '=', STATE.waitForPermit),
+        ),
       AcquireTimeouts: logs.FilterPattern.all(
         logs.FilterPattern.stringValue('$.type', '=', 'ExecutionFailed'),
         logs.FilterPattern.stringValue('$.details.error', '=', ConcurrencyControlledWorkflow.ACQUIRE_TIMEOUT_ERROR),

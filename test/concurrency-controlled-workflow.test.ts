@@ -6,7 +6,7 @@ import * as kms from 'aws-cdk-lib/aws-kms';
 import * as lambda from 'aws-cdk-lib/aws-lambda';
 import * as logs from 'aws-cdk-lib/aws-logs';
 import * as sfn from 'aws-cdk-lib/aws-stepfunctions';
-import { ConcurrencyControlledWorkflow, ConcurrencyControlledWorkflowProps, IdempotentWorkflow, RateLimit, SemaphoreReconciler, SemaphoreTable, WaitStrategy } from '../src';
+import { ConcurrencyControlledWorkflow, ConcurrencyControlledWorkflowProps, IdempotencyKey, IdempotentWorkflow, RateLimit, SemaphoreReconciler, SemaphoreTable, WaitStrategy } from '../src';
 import { logicalId } from './helpers';
 import { HOLDER_OWNER } from '../client/semaphore-client';
 import { itemSizeBytes } from '../simulator/dynamodb';
@@ -324,32 +324,38 @@ describe('definition', () => {
     const props = { waitStrategy: WaitStrategy.QUEUE, queueCheckInterval: Duration.minutes(2), leaseDuration: Duration.minutes(30), lockName: 'jobs' };
     const { stack, workflow: w } = workflow(props);
     const def = definitionOf(stack, w.stateMachine);
-    // The queue's states run in the Wait For Permit Parallel: the ticket stays out of the body's input.
-    expect(def.States['Acquire Permit'].Catch[0]).toMatchObject({ ErrorEquals: ['DynamoDB.ConditionalCheckFailedException'], Next: 'Wait For Permit' });
-    expect(def.States['Wait For Permit']).toMatchObject({ Type: 'Parallel', ResultPath: null, Next: 'Run Protected Body' });
-    const branch = def.States['Wait For Permit'].Branches[0];
-    expect(branch.StartAt).toBe('Take Ticket');
-    const states = branch.States;
-
-    // The ticket: the lock item's tail, one more, only while the lock is full and the execution holds nothing.
-    expect(states['Take Ticket']).toMatchObject({
-      Next: 'Wait In Queue',
-      ResultPath: '$.semaphoreTicket',
-      ResultSelector: { 'ticket.$': 'States.StringToJson($.Attributes.queueTail.N)' },
+    // The first wait runs outside the Wait For Permit Parallel: the ticket replaces the state data, and
+    // a wake-up goes to the body with the execution's input, from the context.
+    expect(def.States['Acquire Permit'].Catch[0]).toMatchObject({ ErrorEquals: ['DynamoDB.ConditionalCheckFailedException'], Next: 'Take Ticket' });
+    expect(def.States['Claim Own Permit'].Catch[0]).toMatchObject({ ErrorEquals: ['DynamoDB.ConditionalCheckFailedException'], Next: 'Take Ticket' });
+    const takeTicket = {
       Parameters: {
         Key: { lockName: { S: 'jobs' } },
         UpdateExpression: 'SET #tail = if_not_exists(#tail, :zero) + :one, #head = if_not_exists(#head, :zero)',
         ConditionExpression: TAKE_TICKET_CONDITION,
         ReturnValues: 'UPDATED_NEW',
       },
-      // Refused: a permit is free (or the execution holds one, which the acquire tells): poll.
-      Catch: [{ ErrorEquals: ['DynamoDB.ConditionalCheckFailedException'], ResultPath: null, Next: 'Poll For Permit' }],
+    };
+    // The ticket: the lock item's tail, one more, only while the lock is full and the execution holds nothing.
+    expect(def.States['Take Ticket']).toMatchObject({
+      ...takeTicket,
+      Next: 'Wait In Queue',
+      ResultPath: '$',
+      ResultSelector: { semaphoreTicket: { 'ticket.$': 'States.StringToJson($.Attributes.queueTail.N)' } },
+      // Refused: a permit is free (or the execution holds one): the Parallel polls. Its error is the
+      // state data the Parallel gets (the input need not be an object). Any other error: the release after failure.
+      Catch: [
+        { ErrorEquals: ['DynamoDB.ConditionalCheckFailedException'], ResultPath: '$', Next: 'Wait For Permit' },
+        { ErrorEquals: ['States.ALL'], ResultPath: '$', Next: 'Prepare Release After Failure' },
+      ],
     });
-    const wait = states['Wait In Queue'];
+    const wait = def.States['Wait In Queue'];
     expect(wait).toMatchObject({
       Resource: expect.stringContaining(':states:::aws-sdk:dynamodb:updateItem.waitForTaskToken'),
       TimeoutSeconds: 120,
-      End: true,
+      ResultPath: null,
+      OutputPath: '$$.Execution.Input',
+      Next: 'Run Protected Body',
       Parameters: {
         Key: { lockName: { 'S.$': "States.Format('{}\u001f{}', 'jobs', $.semaphoreTicket.ticket)" } },
         UpdateExpression: 'SET #waiter = :me, #run = :redriveCount, #lease = :lease, #limit = :limit, #token = :token',
@@ -364,11 +370,58 @@ describe('definition', () => {
         },
       },
     });
-    // Timed out: poll once (the check for a lost wake-up), then sleep again on the same ticket.
-    expect(wait.Catch[0]).toMatchObject({ ErrorEquals: ['States.Timeout'], Next: 'Poll For Permit Again' });
-    // Refused, or uncertain: look for a handed-off permit, then try to take a free one.
-    expect(wait.Catch[1]).toMatchObject({ ErrorEquals: ['DynamoDb.ConditionalCheckFailedException', 'DynamoDb.InternalServerErrorException'], Next: 'Check Handed-Off Permit' });
+    // Every other end enters the Parallel with what it knows: timed out or refused (or uncertain), its ticket and error.
+    expect(wait.Catch).toEqual([
+      { ErrorEquals: ['States.Timeout'], ResultPath: '$.semaphoreWaitTimedOut', Next: 'Wait For Permit' },
+      {
+        ErrorEquals: ['DynamoDb.ConditionalCheckFailedException', 'DynamoDb.InternalServerErrorException'],
+        ResultPath: '$.semaphoreWaitRefused',
+        Next: 'Wait For Permit',
+      },
+      { ErrorEquals: ['States.ALL'], ResultPath: '$', Next: 'Prepare Release After Failure' },
+    ]);
+    // The Parallel keeps that state in its own, and leaves the execution's input to the body.
+    expect(def.States['Wait For Permit']).toMatchObject({
+      Type: 'Parallel',
+      Parameters: { 'semaphoreWait': { events: 0 }, 'semaphoreResume.$': '$' },
+      ResultPath: null,
+      OutputPath: '$$.Execution.Input',
+      Next: 'Run Protected Body',
+    });
+    const branch = def.States['Wait For Permit'].Branches[0];
+    expect(branch.StartAt).toBe('Resume Wait');
+    const states = branch.States;
+    // It goes on where the branch would have.
+    expect(states['Resume Wait']).toEqual({
+      Type: 'Choice',
+      Choices: [
+        // Timed out: poll once (the check for a lost wake-up), then sleep again on the same ticket.
+        { Variable: '$.semaphoreResume.semaphoreWaitTimedOut', IsPresent: true, Next: 'Resume On Ticket' },
+        // Refused, or uncertain: look for a handed-off permit, then try to take a free one.
+        { Variable: '$.semaphoreResume.semaphoreWaitRefused', IsPresent: true, Next: 'Check Handed-Off Permit' },
+      ],
+      // The ticket refused.
+      Default: 'Poll For Permit',
+    });
+    expect(states['Resume On Ticket']).toEqual({
+      Type: 'Pass',
+      Parameters: { 'semaphoreWait': { events: 0 }, 'semaphoreTicket.$': '$.semaphoreResume.semaphoreTicket' },
+      Next: 'Poll For Permit Again',
+    });
     expect(states['Check Handed-Off Permit'].Catch[0]).toMatchObject({ Next: 'Poll For Permit' });
+    // New tickets, in the branch, as the first.
+    expect(states['Take New Ticket']).toMatchObject({
+      ...takeTicket,
+      Next: 'Wait In Queue On New Ticket',
+      ResultPath: '$.semaphoreTicket',
+      ResultSelector: { 'ticket.$': 'States.StringToJson($.Attributes.queueTail.N)' },
+      Catch: [{ ErrorEquals: ['DynamoDB.ConditionalCheckFailedException'], ResultPath: null, Next: 'Poll For Permit' }],
+    });
+    expect(states['Wait In Queue On New Ticket']).toMatchObject({ Parameters: wait.Parameters, End: true });
+    expect(states['Wait In Queue On New Ticket'].Catch).toEqual([
+      { ErrorEquals: ['States.Timeout'], ResultPath: null, Next: 'Poll For Permit Again' },
+      { ErrorEquals: ['DynamoDb.ConditionalCheckFailedException', 'DynamoDb.InternalServerErrorException'], ResultPath: null, Next: 'Check Handed-Off Permit' },
+    ]);
     // Still full: a new ticket, after counting the round against the history budget.
     expect(states['Poll For Permit'].Catch[0]).toMatchObject({ Next: 'Count Queue Retry' });
     expect(states['Count Queue Retry']).toMatchObject({
@@ -378,7 +431,7 @@ describe('definition', () => {
     });
     expect(states['Queue Retry Within Budget?']).toMatchObject({
       Choices: [{ Variable: '$.semaphoreWait.events', NumericGreaterThan: 17980, Next: 'Wait Budget Spent' }],
-      Default: 'Take Ticket',
+      Default: 'Take New Ticket',
     });
     expect(states['Wait Budget Spent']).toMatchObject({ Type: 'Fail', Error: 'SemaphoreAcquireTimeout' });
     expect(states['Poll For Permit Again'].Catch[0]).toMatchObject({ Next: 'Count Queue Check' });
@@ -387,8 +440,7 @@ describe('definition', () => {
       Choices: [{ Variable: '$.semaphoreWait.events', NumericGreaterThan: 17980, Next: 'Wait Budget Spent' }],
       Default: 'Wait In Queue Again',
     });
-    // The count starts at 0 in the branch's own data; 1,198 checks of 2 minutes fit.
-    expect(def.States['Wait For Permit'].Parameters).toEqual({ semaphoreWait: { events: 0 } });
+    // The count starts at 0 in the branch's own data (above); 1,198 checks of 2 minutes fit.
     expect(w.longestWait?.toSeconds()).toBe(1198 * 120);
     // The acquire of a waiter finds a permit handed to it through the validation error (see ACQUIRE_CONDITION).
     for (const name of ['Poll For Permit', 'Poll For Permit Again']) {
@@ -412,6 +464,25 @@ describe('definition', () => {
     expect(states['Check Handed-Off Permit Again']).toMatchObject({ End: true, Catch: [{ Next: 'Wait Before Next Poll' }] });
     expect(again.Catch[2]).toMatchObject({ ErrorEquals: ['DynamoDb.InternalServerErrorException'], Next: 'Check Handed-Off Permit' });
     expect(states['Wait Before Next Poll'].Next).toBe('Count Queue Retry');
+  });
+
+  test('queue: the first wait stays in the Parallel where the body\'s input is not the execution\'s, or something else rides through the wait', () => {
+    const cases: Array<[string, Partial<ConcurrencyControlledWorkflowProps>]> = [
+      ['an acquire timeout', { acquireTimeout: Duration.minutes(5) }],
+      ['fencing tokens', { permitPath: '$.permit' }],
+      ['a weight', { concurrencyLimit: 4, permits: 2 }],
+      ['a rate', { rateLimit: RateLimit.perSecond(5) }],
+      ['a split lock', { concurrencyLimit: 4, lockStripes: 2 }],
+      ['idempotency', { idempotency: { key: IdempotencyKey.fromFields('$.id') } }],
+    ];
+    for (const [what, props] of cases) {
+      const { stack, workflow: w } = workflow({ waitStrategy: WaitStrategy.QUEUE, ...props });
+      const def = definitionOf(stack, w.stateMachine);
+      const states = JSON.stringify(def);
+      expect([what, states.includes('"Resume Wait"'), states.includes('"Take New Ticket"')]).toEqual([what, false, false]);
+      const branch = JSON.stringify(def).match(/"Wait For Permit":\{"Type":"Parallel"/);
+      expect([what, branch !== null]).toEqual([what, true]);
+    }
   });
 
   test('rejects a permitPath that is not a field path', () => {
@@ -740,10 +811,18 @@ describe('reconciler, leases and metrics', () => {
       FilterPattern: '{ ($.type = "ParallelStateEntered") && ($.details.name = "Run Protected Body") }',
       MetricTransformations: [Match.objectLike({ MetricName: 'Acquisitions', MetricValue: '1' })],
     });
+    // A wait starts in Take Ticket, outside the Parallel (entered only when the first wait ends otherwise);
+    // where the wait runs in the Parallel, it is entered once a wait (a round logs ParallelStateStarted).
     template.hasResourceProperties('AWS::Logs::MetricFilter', {
-      FilterPattern: '{ ($.type = "ParallelStateEntered") && ($.details.name = "Wait For Permit") }',
+      FilterPattern: '{ ($.type = "TaskStateEntered") && ($.details.name = "Take Ticket") }',
       MetricTransformations: [Match.objectLike({ MetricName: 'Waits' })],
     });
+    for (const inParallel of [workflow({ permitPath: '$.permit' }), workflow({ waitStrategy: WaitStrategy.POLLING })]) {
+      inParallel.template.hasResourceProperties('AWS::Logs::MetricFilter', {
+        FilterPattern: '{ ($.type = "ParallelStateEntered") && ($.details.name = "Wait For Permit") }',
+        MetricTransformations: [Match.objectLike({ MetricName: 'Waits' })],
+      });
+    }
     template.hasResourceProperties('AWS::Logs::MetricFilter', {
       FilterPattern: '{ ($.type = "ExecutionFailed") && ($.details.error = "SemaphoreAcquireTimeout") }',
       MetricTransformations: [Match.objectLike({ MetricName: 'AcquireTimeouts' })],

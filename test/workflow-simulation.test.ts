@@ -1,12 +1,13 @@
 import { createHash } from 'crypto';
 import { DynamoDBClient, UpdateItemCommand } from '@aws-sdk/client-dynamodb';
 import { App, CfnElement, Duration, Stack } from 'aws-cdk-lib';
+import { Template } from 'aws-cdk-lib/assertions';
 import * as lambda from 'aws-cdk-lib/aws-lambda';
 import * as sfn from 'aws-cdk-lib/aws-stepfunctions';
 import * as tasks from 'aws-cdk-lib/aws-stepfunctions-tasks';
 import { ConcurrencyControlledWorkflow, RateLimit, SemaphoreTable, WaitStrategy } from '../src';
 import { cleanupsEnded, lockState, logicalId, simulate, stateMachineLogicalId, statuses, until as waitUntil, WORK_FUNCTION_TIMEOUT, WorkTracker, workflowStack } from './helpers';
-import { Execution, LockMonitor, seededRandom, Simulator, TaskContext, TaskError } from '../simulator';
+import { Execution, LockMonitor, metricFilterSums, seededRandom, Simulator, TaskContext, TaskError } from '../simulator';
 import { executionHolderKey, HOLDER_REDRIVE_COUNT, isTicketKey, TICKET_SERVED_BY, TICKET_WAITER, ticketKey } from '../src/private/lock-schema';
 
 /*
@@ -709,10 +710,73 @@ describe('the queue', () => {
 
       expect([holder, ...waiters].map((e) => e.status)).toEqual(['SUCCEEDED', 'SUCCEEDED', 'SUCCEEDED']);
       expect(waiters.every((w) => w.stateTransitions.get('Wait In Queue') === 1)).toBe(true);
-      // The ticket lived in the Parallel's own state: the bodies saw their input as it came.
+      // Woken in their first wait, outside the Parallel: the ticket replaced their state data, and the
+      // body had the execution's input from the context, as it came.
+      expect(waiters.map((w) => w.stateTransitions.has('Wait For Permit'))).toEqual([false, false]);
       expect(inputs.slice(1)).toEqual(expect.arrayContaining(['a string', [1, 2]]));
       expect(await lockState(sim)).toEqual([{ lockName: 'TestStack/Workflow', permitsInUse: 0, holders: [] }]);
     });
+  });
+
+  test('a first wait that ends other than woken goes on in the Parallel where it would have, and the body gets the execution input', async () => {
+    // Limit 1, a 30 s check interval, every wake-up lost. H holds; R's ticket is refused (H gave its
+    // permit back meanwhile: R polls it); T sleeps on its ticket, its wake-up is lost, and it finds its
+    // handed-off permit when its wait times out. Their inputs carry the queue's own field names.
+    const props = { concurrencyLimit: 1, waitStrategy: WaitStrategy.QUEUE, queueCheckInterval: Duration.seconds(30) };
+    const { stack, workflow, workFunctionId } = workflowStack(props);
+    const { finish, body: held } = heldBodies(['H', 'R']);
+    const inputs = new Map<string, unknown>();
+    const body = async (input: any, context: TaskContext) => {
+      inputs.set(context.execution.name, input);
+      return held(input, context);
+    };
+    let sim!: Simulator;
+    let hDone = false;
+    const taskHandlers = {
+      // R's ticket comes after H's release: the lock is no longer full, and the ticket is refused.
+      'Take Ticket': async (input: any, context: TaskContext) => {
+        if (context.execution.name === 'R') {
+          finish.get('H')!();
+          await waitUntil(() => hDone, 'H released');
+        }
+        return updateItem(input, context);
+      },
+    };
+    sim = await Simulator.start(stack, { lostWakeUpRate: 1, taskHandlers, lambdaHandlers: { [workFunctionId]: body } });
+    try {
+      const sm = sim.stateMachine(stateMachineLogicalId(workflow.stateMachine));
+      const h = sim.startExecution(sm, { who: 'H' }, { name: 'H' });
+      void h.done.then(() => (hDone = true));
+      await waitUntil(() => inputs.has('H'), 'H in its body');
+      const rInput = { who: 'R', semaphoreTicket: 'theirs', semaphoreResume: [1] };
+      const r = sim.startExecution(sm, rInput, { name: 'R' });
+      await waitUntil(() => inputs.has('R'), 'R in its body');
+      const tInput = { who: 'T', semaphoreWaitTimedOut: true, semaphoreWaitRefused: 'x' };
+      const t = sim.startExecution(sm, tInput, { name: 'T' });
+      await waitUntil(() => t.stateTransitions.get('Wait In Queue') === 1, 'T in the queue');
+      finish.get('R')!();
+      await Promise.all([h.done, r.done, t.done]);
+      await sim.idle();
+
+      expect([h.status, r.status, t.status]).toEqual(['SUCCEEDED', 'SUCCEEDED', 'SUCCEEDED']);
+      // R: refused ticket, then the Parallel from Poll For Permit.
+      const rPath = ['Take Ticket', 'Wait For Permit', 'Resume Wait', 'Poll For Permit'];
+      expect(rPath.map((s) => r.stateTransitions.get(s))).toEqual([1, 1, 1, 1]);
+      expect(r.stateTransitions.has('Wait In Queue')).toBe(false);
+      // T: its wait timed out (R handed it the permit, the wake-up lost), then the Parallel on its ticket.
+      expect(sim.lostWakeUps).toBe(1);
+      const tPath = ['Take Ticket', 'Wait In Queue', 'Wait For Permit', 'Resume Wait', 'Resume On Ticket', 'Poll For Permit Again'];
+      expect(tPath.map((s) => t.stateTransitions.get(s))).toEqual([1, 1, 1, 1, 1, 1]);
+      expect(t.stateTransitions.get('Check Handed-Off Permit Again')).toBe(1);
+      // Whatever the way in, the body had the execution's input, and the output is the body's.
+      expect([inputs.get('H'), inputs.get('R'), inputs.get('T')]).toEqual([{ who: 'H' }, rInput, tInput]);
+      expect([r.output, t.output]).toEqual([{ done: true }, { done: true }]);
+      // The log's Waits metric counts each wait once, in its Take Ticket (the Parallel is not entered by every wait).
+      expect(metricFilterSums(Template.fromStack(stack).toJSON(), [h, r, t])).toMatchObject({ Acquisitions: 3, Waits: 2 });
+      expect(await lockState(sim)).toEqual([{ lockName: 'TestStack/Workflow', permitsInUse: 0, holders: [] }]);
+    } finally {
+      await sim.stop();
+    }
   });
 
   test('lost wake-ups: every waiter finds its handed-off permit when its wait times out, and nothing leaks', async () => {

@@ -669,10 +669,13 @@ export const TICKET_PATH = '$.semaphoreTicket';
 
 /**
  * "Take Ticket": a ticket in the lock's queue, only while the lock is full and this execution holds
- * nothing (TAKE_TICKET_CONDITION). Its output goes to TICKET_PATH.
+ * nothing (TAKE_TICKET_CONDITION). Its output goes to TICKET_PATH; with `wholeState`, it replaces the
+ * state data with `{ semaphoreTicket }` (the first wait outside a Parallel: the input need not be an
+ * object, and the body reads it from the context).
  */
-export function takeTicketTask(scope: Construct, id: string, props: WaiterProps): tasks.DynamoUpdateItem {
+export function takeTicketTask(scope: Construct, id: string, props: WaiterProps, wholeState = false): tasks.DynamoUpdateItem {
   const rate = props.rateIntervalSeconds;
+  const ticket = { ticket: sfn.JsonPath.stringToJson(sfn.JsonPath.stringAt(`$.Attributes.${QUEUE_TAIL}.N`)) };
   return new tasks.DynamoUpdateItem(scope, id, {
     table: props.table.table,
     key: { [LOCK_KEY]: props.lockName },
@@ -694,8 +697,8 @@ export function takeTicketTask(scope: Construct, id: string, props: WaiterProps)
       [VALUES.one]: tasks.DynamoAttributeValue.fromNumber(1),
     },
     returnValues: tasks.DynamoReturnValues.UPDATED_NEW,
-    resultSelector: { ticket: sfn.JsonPath.stringToJson(sfn.JsonPath.stringAt(`$.Attributes.${QUEUE_TAIL}.N`)) },
-    resultPath: TICKET_PATH,
+    resultSelector: wholeState ? { [TICKET_PATH.slice(2)]: ticket } : ticket,
+    resultPath: wholeState ? '$' : TICKET_PATH,
   });
 }
 
@@ -704,7 +707,7 @@ export function takeTicketTask(scope: Construct, id: string, props: WaiterProps)
  * the task token of this wait and sleep until a releaser hands this execution a permit. Refused once
  * the ticket's turn has come. Its output is `{ fencingToken }`.
  */
-export function waitOnTicketTask(scope: Construct, id: string, props: WaiterProps, again: boolean): sfn.TaskStateBase {
+export function waitOnTicketTask(scope: Construct, id: string, props: WaiterProps, again: boolean, outputPath?: string): sfn.TaskStateBase {
   return new tasks.CallAwsService(scope, id, {
     service: 'dynamodb',
     action: 'updateItem',
@@ -736,6 +739,7 @@ export function waitOnTicketTask(scope: Construct, id: string, props: WaiterProp
     iamResources: [Stack.of(scope).formatArn({ service: 'dynamodb', resource: 'table', resourceName: props.table.table.tableName })],
     taskTimeout: sfn.Timeout.duration(props.checkInterval),
     resultPath: props.permitPath ?? sfn.JsonPath.DISCARD,
+    outputPath,
   }).addRetry(transientRetry(SDK_THROTTLING_ERRORS));
 }
 

@@ -11,7 +11,8 @@ import { IResolvable, Token, Tokenization } from 'aws-cdk-lib';
 // aws-stepfunctions marks its JSONPath tokens with this symbol (private/json-path.ts); it is stable
 // across aws-cdk-lib 2.x and the only way to recover the path from an encoded token.
 const JSON_PATH_TOKEN = Symbol.for('@aws-cdk/aws-stepfunctions.JsonPathToken');
-const EXECUTION_INPUT = '$$.Execution.Input';
+/** The execution's input, in the context object (the same in every run of it). */
+export const EXECUTION_INPUT = '$$.Execution.Input';
 
 interface JsonPathTokenLike extends IResolvable {
   readonly path: string;

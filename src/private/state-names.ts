@@ -77,6 +77,12 @@ export const STATE = {
   ticketLeftInQueue: 'Ticket Left In Queue',
   waitInQueue: 'Wait In Queue',
   waitInQueueAgain: 'Wait In Queue Again',
+  // The queue's first wait outside a Parallel (see renderQueueWait): what follows an end other than a
+  // wake-up runs in the "Wait For Permit" Parallel, which starts here and takes new tickets by these.
+  resumeWait: 'Resume Wait',
+  resumeOnTicket: 'Resume On Ticket',
+  takeNewTicket: 'Take New Ticket',
+  waitOnNewTicket: 'Wait In Queue On New Ticket',
   countQueueCheck: 'Count Queue Check',
   queueCheckWithinBudget: 'Queue Check Within Budget?',
   // A weighted waiter of the queue, woken with one of its permits, collects the rest.

@@ -59,12 +59,14 @@ import {
   leaveQueueTask,
   POLLED_PERMIT_PATH,
   takeTicketTask,
+  TICKET_PATH,
   WAIT_REFUSED,
   WAIT_TIMED_OUT,
   WAIT_UNCERTAIN,
+  WaiterProps,
   waitOnTicketTask,
 } from './queue-states';
-import { pathFromExecutionInput, RuntimeValue } from './runtime-value';
+import { EXECUTION_INPUT, pathFromExecutionInput, RuntimeValue } from './runtime-value';
 import { RELEASE_AT_INTERVAL_FAILED, RELEASE_AT_INTERVAL_SUFFIX, STATE } from './state-names';
 import { ISemaphoreTable } from '../semaphore-table';
 import { WaitStrategy } from '../wait-strategy';
@@ -83,12 +85,13 @@ const RELEASE_AT_INTERVAL_RESULT = 'releaseAtInterval';
  *   Acquire Permit ──ok──▶ Run Protected Body ──ok──▶ Release Permit (hands off to a waiter if any)
  *     │ lock full                │ error                  (body output is the execution output)
  *     ▼                          ▼
- *   Wait For Permit ──▶ …      Prepare Release After Failure ──▶ Release Permit After Failure ──▶ Fail
- *   (Take Ticket, Wait In Queue; or polling)
+ *   Take Ticket ──▶ Wait In Queue   Prepare Release After Failure ──▶ Release Permit After Failure ──▶ Fail
+ *   (or Wait For Permit ──▶ …: the queue in a Parallel, or polling)
  *
- * The uncontended path is three transitions and two writes. A waiter adds three transitions and two
- * writes (the Parallel, its ticket, the wait on it); a release that hands off adds four transitions,
- * three writes and a call (claim, serve, hand off, wake) beside its refused give-back.
+ * The uncontended path is three transitions and two writes. A waiter adds two transitions and two
+ * writes (its ticket, the wait on it; three transitions where the wait runs in the Parallel); a release
+ * that hands off adds four transitions, three writes and a call (claim, serve, hand off, wake) beside its
+ * refused give-back.
  */
 export function renderDefinition(scope: Construct, table: ISemaphoreTable, spec: DefinitionSpec): sfn.IChainable {
   // The lock name, literal or a JSONPath string (the keys of the queue's ticket items start with it).
@@ -279,10 +282,17 @@ export function renderDefinition(scope: Construct, table: ISemaphoreTable, spec:
 
   let waitForPermit: sfn.State;
   if (spec.waitStrategy === WaitStrategy.QUEUE) {
-    const queue = renderQueueWait(scope, table, spec, lockTask, lockNameText, limit, toBody, permitPath, weight);
-    queue.addCatch(releaseAfterFailure, { errors: [sfn.Errors.ALL], resultPath: errorPath });
-    queue.next(spec.acquireTimeout === undefined ? bodyGate : toBody);
-    waitForPermit = queue;
+    // The first wait runs outside the Parallel where the body's input is the execution's and nothing
+    // but the ticket needs carrying (see renderQueueWait): one transition less a waiter.
+    const flat = firstWaitOutsideParallel(spec);
+    const queue = renderQueueWait(scope, table, spec, lockTask, lockNameText, limit, toBody, permitPath, weight, flat);
+    queue.parallel.addCatch(releaseAfterFailure, { errors: [sfn.Errors.ALL], resultPath: errorPath });
+    queue.parallel.next(spec.acquireTimeout === undefined ? bodyGate : toBody);
+    if (queue.firstWait) {
+      queue.firstWait.takeTicket.addCatch(releaseAfterFailure, { errors: [sfn.Errors.ALL], resultPath: errorPath });
+      queue.firstWait.waitInQueue.addCatch(releaseAfterFailure, { errors: [sfn.Errors.ALL], resultPath: errorPath }).next(bodyGate);
+    }
+    waitForPermit = queue.entry;
   } else {
     const polling = renderWaitForPermit(scope, table, spec, lockTask, limit, toBody, weight);
     polling.addCatch(releaseAfterFailure, { errors: [sfn.Errors.ALL], resultPath: errorPath });
@@ -545,7 +555,9 @@ function checkRuntimeLockName(scope: Construct, spec: DefinitionSpec, next: sfn.
 
 /**
  * The queue, in the "Wait For Permit" Parallel (its own copy of the state data keeps the ticket out
- * of the body's input). "Take Ticket" takes a place in the queue while the lock is full, and "Wait In
+ * of the body's input), or its first wait outside it (see flatFirstWait, where the names of the
+ * branch's "Take Ticket" and "Wait In Queue" are "Take New Ticket" and "Wait In Queue On New Ticket").
+ * "Take Ticket" takes a place in the queue while the lock is full, and "Wait In
  * Queue" writes the ticket's item with its task token and sleeps until a releaser hands the execution
  * a permit. When the wait times out, the execution tries to take a permit (which also finds one handed
  * to it whose wake-up was lost), then sleeps again on the same ticket. When a wait is refused (the
@@ -581,8 +593,9 @@ function renderQueueWait(
   limit: tasks.DynamoAttributeValue,
   toBody: sfn.State,
   permitPath: string | undefined,
-  weight?: PermitWeight,
-): sfn.Parallel {
+  weight: PermitWeight | undefined,
+  flat: boolean,
+): QueueWait {
   const withTimer = spec.acquireTimeout !== undefined;
   // With a timer, success ends the branch with the marker error and the fencing token is read after
   // the Parallel. Without, the branch ends with `{ fencingToken }` as its whole state, which the
@@ -609,8 +622,8 @@ function renderQueueWait(
     rateIntervalSeconds: spec.holdSeconds,
   };
   const retry = transientRetry([...THROTTLING_ERRORS, ...SERVER_ERRORS]);
-  const takeTicket = takeTicketTask(scope, STATE.takeTicket, waiter).addRetry(retry);
-  const waitInQueue = waitOnTicketTask(scope, STATE.waitInQueue, waiter, false);
+  const takeTicket = takeTicketTask(scope, flat ? STATE.takeNewTicket : STATE.takeTicket, waiter).addRetry(retry);
+  const waitInQueue = waitOnTicketTask(scope, flat ? STATE.waitOnNewTicket : STATE.waitInQueue, waiter, false);
   const waitAgain = waitOnTicketTask(scope, STATE.waitInQueueAgain, waiter, true);
 
   // The history budget: every round back to a wait counts the events it spent, and past the budget
@@ -708,15 +721,20 @@ function renderQueueWait(
   // The branches start from an object of their own, not the execution's data: they write the ticket
   // and the count of their rounds into their state, which an input that is not an object (a string, a
   // number, an array) cannot hold.
+  const rounds = { [WAIT_EVENTS_PATH.slice(2)]: { events: 0 } };
+  if (flat) {
+    return flatFirstWait(scope, waiter, rounds, { poll, pollAgain, check }, retry);
+  }
   const props: sfn.ParallelProps = {
-    parameters: { [WAIT_EVENTS_PATH.slice(2)]: { events: 0 }, ...stripeInBranch(spec) },
+    parameters: { ...rounds, ...stripeInBranch(spec) },
     ...(withTimer || !permitPath
       ? { resultPath: sfn.JsonPath.DISCARD }
       : { resultSelector: { fencingToken: sfn.JsonPath.objectAt('$[0].fencingToken') }, resultPath: permitPath }),
   };
   const waitForPermit = new sfn.Parallel(scope, STATE.waitForPermit, props);
   if (!withTimer) {
-    return waitForPermit.branch(takeTicket);
+    waitForPermit.branch(takeTicket);
+    return { entry: waitForPermit, parallel: waitForPermit };
   }
   const timer = new sfn.Wait(scope, STATE.acquireTimer, { time: sfn.WaitTime.duration(spec.acquireTimeout!) }).next(
     new sfn.Fail(scope, STATE.acquireTimedOut, {
@@ -724,7 +742,85 @@ function renderQueueWait(
       cause: `No permit became free within the acquire timeout of ${spec.acquireTimeout!.toHumanString()}`,
     }),
   );
-  return waitForPermit.branch(takeTicket, timer).addCatch(toBody, { errors: [PERMIT_ACQUIRED], resultPath: sfn.JsonPath.DISCARD });
+  waitForPermit.branch(takeTicket, timer).addCatch(toBody, { errors: [PERMIT_ACQUIRED], resultPath: sfn.JsonPath.DISCARD });
+  return { entry: waitForPermit, parallel: waitForPermit };
+}
+
+/**
+ * Whether the queue's first wait runs outside the "Wait For Permit" Parallel (see flatFirstWait): the
+ * queue, the body's input the execution's (no idempotency, no split lock), nothing else to carry
+ * through the wait (no acquire timer, weight, fencing token or rate).
+ */
+export function firstWaitOutsideParallel(spec: DefinitionSpec): boolean {
+  return (
+    spec.waitStrategy === WaitStrategy.QUEUE &&
+    spec.idempotency === undefined &&
+    (spec.lockStripes ?? 1) === 1 &&
+    permitWeight(spec) === undefined &&
+    spec.permitPath === undefined &&
+    spec.acquireTimeout === undefined &&
+    spec.holdSeconds === undefined &&
+    spec.bodyLimit === undefined
+  );
+}
+
+/** The queue's states as the definition wires them. */
+interface QueueWait {
+  /** Where a refused acquire goes. */
+  readonly entry: sfn.State;
+  /** The "Wait For Permit" Parallel: its success goes to the body, its failure to the release after failure. */
+  readonly parallel: sfn.Parallel;
+  /** The first wait outside the Parallel, if so rendered: a wake-up goes to the body, an error to the release after failure. */
+  readonly firstWait?: { readonly takeTicket: sfn.TaskStateBase; readonly waitInQueue: sfn.TaskStateBase };
+}
+
+/** Where a first wait outside the Parallel puts the error of a wait that timed out, or that was refused. */
+const FIRST_WAIT_TIMED_OUT = '$.semaphoreWaitTimedOut';
+const FIRST_WAIT_REFUSED = '$.semaphoreWaitRefused';
+/** Where the Parallel's branch finds the state data it was entered with. */
+const RESUMED_FROM = '$.semaphoreResume';
+
+/**
+ * The first wait outside the "Wait For Permit" Parallel, which costs each waiter a transition: where
+ * the body's input is the execution's (no idempotency, no split lock) and nothing else needs carrying
+ * (no acquire timer, weight, fencing token or rate), "Take Ticket" replaces the state data with the
+ * ticket, and a wake-up of "Wait In Queue" goes to the body with the execution's input
+ * (`OutputPath: $$.Execution.Input`, which Step Functions allows: see the context object's page,
+ * https://docs.aws.amazon.com/step-functions/latest/dg/input-output-contextobject.html).
+ *
+ * Every other end enters the Parallel with what it knows, and "Resume Wait" goes on where the branch
+ * would have: a refused ticket to "Poll For Permit", a wait that timed out to "Poll For Permit Again"
+ * on its ticket, a refused (or uncertain) wait to "Check Handed-Off Permit". From there the branch is
+ * the one described above, its new tickets taken by "Take New Ticket" and "Wait In Queue On New
+ * Ticket"; its success also leaves the execution's input to the body.
+ */
+function flatFirstWait(
+  scope: Construct,
+  waiter: WaiterProps,
+  rounds: Record<string, unknown>,
+  branch: { poll: sfn.State; pollAgain: sfn.State; check: sfn.State },
+  retry: sfn.RetryProps,
+): QueueWait {
+  const takeTicket = takeTicketTask(scope, STATE.takeTicket, waiter, true).addRetry(retry);
+  const waitInQueue = waitOnTicketTask(scope, STATE.waitInQueue, waiter, false, EXECUTION_INPUT);
+  takeTicket.next(waitInQueue);
+  const resumeOnTicket = new sfn.Pass(scope, STATE.resumeOnTicket, {
+    parameters: { ...rounds, [TICKET_PATH.slice(2)]: sfn.JsonPath.objectAt(`${RESUMED_FROM}${TICKET_PATH.slice(1)}`) },
+  }).next(branch.pollAgain);
+  const resume = new sfn.Choice(scope, STATE.resumeWait)
+    .when(sfn.Condition.isPresent(`${RESUMED_FROM}${FIRST_WAIT_TIMED_OUT.slice(1)}`), resumeOnTicket)
+    .when(sfn.Condition.isPresent(`${RESUMED_FROM}${FIRST_WAIT_REFUSED.slice(1)}`), branch.check)
+    .otherwise(branch.poll);
+  const parallel = new sfn.Parallel(scope, STATE.waitForPermit, {
+    parameters: { ...rounds, [RESUMED_FROM.slice(2)]: sfn.JsonPath.entirePayload },
+    resultPath: sfn.JsonPath.DISCARD,
+    outputPath: EXECUTION_INPUT,
+  }).branch(resume);
+  // A refused ticket leaves `{ Error, Cause }` (the input need not be an object); a wait, its ticket and why it ended.
+  takeTicket.addCatch(parallel, { errors: [CONDITIONAL_CHECK_FAILED], resultPath: '$' });
+  waitInQueue.addCatch(parallel, { errors: WAIT_TIMED_OUT, resultPath: FIRST_WAIT_TIMED_OUT });
+  waitInQueue.addCatch(parallel, { errors: [...WAIT_REFUSED, ...WAIT_UNCERTAIN], resultPath: FIRST_WAIT_REFUSED });
+  return { entry: takeTicket, parallel, firstWait: { takeTicket, waitInQueue } };
 }
 
 /**
