@@ -48,6 +48,10 @@ import type { Random } from './random';
  *    saw it in the state's exit event, which reaches it a moment late: the next state could already
  *    have run, and its DynamoDB call landed, where AWS fails the execution at that state. The run now
  *    fails there, with States.DataLimitExceeded (the simulator's event listener gives the cause).
+ * 14. A Choice rule's type test with `false` (`"IsPresent": false`, `IsNull`, `IsNumeric`, `IsString`,
+ *    `IsBoolean`, `IsTimestamp`) never matches in the module (it computes `false && ...`); the States
+ *    Language matches it when the test fails (an absent field for `"IsPresent": false`). It now compares
+ *    the test's outcome with the rule's value.
  *
  * Each patch must apply exactly once, so an upgrade of the module that moves the code fails loudly
  * here instead of silently running at full speed.
@@ -118,6 +122,12 @@ const PATCHES: Array<[string, string]> = [
     '        const isErrorTaskWildcard = retrierError === TASK_STATE_WILDCARD_ERROR && this.stateDefinition.Type === "Task" && !(error instanceof StatesTimeoutError);\n',
     '        const isErrorTaskWildcard = retrierError === TASK_STATE_WILDCARD_ERROR && this.stateDefinition.Type === "Task" && !(error instanceof StatesTimeoutError) && error.name !== "States.Timeout" && error.name !== "States.DataLimitExceeded";\n',
   ],
+  ['return IsPresentTrue && varValue !== void 0;', 'return IsPresentTrue === (varValue !== void 0);'],
+  ['return isNullTrue && varValue === null;', 'return isNullTrue === (varValue === null);'],
+  ['return IsNumericTrue && typeof varValue === "number";', 'return IsNumericTrue === (typeof varValue === "number");'],
+  ['return IsStringTrue && typeof varValue === "string";', 'return IsStringTrue === (typeof varValue === "string");'],
+  ['return IsBooleanTrue && typeof varValue === "boolean";', 'return IsBooleanTrue === (typeof varValue === "boolean");'],
+  ['return IsTimestampTrue && isRFC3339Timestamp(varValue);', 'return IsTimestampTrue === isRFC3339Timestamp(varValue);'],
 ];
 
 export type LocalStepFunctions = typeof LocalSfn;

@@ -141,6 +141,35 @@ describe('repeats', () => {
     });
   });
 
+  test('a record gone between a refused claim and its read (deleted by TTL): the execution claims again and runs the body', async () => {
+    const { stack, stateMachineId, workFunctionId } = idempotentStack();
+    const work = new WorkTracker();
+    let deleteFirst = false;
+    const taskHandlers = {
+      'Read Idempotency Record': async (input: any, context: TaskContext) => {
+        if (deleteFirst) {
+          deleteFirst = false;
+          await context.simulator.dynamo.run('arn:aws:states:::dynamodb:deleteItem', { TableName: input.TableName, Key: input.Key });
+        }
+        return context.simulator.dynamo.run('arn:aws:states:::dynamodb:getItem', input);
+      },
+    };
+    await simulate(stack, { taskHandlers, lambdaHandlers: { [workFunctionId]: work.handler } }, async (sim) => {
+      const sm = sim.stateMachine(stateMachineId);
+      const first = await sim.startExecution(sm, { job: 'j' }).done;
+      deleteFirst = true;
+      const second = await sim.startExecution(sm, { job: 'j' }).done;
+
+      expect([first.status, second.status]).toEqual(['SUCCEEDED', 'SUCCEEDED']);
+      // Refused (the record was there), read (gone by then), checked ("IsPresent": false), claimed again.
+      const path = ['Claim Idempotency Record', 'Read Idempotency Record', 'Check Idempotency Record'];
+      expect(path.map((s) => second.stateTransitions.get(s))).toEqual([2, 1, 1]);
+      expect(second.stateTransitions.has('Return Stored Result')).toBe(false);
+      expect(work.runs).toBe(2);
+      expect(await records(sim)).toEqual([{ status: 'SUCCEEDED', owner: second.arn, result: second.output }]);
+    });
+  });
+
   test('records expire by timestamp: after expiresAfter the body runs again, although the item is still there', async () => {
     const { stack, stateMachineId, workFunctionId } = idempotentStack({ expiresAfter: Duration.minutes(1) });
     const work = new WorkTracker();

@@ -761,6 +761,58 @@ describe('state machines', () => {
     }
   });
 
+  test('a Choice rule\'s type test with false matches when the test fails: IsPresent, IsNull, IsNumeric, IsString, IsBoolean, IsTimestamp', async () => {
+    // Each Choice records which rule matched; the value under test is `$.v`, absent in the first run.
+    const tests: Array<[string, (path: string) => sfn.Condition]> = [
+      ['present', (p) => sfn.Condition.isNotPresent(p)],
+      ['null', (p) => sfn.Condition.isNotNull(p)],
+      ['numeric', (p) => sfn.Condition.isNotNumeric(p)],
+      ['string', (p) => sfn.Condition.isNotString(p)],
+      ['boolean', (p) => sfn.Condition.isNotBoolean(p)],
+      ['timestamp', (p) => sfn.Condition.isNotTimestamp(p)],
+    ];
+    const { stack, sm } = machineStack((s) => {
+      let chain = sfn.Chain.start(new sfn.Pass(s, 'Start'));
+      for (const [name, not] of tests) {
+        const yes = new sfn.Pass(s, `Not ${name}`, { result: sfn.Result.fromBoolean(true), resultPath: `$.not_${name}` });
+        const no = new sfn.Pass(s, `Is ${name}`, { result: sfn.Result.fromBoolean(false), resultPath: `$.not_${name}` });
+        const choice = new sfn.Choice(s, `${name}?`).when(not('$.v'), yes).otherwise(no);
+        const next = new sfn.Pass(s, `After ${name}`);
+        yes.next(next);
+        no.next(next);
+        chain = chain.next(choice.afterwards());
+        chain = sfn.Chain.sequence(chain, next);
+      }
+      return chain;
+    });
+    const sim = await Simulator.start(stack);
+    try {
+      const machine = sim.stateMachine(logicalId(sm.node.defaultChild as any));
+      const outcome = async (input: object) => {
+        const run = await sim.startExecution(machine, input).done;
+        const { v: _v, ...nots } = run.output as Record<string, boolean>;
+        return nots;
+      };
+      // Absent: "IsPresent": false matches (what the other tests do with a missing path is not asked here).
+      const absent = await sim.startExecution(machine, {}).done;
+      expect([absent.stateTransitions.has('Not present'), absent.stateTransitions.has('Is present')]).toEqual([true, false]);
+      expect(await outcome({ v: 'text' })).toEqual({ not_present: false, not_null: true, not_numeric: true, not_string: false, not_boolean: true, not_timestamp: true });
+      expect(await outcome({ v: null })).toEqual({ not_present: false, not_null: false, not_numeric: true, not_string: true, not_boolean: true, not_timestamp: true });
+      expect(await outcome({ v: 3 })).toEqual({ not_present: false, not_null: true, not_numeric: false, not_string: true, not_boolean: true, not_timestamp: true });
+      expect(await outcome({ v: true })).toEqual({ not_present: false, not_null: true, not_numeric: true, not_string: true, not_boolean: false, not_timestamp: true });
+      expect(await outcome({ v: '2026-11-30T08:00:00Z' })).toEqual({
+        not_present: false,
+        not_null: true,
+        not_numeric: true,
+        not_string: false,
+        not_boolean: true,
+        not_timestamp: false,
+      });
+    } finally {
+      await sim.stop();
+    }
+  });
+
   test('States.JsonToString gives JSON text that States.StringToJson reads back, backslashes and all', async () => {
     const { stack, sm } = machineStack((s) =>
       new sfn.Pass(s, 'Encode', {
