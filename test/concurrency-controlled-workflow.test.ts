@@ -324,8 +324,8 @@ describe('definition', () => {
     const props = { waitStrategy: WaitStrategy.QUEUE, queueCheckInterval: Duration.minutes(2), leaseDuration: Duration.minutes(30), lockName: 'jobs' };
     const { stack, workflow: w } = workflow(props);
     const def = definitionOf(stack, w.stateMachine);
-    // The first wait runs outside the Wait For Permit Parallel: the ticket replaces the state data, and
-    // a wake-up goes to the body with the execution's input, from the context.
+    // The first wait runs outside the Wait For Permit Parallel: the ticket replaces the state data (the
+    // execution's input here), and a wake-up goes to the body with the execution's input, from the context.
     expect(def.States['Acquire Permit'].Catch[0]).toMatchObject({ ErrorEquals: ['DynamoDB.ConditionalCheckFailedException'], Next: 'Take Ticket' });
     expect(def.States['Claim Own Permit'].Catch[0]).toMatchObject({ ErrorEquals: ['DynamoDB.ConditionalCheckFailedException'], Next: 'Take Ticket' });
     const takeTicket = {
@@ -341,7 +341,7 @@ describe('definition', () => {
       ...takeTicket,
       Next: 'Wait In Queue',
       ResultPath: '$',
-      ResultSelector: { semaphoreTicket: { 'ticket.$': 'States.StringToJson($.Attributes.queueTail.N)' } },
+      ResultSelector: { 'ticket.$': 'States.StringToJson($.Attributes.queueTail.N)' },
       // Refused: a permit is free (or the execution holds one): the Parallel polls. Its error is the
       // state data the Parallel gets (the input need not be an object). Any other error: the release after failure.
       Catch: [
@@ -357,7 +357,7 @@ describe('definition', () => {
       OutputPath: '$$.Execution.Input',
       Next: 'Run Protected Body',
       Parameters: {
-        Key: { lockName: { 'S.$': "States.Format('{}\u001f{}', 'jobs', $.semaphoreTicket.ticket)" } },
+        Key: { lockName: { 'S.$': "States.Format('{}\u001f{}', 'jobs', $.ticket)" } },
         UpdateExpression: 'SET #waiter = :me, #run = :redriveCount, #lease = :lease, #limit = :limit, #token = :token',
         // A ticket skipped while its waiter was on its way has an item marked served: refused.
         ConditionExpression: 'attribute_not_exists(#servedBy) AND attribute_not_exists(#waiter)',
@@ -370,20 +370,17 @@ describe('definition', () => {
         },
       },
     });
-    // Every other end enters the Parallel with what it knows: timed out or refused (or uncertain), its ticket and error.
+    // Every other end (timed out; refused or uncertain) enters the Parallel with its error beside its ticket.
     expect(wait.Catch).toEqual([
-      { ErrorEquals: ['States.Timeout'], ResultPath: '$.semaphoreWaitTimedOut', Next: 'Wait For Permit' },
-      {
-        ErrorEquals: ['DynamoDb.ConditionalCheckFailedException', 'DynamoDb.InternalServerErrorException'],
-        ResultPath: '$.semaphoreWaitRefused',
-        Next: 'Wait For Permit',
-      },
+      { ErrorEquals: ['States.Timeout'], ResultPath: '$.timedOut', Next: 'Wait For Permit' },
+      { ErrorEquals: ['DynamoDb.ConditionalCheckFailedException', 'DynamoDb.InternalServerErrorException'], ResultPath: '$.refused', Next: 'Wait For Permit' },
       { ErrorEquals: ['States.ALL'], ResultPath: '$', Next: 'Prepare Release After Failure' },
     ]);
-    // The Parallel keeps that state in its own, and leaves the execution's input to the body.
+    // The Parallel keeps the ticket (or the refused ticket's error) in its own state data, and leaves the
+    // execution's input to the body.
     expect(def.States['Wait For Permit']).toMatchObject({
       Type: 'Parallel',
-      Parameters: { 'semaphoreWait': { events: 0 }, 'semaphoreResume.$': '$' },
+      Parameters: { 'semaphoreWait': { events: 0 }, 'semaphoreTicket.$': '$' },
       ResultPath: null,
       OutputPath: '$$.Execution.Input',
       Next: 'Run Protected Body',
@@ -396,17 +393,12 @@ describe('definition', () => {
       Type: 'Choice',
       Choices: [
         // Timed out: poll once (the check for a lost wake-up), then sleep again on the same ticket.
-        { Variable: '$.semaphoreResume.semaphoreWaitTimedOut', IsPresent: true, Next: 'Resume On Ticket' },
+        { Variable: '$.semaphoreTicket.timedOut', IsPresent: true, Next: 'Poll For Permit Again' },
         // Refused, or uncertain: look for a handed-off permit, then try to take a free one.
-        { Variable: '$.semaphoreResume.semaphoreWaitRefused', IsPresent: true, Next: 'Check Handed-Off Permit' },
+        { Variable: '$.semaphoreTicket.refused', IsPresent: true, Next: 'Check Handed-Off Permit' },
       ],
-      // The ticket refused.
+      // The ticket refused: a permit is free (or the execution holds one, which the acquire tells).
       Default: 'Poll For Permit',
-    });
-    expect(states['Resume On Ticket']).toEqual({
-      Type: 'Pass',
-      Parameters: { 'semaphoreWait': { events: 0 }, 'semaphoreTicket.$': '$.semaphoreResume.semaphoreTicket' },
-      Next: 'Poll For Permit Again',
     });
     expect(states['Check Handed-Off Permit'].Catch[0]).toMatchObject({ Next: 'Poll For Permit' });
     // New tickets, in the branch, as the first.
@@ -417,7 +409,13 @@ describe('definition', () => {
       ResultSelector: { 'ticket.$': 'States.StringToJson($.Attributes.queueTail.N)' },
       Catch: [{ ErrorEquals: ['DynamoDB.ConditionalCheckFailedException'], ResultPath: null, Next: 'Poll For Permit' }],
     });
-    expect(states['Wait In Queue On New Ticket']).toMatchObject({ Parameters: wait.Parameters, End: true });
+    expect(states['Wait In Queue On New Ticket']).toMatchObject({
+      Parameters: {
+        ...wait.Parameters,
+        Key: { lockName: { 'S.$': "States.Format('{}\u001f{}', 'jobs', $.semaphoreTicket.ticket)" } },
+      },
+      End: true,
+    });
     expect(states['Wait In Queue On New Ticket'].Catch).toEqual([
       { ErrorEquals: ['States.Timeout'], ResultPath: null, Next: 'Poll For Permit Again' },
       { ErrorEquals: ['DynamoDb.ConditionalCheckFailedException', 'DynamoDb.InternalServerErrorException'], ResultPath: null, Next: 'Check Handed-Off Permit' },
@@ -466,14 +464,12 @@ describe('definition', () => {
     expect(states['Wait Before Next Poll'].Next).toBe('Count Queue Retry');
   });
 
-  test('queue: the first wait stays in the Parallel where the body\'s input is not the execution\'s, or something else rides through the wait', () => {
+  test('queue: the first wait stays in the Parallel where something else rides through the wait', () => {
     const cases: Array<[string, Partial<ConcurrencyControlledWorkflowProps>]> = [
       ['an acquire timeout', { acquireTimeout: Duration.minutes(5) }],
       ['fencing tokens', { permitPath: '$.permit' }],
       ['a weight', { concurrencyLimit: 4, permits: 2 }],
       ['a rate', { rateLimit: RateLimit.perSecond(5) }],
-      ['a split lock', { concurrencyLimit: 4, lockStripes: 2 }],
-      ['idempotency', { idempotency: { key: IdempotencyKey.fromFields('$.id') } }],
     ];
     for (const [what, props] of cases) {
       const { stack, workflow: w } = workflow({ waitStrategy: WaitStrategy.QUEUE, ...props });
@@ -482,6 +478,29 @@ describe('definition', () => {
       expect([what, states.includes('"Resume Wait"'), states.includes('"Take New Ticket"')]).toEqual([what, false, false]);
       const branch = JSON.stringify(def).match(/"Wait For Permit":\{"Type":"Parallel"/);
       expect([what, branch !== null]).toEqual([what, true]);
+    }
+  });
+
+  test('queue: with idempotency or a split lock, the first wait keeps its ticket beside the library\'s own state data', () => {
+    const cases: Array<[string, Partial<ConcurrencyControlledWorkflowProps>, Record<string, unknown>]> = [
+      ['idempotency', { idempotency: { key: IdempotencyKey.fromFields('$.id') } }, {}],
+      ['a split lock', { concurrencyLimit: 4, lockStripes: 2 }, { 'lockStripe.$': '$.lockStripe' }],
+    ];
+    for (const [what, props, stripe] of cases) {
+      const { stack, workflow: w } = workflow({ waitStrategy: WaitStrategy.QUEUE, ...props });
+      const def = definitionOf(stack, w.stateMachine);
+      const wait = def.States['Wait In Queue'];
+      const take = def.States['Take Ticket'];
+      expect([what, take.ResultPath, take.Catch[0].ResultPath]).toEqual([what, '$.semaphoreTicket', '$.semaphoreTicket']);
+      // The body reads its input from that state data: no OutputPath.
+      const caught = wait.Catch.slice(0, 2).map((c: any) => c.ResultPath);
+      expect([what, wait.OutputPath, caught, wait.Next]).toEqual([what, undefined, ['$.semaphoreTicket.timedOut', '$.semaphoreTicket.refused'], 'Run Protected Body']);
+      const parallel = def.States['Wait For Permit'];
+      expect([what, parallel.Parameters, parallel.OutputPath]).toEqual([
+        what,
+        { 'semaphoreWait': { events: 0 }, ...stripe, 'semaphoreTicket.$': '$.semaphoreTicket' },
+        undefined,
+      ]);
     }
   });
 

@@ -748,10 +748,10 @@ describe('the queue', () => {
       const h = sim.startExecution(sm, { who: 'H' }, { name: 'H' });
       void h.done.then(() => (hDone = true));
       await waitUntil(() => inputs.has('H'), 'H in its body');
-      const rInput = { who: 'R', semaphoreTicket: 'theirs', semaphoreResume: [1] };
+      const rInput = { who: 'R', semaphoreTicket: 'theirs', ticket: [1] };
       const r = sim.startExecution(sm, rInput, { name: 'R' });
       await waitUntil(() => inputs.has('R'), 'R in its body');
-      const tInput = { who: 'T', semaphoreWaitTimedOut: true, semaphoreWaitRefused: 'x' };
+      const tInput = { who: 'T', timedOut: true, refused: 'x', semaphoreWait: 1 };
       const t = sim.startExecution(sm, tInput, { name: 'T' });
       await waitUntil(() => t.stateTransitions.get('Wait In Queue') === 1, 'T in the queue');
       finish.get('R')!();
@@ -765,8 +765,8 @@ describe('the queue', () => {
       expect(r.stateTransitions.has('Wait In Queue')).toBe(false);
       // T: its wait timed out (R handed it the permit, the wake-up lost), then the Parallel on its ticket.
       expect(sim.lostWakeUps).toBe(1);
-      const tPath = ['Take Ticket', 'Wait In Queue', 'Wait For Permit', 'Resume Wait', 'Resume On Ticket', 'Poll For Permit Again'];
-      expect(tPath.map((s) => t.stateTransitions.get(s))).toEqual([1, 1, 1, 1, 1, 1]);
+      const tPath = ['Take Ticket', 'Wait In Queue', 'Wait For Permit', 'Resume Wait', 'Poll For Permit Again'];
+      expect(tPath.map((s) => t.stateTransitions.get(s))).toEqual([1, 1, 1, 1, 1]);
       expect(t.stateTransitions.get('Check Handed-Off Permit Again')).toBe(1);
       // Whatever the way in, the body had the execution's input, and the output is the body's.
       expect([inputs.get('H'), inputs.get('R'), inputs.get('T')]).toEqual([{ who: 'H' }, rInput, tInput]);

@@ -667,15 +667,18 @@ export interface WaiterProps {
 /** Where a waiter keeps its ticket (a number) in the state data. */
 export const TICKET_PATH = '$.semaphoreTicket';
 
+/** The path of `field` in the object at `path` (`$` included). */
+export function fieldAt(path: string, field: string): string {
+  return path === '$' ? `$.${field}` : `${path}.${field}`;
+}
+
 /**
  * "Take Ticket": a ticket in the lock's queue, only while the lock is full and this execution holds
- * nothing (TAKE_TICKET_CONDITION). Its output goes to TICKET_PATH; with `wholeState`, it replaces the
- * state data with `{ semaphoreTicket }` (the first wait outside a Parallel: the input need not be an
- * object, and the body reads it from the context).
+ * nothing (TAKE_TICKET_CONDITION). Its output, `{ ticket }`, goes to `ticketPath` (TICKET_PATH, or `$`
+ * for a first wait outside the Parallel whose state data is the execution's input).
  */
-export function takeTicketTask(scope: Construct, id: string, props: WaiterProps, wholeState = false): tasks.DynamoUpdateItem {
+export function takeTicketTask(scope: Construct, id: string, props: WaiterProps, ticketPath = TICKET_PATH): tasks.DynamoUpdateItem {
   const rate = props.rateIntervalSeconds;
-  const ticket = { ticket: sfn.JsonPath.stringToJson(sfn.JsonPath.stringAt(`$.Attributes.${QUEUE_TAIL}.N`)) };
   return new tasks.DynamoUpdateItem(scope, id, {
     table: props.table.table,
     key: { [LOCK_KEY]: props.lockName },
@@ -697,8 +700,8 @@ export function takeTicketTask(scope: Construct, id: string, props: WaiterProps,
       [VALUES.one]: tasks.DynamoAttributeValue.fromNumber(1),
     },
     returnValues: tasks.DynamoReturnValues.UPDATED_NEW,
-    resultSelector: wholeState ? { [TICKET_PATH.slice(2)]: ticket } : ticket,
-    resultPath: wholeState ? '$' : TICKET_PATH,
+    resultSelector: { ticket: sfn.JsonPath.stringToJson(sfn.JsonPath.stringAt(`$.Attributes.${QUEUE_TAIL}.N`)) },
+    resultPath: ticketPath,
   });
 }
 
@@ -707,14 +710,21 @@ export function takeTicketTask(scope: Construct, id: string, props: WaiterProps,
  * the task token of this wait and sleep until a releaser hands this execution a permit. Refused once
  * the ticket's turn has come. Its output is `{ fencingToken }`.
  */
-export function waitOnTicketTask(scope: Construct, id: string, props: WaiterProps, again: boolean, outputPath?: string): sfn.TaskStateBase {
+export function waitOnTicketTask(
+  scope: Construct,
+  id: string,
+  props: WaiterProps,
+  again: boolean,
+  ticketPath = TICKET_PATH,
+  outputPath?: string,
+): sfn.TaskStateBase {
   return new tasks.CallAwsService(scope, id, {
     service: 'dynamodb',
     action: 'updateItem',
     integrationPattern: sfn.IntegrationPattern.WAIT_FOR_TASK_TOKEN,
     parameters: {
       TableName: props.table.table.tableName,
-      Key: { [LOCK_KEY]: ticketItemKey(props.lockNameText, `${TICKET_PATH}.ticket`).toObject() },
+      Key: { [LOCK_KEY]: ticketItemKey(props.lockNameText, fieldAt(ticketPath, 'ticket')).toObject() },
       UpdateExpression: WAIT_ON_TICKET_UPDATE,
       ConditionExpression: again ? WAIT_AGAIN_CONDITION : FIRST_WAIT_CONDITION,
       ExpressionAttributeNames: {

@@ -80,7 +80,6 @@ export const STATE = {
   // The queue's first wait outside a Parallel (see renderQueueWait): what follows an end other than a
   // wake-up runs in the "Wait For Permit" Parallel, which starts here and takes new tickets by these.
   resumeWait: 'Resume Wait',
-  resumeOnTicket: 'Resume On Ticket',
   takeNewTicket: 'Take New Ticket',
   waitOnNewTicket: 'Wait In Queue On New Ticket',
   countQueueCheck: 'Count Queue Check',

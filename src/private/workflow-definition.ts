@@ -59,6 +59,7 @@ import {
   leaveQueueTask,
   POLLED_PERMIT_PATH,
   takeTicketTask,
+  fieldAt,
   TICKET_PATH,
   WAIT_REFUSED,
   WAIT_TIMED_OUT,
@@ -723,7 +724,7 @@ function renderQueueWait(
   // number, an array) cannot hold.
   const rounds = { [WAIT_EVENTS_PATH.slice(2)]: { events: 0 } };
   if (flat) {
-    return flatFirstWait(scope, waiter, rounds, { poll, pollAgain, check }, retry);
+    return flatFirstWait(scope, spec, waiter, rounds, { poll, pollAgain, check }, retry);
   }
   const props: sfn.ParallelProps = {
     parameters: { ...rounds, ...stripeInBranch(spec) },
@@ -748,14 +749,12 @@ function renderQueueWait(
 
 /**
  * Whether the queue's first wait runs outside the "Wait For Permit" Parallel (see flatFirstWait): the
- * queue, the body's input the execution's (no idempotency, no split lock), nothing else to carry
- * through the wait (no acquire timer, weight, fencing token or rate).
+ * queue, with nothing but the ticket to carry through the wait (no acquire timer, weight, fencing token
+ * or rate).
  */
 export function firstWaitOutsideParallel(spec: DefinitionSpec): boolean {
   return (
     spec.waitStrategy === WaitStrategy.QUEUE &&
-    spec.idempotency === undefined &&
-    (spec.lockStripes ?? 1) === 1 &&
     permitWeight(spec) === undefined &&
     spec.permitPath === undefined &&
     spec.acquireTimeout === undefined &&
@@ -774,52 +773,54 @@ interface QueueWait {
   readonly firstWait?: { readonly takeTicket: sfn.TaskStateBase; readonly waitInQueue: sfn.TaskStateBase };
 }
 
-/** Where a first wait outside the Parallel puts the error of a wait that timed out, or that was refused. */
-const FIRST_WAIT_TIMED_OUT = '$.semaphoreWaitTimedOut';
-const FIRST_WAIT_REFUSED = '$.semaphoreWaitRefused';
-/** Where the Parallel's branch finds the state data it was entered with. */
-const RESUMED_FROM = '$.semaphoreResume';
+/** Where a first wait outside the Parallel puts, beside its ticket, the error of a wait that timed out, or that was refused. */
+const FIRST_WAIT_TIMED_OUT = 'timedOut';
+const FIRST_WAIT_REFUSED = 'refused';
 
 /**
  * The first wait outside the "Wait For Permit" Parallel, which costs each waiter a transition: where
- * the body's input is the execution's (no idempotency, no split lock) and nothing else needs carrying
- * (no acquire timer, weight, fencing token or rate), "Take Ticket" replaces the state data with the
- * ticket, and a wake-up of "Wait In Queue" goes to the body with the execution's input
- * (`OutputPath: $$.Execution.Input`, which Step Functions allows: see the context object's page,
+ * nothing but the ticket rides through the wait (no acquire timer, weight, fencing token or rate).
+ * "Take Ticket" puts `{ ticket }` at TICKET_PATH of the state data where that data is the library's own
+ * (idempotency, a split lock: the body reads its input from it), else in place of the execution's input
+ * (which need not be an object), and a wake-up of "Wait In Queue" then goes to the body with the
+ * execution's input from the context (`OutputPath: $$.Execution.Input`, which Step Functions allows:
  * https://docs.aws.amazon.com/step-functions/latest/dg/input-output-contextobject.html).
  *
- * Every other end enters the Parallel with what it knows, and "Resume Wait" goes on where the branch
- * would have: a refused ticket to "Poll For Permit", a wait that timed out to "Poll For Permit Again"
- * on its ticket, a refused (or uncertain) wait to "Check Handed-Off Permit". From there the branch is
- * the one described above, its new tickets taken by "Take New Ticket" and "Wait In Queue On New
- * Ticket"; its success also leaves the execution's input to the body.
+ * Every other end enters the Parallel with the ticket, and "Resume Wait" goes on where the branch would
+ * have: a refused ticket (its error in the ticket's place) to "Poll For Permit", a wait that timed out
+ * (its error beside the ticket, at `timedOut`) to "Poll For Permit Again" on its ticket, a refused (or
+ * uncertain) wait (at `refused`) to "Check Handed-Off Permit". From there the branch is the one described above, its new tickets taken by
+ * "Take New Ticket" and "Wait In Queue On New Ticket"; its success leaves the body its input as well.
  */
 function flatFirstWait(
   scope: Construct,
+  spec: DefinitionSpec,
   waiter: WaiterProps,
   rounds: Record<string, unknown>,
   branch: { poll: sfn.State; pollAgain: sfn.State; check: sfn.State },
   retry: sfn.RetryProps,
 ): QueueWait {
-  const takeTicket = takeTicketTask(scope, STATE.takeTicket, waiter, true).addRetry(retry);
-  const waitInQueue = waitOnTicketTask(scope, STATE.waitInQueue, waiter, false, EXECUTION_INPUT);
+  // The state data is the execution's input where neither idempotency nor a split lock wraps it.
+  const inputIsState = spec.idempotency === undefined && (spec.lockStripes ?? 1) === 1;
+  const ticketPath = inputIsState ? '$' : TICKET_PATH;
+  const takeTicket = takeTicketTask(scope, STATE.takeTicket, waiter, ticketPath).addRetry(retry);
+  const waitInQueue = waitOnTicketTask(scope, STATE.waitInQueue, waiter, false, ticketPath, inputIsState ? EXECUTION_INPUT : undefined);
   takeTicket.next(waitInQueue);
-  const resumeOnTicket = new sfn.Pass(scope, STATE.resumeOnTicket, {
-    parameters: { ...rounds, [TICKET_PATH.slice(2)]: sfn.JsonPath.objectAt(`${RESUMED_FROM}${TICKET_PATH.slice(1)}`) },
-  }).next(branch.pollAgain);
+  // (Presence alone: a rule that reads a missing path fails the execution, where an evaluator tries every rule.)
   const resume = new sfn.Choice(scope, STATE.resumeWait)
-    .when(sfn.Condition.isPresent(`${RESUMED_FROM}${FIRST_WAIT_TIMED_OUT.slice(1)}`), resumeOnTicket)
-    .when(sfn.Condition.isPresent(`${RESUMED_FROM}${FIRST_WAIT_REFUSED.slice(1)}`), branch.check)
+    .when(sfn.Condition.isPresent(`${TICKET_PATH}.${FIRST_WAIT_TIMED_OUT}`), branch.pollAgain)
+    .when(sfn.Condition.isPresent(`${TICKET_PATH}.${FIRST_WAIT_REFUSED}`), branch.check)
     .otherwise(branch.poll);
   const parallel = new sfn.Parallel(scope, STATE.waitForPermit, {
-    parameters: { ...rounds, [RESUMED_FROM.slice(2)]: sfn.JsonPath.entirePayload },
+    parameters: { ...rounds, ...stripeInBranch(spec), [TICKET_PATH.slice(2)]: sfn.JsonPath.objectAt(ticketPath) },
     resultPath: sfn.JsonPath.DISCARD,
-    outputPath: EXECUTION_INPUT,
+    outputPath: inputIsState ? EXECUTION_INPUT : undefined,
   }).branch(resume);
-  // A refused ticket leaves `{ Error, Cause }` (the input need not be an object); a wait, its ticket and why it ended.
-  takeTicket.addCatch(parallel, { errors: [CONDITIONAL_CHECK_FAILED], resultPath: '$' });
-  waitInQueue.addCatch(parallel, { errors: WAIT_TIMED_OUT, resultPath: FIRST_WAIT_TIMED_OUT });
-  waitInQueue.addCatch(parallel, { errors: [...WAIT_REFUSED, ...WAIT_UNCERTAIN], resultPath: FIRST_WAIT_REFUSED });
+  // A refused ticket leaves its error where the ticket would be (the input need not be an object); a
+  // wait that ends other than woken, its error beside its ticket.
+  takeTicket.addCatch(parallel, { errors: [CONDITIONAL_CHECK_FAILED], resultPath: ticketPath });
+  waitInQueue.addCatch(parallel, { errors: WAIT_TIMED_OUT, resultPath: fieldAt(ticketPath, FIRST_WAIT_TIMED_OUT) });
+  waitInQueue.addCatch(parallel, { errors: [...WAIT_REFUSED, ...WAIT_UNCERTAIN], resultPath: fieldAt(ticketPath, FIRST_WAIT_REFUSED) });
   return { entry: takeTicket, parallel, firstWait: { takeTicket, waitInQueue } };
 }
 
