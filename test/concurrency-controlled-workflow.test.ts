@@ -464,12 +464,15 @@ describe('definition', () => {
     expect(states['Wait Before Next Poll'].Next).toBe('Count Queue Retry');
   });
 
-  test('queue: the first wait stays in the Parallel where something else rides through the wait', () => {
+  test('queue: the first wait stays in the Parallel where something else rides through the wait, or the state data holds the input', () => {
     const cases: Array<[string, Partial<ConcurrencyControlledWorkflowProps>]> = [
       ['an acquire timeout', { acquireTimeout: Duration.minutes(5) }],
       ['fencing tokens', { permitPath: '$.permit' }],
       ['a weight', { concurrencyLimit: 4, permits: 2 }],
       ['a rate', { rateLimit: RateLimit.perSecond(5) }],
+      // Their state data holds the input: the ticket beside it would take room an input close to the quota has not got.
+      ['a split lock', { concurrencyLimit: 4, lockStripes: 2 }],
+      ['idempotency', { idempotency: { key: IdempotencyKey.fromFields('$.id') } }],
     ];
     for (const [what, props] of cases) {
       const { stack, workflow: w } = workflow({ waitStrategy: WaitStrategy.QUEUE, ...props });
@@ -478,29 +481,6 @@ describe('definition', () => {
       expect([what, states.includes('"Resume Wait"'), states.includes('"Take New Ticket"')]).toEqual([what, false, false]);
       const branch = JSON.stringify(def).match(/"Wait For Permit":\{"Type":"Parallel"/);
       expect([what, branch !== null]).toEqual([what, true]);
-    }
-  });
-
-  test('queue: with idempotency or a split lock, the first wait keeps its ticket beside the library\'s own state data', () => {
-    const cases: Array<[string, Partial<ConcurrencyControlledWorkflowProps>, Record<string, unknown>]> = [
-      ['idempotency', { idempotency: { key: IdempotencyKey.fromFields('$.id') } }, {}],
-      ['a split lock', { concurrencyLimit: 4, lockStripes: 2 }, { 'lockStripe.$': '$.lockStripe' }],
-    ];
-    for (const [what, props, stripe] of cases) {
-      const { stack, workflow: w } = workflow({ waitStrategy: WaitStrategy.QUEUE, ...props });
-      const def = definitionOf(stack, w.stateMachine);
-      const wait = def.States['Wait In Queue'];
-      const take = def.States['Take Ticket'];
-      expect([what, take.ResultPath, take.Catch[0].ResultPath]).toEqual([what, '$.semaphoreTicket', '$.semaphoreTicket']);
-      // The body reads its input from that state data: no OutputPath.
-      const caught = wait.Catch.slice(0, 2).map((c: any) => c.ResultPath);
-      expect([what, wait.OutputPath, caught, wait.Next]).toEqual([what, undefined, ['$.semaphoreTicket.timedOut', '$.semaphoreTicket.refused'], 'Run Protected Body']);
-      const parallel = def.States['Wait For Permit'];
-      expect([what, parallel.Parameters, parallel.OutputPath]).toEqual([
-        what,
-        { 'semaphoreWait': { events: 0 }, ...stripe, 'semaphoreTicket.$': '$.semaphoreTicket' },
-        undefined,
-      ]);
     }
   });
 

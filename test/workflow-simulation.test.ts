@@ -1166,7 +1166,7 @@ describe('the queue', () => {
       expect(entryInBody).toMatchObject({ M: { [HOLDER_REDRIVE_COUNT]: { N: '1' } } });
       // Refused (the ticket is the run before's), it claimed: the entry was gone, so it queued again
       // and took the free permit.
-      for (const state of ['Redriven At Leave Queue?', 'Check Handed-Off Permit Again', 'Take Ticket']) {
+      for (const state of ['Redriven At Leave Queue?', 'Check Handed-Off Permit Again', 'Take New Ticket']) {
         expect([state, again.stateTransitions.has(state)]).toEqual([state, true]);
       }
       expect(again.stateTransitions.has('Ticket Left In Queue')).toBe(false);

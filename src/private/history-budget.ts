@@ -28,7 +28,7 @@ export const WAIT_HISTORY_EVENTS = 18_000;
  * What a wait spends before its first round: the "Wait For Permit" Parallel (entered, started, ended,
  * exited), its first Take Ticket and Wait In Queue (or Draw Poll Delay and Wait Before First Poll),
  * and the acquire timer's Wait. (Where the first wait runs outside the Parallel: Take Ticket (5), Wait
- * In Queue (6), the Parallel (4), Resume Wait and Resume On Ticket (4): 19.)
+ * In Queue (6), the Parallel (4) and Resume Wait (2): 17.)
  */
 export const WAIT_ENTRY_EVENTS = 20;
 

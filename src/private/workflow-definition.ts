@@ -724,7 +724,7 @@ function renderQueueWait(
   // number, an array) cannot hold.
   const rounds = { [WAIT_EVENTS_PATH.slice(2)]: { events: 0 } };
   if (flat) {
-    return flatFirstWait(scope, spec, waiter, rounds, { poll, pollAgain, check }, retry);
+    return flatFirstWait(scope, waiter, rounds, { poll, pollAgain, check }, retry);
   }
   const props: sfn.ParallelProps = {
     parameters: { ...rounds, ...stripeInBranch(spec) },
@@ -749,12 +749,16 @@ function renderQueueWait(
 
 /**
  * Whether the queue's first wait runs outside the "Wait For Permit" Parallel (see flatFirstWait): the
- * queue, with nothing but the ticket to carry through the wait (no acquire timer, weight, fencing token
- * or rate).
+ * queue, the state data the execution's input (no idempotency, no split lock: their own state data
+ * holds the input, and the ticket beside it would take room an input close to the payload quota has
+ * not got, after the ticket was taken), and nothing else to carry through the wait (no acquire timer,
+ * weight, fencing token or rate).
  */
 export function firstWaitOutsideParallel(spec: DefinitionSpec): boolean {
   return (
     spec.waitStrategy === WaitStrategy.QUEUE &&
+    spec.idempotency === undefined &&
+    (spec.lockStripes ?? 1) === 1 &&
     permitWeight(spec) === undefined &&
     spec.permitPath === undefined &&
     spec.acquireTimeout === undefined &&
@@ -778,33 +782,28 @@ const FIRST_WAIT_TIMED_OUT = 'timedOut';
 const FIRST_WAIT_REFUSED = 'refused';
 
 /**
- * The first wait outside the "Wait For Permit" Parallel, which costs each waiter a transition: where
- * nothing but the ticket rides through the wait (no acquire timer, weight, fencing token or rate).
- * "Take Ticket" puts `{ ticket }` at TICKET_PATH of the state data where that data is the library's own
- * (idempotency, a split lock: the body reads its input from it), else in place of the execution's input
- * (which need not be an object), and a wake-up of "Wait In Queue" then goes to the body with the
+ * The first wait outside the "Wait For Permit" Parallel, which costs each waiter a transition (where
+ * firstWaitOutsideParallel). "Take Ticket" replaces the state data, the execution's input (which need not
+ * be an object), with `{ ticket }`, and a wake-up of "Wait In Queue" goes to the body with the
  * execution's input from the context (`OutputPath: $$.Execution.Input`, which Step Functions allows:
  * https://docs.aws.amazon.com/step-functions/latest/dg/input-output-contextobject.html).
  *
  * Every other end enters the Parallel with the ticket, and "Resume Wait" goes on where the branch would
  * have: a refused ticket (its error in the ticket's place) to "Poll For Permit", a wait that timed out
  * (its error beside the ticket, at `timedOut`) to "Poll For Permit Again" on its ticket, a refused (or
- * uncertain) wait (at `refused`) to "Check Handed-Off Permit". From there the branch is the one described above, its new tickets taken by
- * "Take New Ticket" and "Wait In Queue On New Ticket"; its success leaves the body its input as well.
+ * uncertain) wait (at `refused`) to "Check Handed-Off Permit". From there the branch is the one described
+ * above, its new tickets taken by "Take New Ticket" and "Wait In Queue On New Ticket"; its success also
+ * leaves the body the execution's input.
  */
 function flatFirstWait(
   scope: Construct,
-  spec: DefinitionSpec,
   waiter: WaiterProps,
   rounds: Record<string, unknown>,
   branch: { poll: sfn.State; pollAgain: sfn.State; check: sfn.State },
   retry: sfn.RetryProps,
 ): QueueWait {
-  // The state data is the execution's input where neither idempotency nor a split lock wraps it.
-  const inputIsState = spec.idempotency === undefined && (spec.lockStripes ?? 1) === 1;
-  const ticketPath = inputIsState ? '$' : TICKET_PATH;
-  const takeTicket = takeTicketTask(scope, STATE.takeTicket, waiter, ticketPath).addRetry(retry);
-  const waitInQueue = waitOnTicketTask(scope, STATE.waitInQueue, waiter, false, ticketPath, inputIsState ? EXECUTION_INPUT : undefined);
+  const takeTicket = takeTicketTask(scope, STATE.takeTicket, waiter, '$').addRetry(retry);
+  const waitInQueue = waitOnTicketTask(scope, STATE.waitInQueue, waiter, false, '$', EXECUTION_INPUT);
   takeTicket.next(waitInQueue);
   // (Presence alone: a rule that reads a missing path fails the execution, where an evaluator tries every rule.)
   const resume = new sfn.Choice(scope, STATE.resumeWait)
@@ -812,15 +811,15 @@ function flatFirstWait(
     .when(sfn.Condition.isPresent(`${TICKET_PATH}.${FIRST_WAIT_REFUSED}`), branch.check)
     .otherwise(branch.poll);
   const parallel = new sfn.Parallel(scope, STATE.waitForPermit, {
-    parameters: { ...rounds, ...stripeInBranch(spec), [TICKET_PATH.slice(2)]: sfn.JsonPath.objectAt(ticketPath) },
+    parameters: { ...rounds, [TICKET_PATH.slice(2)]: sfn.JsonPath.entirePayload },
     resultPath: sfn.JsonPath.DISCARD,
-    outputPath: inputIsState ? EXECUTION_INPUT : undefined,
+    outputPath: EXECUTION_INPUT,
   }).branch(resume);
-  // A refused ticket leaves its error where the ticket would be (the input need not be an object); a
-  // wait that ends other than woken, its error beside its ticket.
-  takeTicket.addCatch(parallel, { errors: [CONDITIONAL_CHECK_FAILED], resultPath: ticketPath });
-  waitInQueue.addCatch(parallel, { errors: WAIT_TIMED_OUT, resultPath: fieldAt(ticketPath, FIRST_WAIT_TIMED_OUT) });
-  waitInQueue.addCatch(parallel, { errors: [...WAIT_REFUSED, ...WAIT_UNCERTAIN], resultPath: fieldAt(ticketPath, FIRST_WAIT_REFUSED) });
+  // A refused ticket leaves its error as the state data (the input need not be an object); a wait that
+  // ends other than woken, its error beside its ticket.
+  takeTicket.addCatch(parallel, { errors: [CONDITIONAL_CHECK_FAILED], resultPath: '$' });
+  waitInQueue.addCatch(parallel, { errors: WAIT_TIMED_OUT, resultPath: fieldAt('$', FIRST_WAIT_TIMED_OUT) });
+  waitInQueue.addCatch(parallel, { errors: [...WAIT_REFUSED, ...WAIT_UNCERTAIN], resultPath: fieldAt('$', FIRST_WAIT_REFUSED) });
   return { entry: takeTicket, parallel, firstWait: { takeTicket, waitInQueue } };
 }
 
