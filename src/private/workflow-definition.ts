@@ -54,12 +54,12 @@ import { acquireTask, currentRun, fencingTokenSelector, LockTaskProps, ownHolder
 import {
   claimStampValues,
   fencingTokenTask,
+  fieldAt,
   HANDOFF_PATH,
   handOffChain,
   leaveQueueTask,
   POLLED_PERMIT_PATH,
   takeTicketTask,
-  fieldAt,
   TICKET_PATH,
   WAIT_REFUSED,
   WAIT_TIMED_OUT,
