@@ -753,7 +753,9 @@ describe('the queue', () => {
       await waitUntil(() => inputs.has('R'), 'R in its body');
       const tInput = { who: 'T', timedOut: true, refused: 'x', semaphoreWait: 1 };
       const t = sim.startExecution(sm, tInput, { name: 'T' });
-      await waitUntil(() => t.stateTransitions.get('Wait In Queue') === 1, 'T in the queue');
+      // Its ticket item written (not just the state entered): R's release then hands off to it.
+      const { queued, until: untilProbe } = lockProbes(() => sim);
+      await untilProbe(() => queued('T'));
       finish.get('R')!();
       await Promise.all([h.done, r.done, t.done]);
       await sim.idle();
