@@ -283,10 +283,7 @@ export function renderDefinition(scope: Construct, table: ISemaphoreTable, spec:
 
   let waitForPermit: sfn.State;
   if (spec.waitStrategy === WaitStrategy.QUEUE) {
-    // The first wait runs outside the Parallel where the body's input is the execution's and nothing
-    // but the ticket needs carrying (see renderQueueWait): one transition less a waiter.
-    const flat = firstWaitOutsideParallel(spec);
-    const queue = renderQueueWait(scope, table, spec, lockTask, lockNameText, limit, toBody, permitPath, weight, flat);
+    const queue = renderQueueWait(scope, table, spec, lockTask, lockNameText, limit, toBody, permitPath, weight);
     queue.parallel.addCatch(releaseAfterFailure, { errors: [sfn.Errors.ALL], resultPath: errorPath });
     queue.parallel.next(spec.acquireTimeout === undefined ? bodyGate : toBody);
     if (queue.firstWait) {
@@ -595,9 +592,11 @@ function renderQueueWait(
   toBody: sfn.State,
   permitPath: string | undefined,
   weight: PermitWeight | undefined,
-  flat: boolean,
 ): QueueWait {
   const withTimer = spec.acquireTimeout !== undefined;
+  // The first wait runs outside the Parallel where the body's input is the execution's and nothing but
+  // the ticket needs carrying (see flatFirstWait): one transition less a waiter.
+  const flat = firstWaitOutsideParallel(spec);
   // With a timer, success ends the branch with the marker error and the fencing token is read after
   // the Parallel. Without, the branch ends with `{ fencingToken }` as its whole state, which the
   // Parallel's result selector takes to the permit path.
