@@ -668,7 +668,7 @@ export interface WaiterProps {
 export const TICKET_PATH = '$.semaphoreTicket';
 
 /** The path of `field` in the object at `path` (`$` included). */
-export function fieldAt(path: string, field: string): string {
+function fieldAt(path: string, field: string): string {
   return path === '$' ? `$.${field}` : `${path}.${field}`;
 }
 

@@ -54,7 +54,6 @@ import { acquireTask, currentRun, fencingTokenSelector, LockTaskProps, ownHolder
 import {
   claimStampValues,
   fencingTokenTask,
-  fieldAt,
   HANDOFF_PATH,
   handOffChain,
   leaveQueueTask,
@@ -817,8 +816,8 @@ function flatFirstWait(
   // A refused ticket leaves its error as the state data (the input need not be an object); a wait that
   // ends other than woken, its error beside its ticket.
   takeTicket.addCatch(parallel, { errors: [CONDITIONAL_CHECK_FAILED], resultPath: '$' });
-  waitInQueue.addCatch(parallel, { errors: WAIT_TIMED_OUT, resultPath: fieldAt('$', FIRST_WAIT_TIMED_OUT) });
-  waitInQueue.addCatch(parallel, { errors: [...WAIT_REFUSED, ...WAIT_UNCERTAIN], resultPath: fieldAt('$', FIRST_WAIT_REFUSED) });
+  waitInQueue.addCatch(parallel, { errors: WAIT_TIMED_OUT, resultPath: `$.${FIRST_WAIT_TIMED_OUT}` });
+  waitInQueue.addCatch(parallel, { errors: [...WAIT_REFUSED, ...WAIT_UNCERTAIN], resultPath: `$.${FIRST_WAIT_REFUSED}` });
   return { entry: takeTicket, parallel, firstWait: { takeTicket, waitInQueue } };
 }
 
