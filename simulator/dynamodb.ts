@@ -109,8 +109,9 @@ export interface DynamoFaults {
   /**
    * Probability that a transaction (TransactWriteItems, TransactGetItems) is cancelled as one that met a
    * concurrent transaction or write on one of its items: `TransactionCanceledException`, that item's
-   * reason `TransactionConflict`, nothing applied. The simulator runs transactions one at a time, so it
-   * meets no conflict of its own: this is how a workflow's handling of them is tested. @default 0
+   * reason `TransactionConflict`, nothing applied. Without `transactionMillis` a transaction takes no
+   * time here and meets no conflict of its own: this is how a workflow's handling of them is tested
+   * then. @default 0
    */
   readonly transactionConflictRate?: number;
 }
@@ -611,6 +612,13 @@ export class DynamoTaskRunner {
    * in single-digit milliseconds). See `percentile`.
    */
   public readonly callMillis: number[] = [];
+  /**
+   * Calls refused because a transaction was under way on one of their items (`transactionMillis`): a
+   * write with TransactionConflictException, a transaction cancelled with the reason TransactionConflict.
+   */
+  public conflicts = 0;
+  /** The items transactions are under way on, until when (simulated milliseconds), and whether the transaction writes. */
+  private readonly ongoing = new Map<string, { until: number; write: boolean }>();
   /** Per partition key: the simulated second and the units consumed in it, and the units of the key's last write. */
   private readonly partitions = new Map<string, { second: number; write: number; read: number; lastWrite: number }>();
 
@@ -623,6 +631,8 @@ export class DynamoTaskRunner {
     private readonly capacity: CapacityOptions = {},
     /** The simulated clock, epoch milliseconds. */
     private readonly now: () => number = Date.now,
+    /** How long a transaction keeps its items, simulated milliseconds (SimulatorOptions.transactionMillis). */
+    private readonly transactionMillis: number = 0,
   ) {}
 
   /**
@@ -663,6 +673,13 @@ export class DynamoTaskRunner {
       await this.sleep(this.random() * this.faults.maxLatencySeconds);
     }
     if (TRANSACTION_ACTIONS.includes(action)) return this.transaction(action, parameters, options);
+    if (this.transactionMillis > 0 && WRITE_ACTIONS.includes(action)) {
+      const item = await this.itemOf(parameters);
+      if (item !== undefined && this.underWay(item, true)) {
+        this.conflicts++;
+        throw new TaskError('TransactionConflictException', 'Operation was rejected because there is an ongoing transaction for the item.');
+      }
+    }
     const partition = await this.partitionOf(parameters);
     if (partition !== undefined && this.overCapacity(partition, action)) {
       this.throttled++;
@@ -741,6 +758,20 @@ export class DynamoTaskRunner {
       );
       throw transactionCanceled(reasons);
     }
+    const items: Array<string | undefined> =
+      this.transactionMillis > 0
+        ? await Promise.all(
+          (Array.isArray(parameters.TransactItems) ? parameters.TransactItems : []).map((entry: Record<string, any>) => {
+            const body = Object.values(entry ?? {})[0] as Record<string, any> | undefined;
+            return body === undefined ? undefined : this.itemOf(body);
+          }),
+        )
+        : [];
+    const conflicting = items.map((item) => item !== undefined && this.underWay(item, false));
+    if (conflicting.some((c) => c)) {
+      this.conflicts++;
+      throw transactionCanceled(conflicting.map((c) => (c ? { Code: 'TransactionConflict', Message: 'Transaction is ongoing for the item' } : { Code: 'None' })));
+    }
     const over = partitions.map((p: string | undefined) => p !== undefined && this.overCapacity(p, write ? 'UpdateItem' : 'GetItem'));
     if (over.some((o: boolean) => o)) {
       this.throttled++;
@@ -761,15 +792,23 @@ export class DynamoTaskRunner {
       for (const item of items) this.consume(item.partition, { write: item.write, read: item.read }, undefined);
       onConsumedTotal(items, options.onConsumed);
     };
+    // Under way from now until transactionMillis have passed: its items refuse other writes and transactions.
+    const hold = { until: this.now() + this.transactionMillis, write };
+    const held = items.filter((item): item is string => item !== undefined);
+    held.forEach((item) => this.ongoing.set(item, hold));
     let result: TransactionResult;
     try {
       result = await this.db.transact(action, parameters);
     } catch (e) {
-      const items = (e as { items?: ItemUnits[] }).items;
-      if (items) bill(items);
+      const units = (e as { items?: ItemUnits[] }).items;
+      if (units) bill(units);
       throw e instanceof TaskError ? e : new TaskError((e as Error).name, (e as Error).message);
     } finally {
       reservations.forEach((r) => this.release(r));
+      if (held.length > 0) {
+        await this.sleep(this.transactionMillis / 1000);
+        for (const item of held) if (this.ongoing.get(item) === hold) this.ongoing.delete(item);
+      }
     }
     bill(result.items);
     if (options.faults && chance(this.random, this.faults.serverErrorAfterWriteRate ?? 0) && write) {
@@ -786,6 +825,27 @@ export class DynamoTaskRunner {
   private async partitionOf(parameters: Record<string, any>): Promise<string | undefined> {
     if (parameters.Key === undefined) return undefined;
     return this.db.partitionOf(parameters.TableName, parameters.Key).catch(() => undefined);
+  }
+
+  /**
+   * The item a single-item call or a transaction's action names: its table and its whole key (a Put's
+   * from its item), in a form that does not depend on the order of the key's attributes; undefined for
+   * a table that does not exist (the call then fails as DynamoDB fails it).
+   */
+  private async itemOf(parameters: Record<string, any>): Promise<string | undefined> {
+    const tableName = parameters.TableName;
+    const key = parameters.Key ?? (parameters.Item === undefined ? undefined : await this.db.keyOf(tableName, parameters.Item).catch(() => undefined));
+    if (key === undefined || typeof tableName !== 'string') return undefined;
+    return `${tableName}|${JSON.stringify(Object.keys(key).sort().map((name) => [name, key[name]]))}`;
+  }
+
+  /**
+   * Whether a transaction is under way on an item: for a single write, a transaction that writes; for a
+   * transaction, any (https://docs.aws.amazon.com/amazondynamodb/latest/developerguide/transaction-apis.html#transaction-conflict-handling).
+   */
+  private underWay(item: string, byWrite: boolean): boolean {
+    const hold = this.ongoing.get(item);
+    return hold !== undefined && this.now() < hold.until && (hold.write || !byWrite);
   }
 
   /** Whether the call would take its partition over its rate this simulated second (a write estimated as the key's last). */

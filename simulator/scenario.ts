@@ -76,6 +76,8 @@ export interface ScenarioOptions {
   readonly dynamoFaults?: DynamoFaults;
   /** DynamoDB's capacity rules (units are always counted). @default - counted, partition limits off */
   readonly capacity?: CapacityOptions;
+  /** How long a DynamoDB transaction is under way (see SimulatorOptions.transactionMillis). @default 0 */
+  readonly transactionMillis?: number;
   /** Length of task tokens. @default 700 */
   readonly taskTokenLength?: number;
   /** Probability that a wake-up (SendTaskSuccess from a task) is lost. @default 0 */
@@ -174,6 +176,8 @@ export interface ScenarioResult {
   readonly largestLockItemBytes: number;
   /** DynamoDB calls a partition over its capacity throttled (retried by the states' Retry, or failing them). */
   readonly capacityThrottled: number;
+  /** DynamoDB calls refused because a transaction was under way on their item (`transactionMillis`). */
+  readonly transactionConflicts: number;
   /** Invocations of the semaphore's own Lambda functions (the reconciler, the body's excluded). */
   readonly semaphoreLambdaInvocations: number;
   /**
@@ -275,6 +279,7 @@ export async function runScenario(subject: Subject, options: ScenarioOptions): P
     timeScale: options.timeScale ?? 0.02,
     dynamoFaults: options.dynamoFaults,
     capacity: options.capacity,
+    transactionMillis: options.transactionMillis,
     taskTokenLength: options.taskTokenLength,
     lostWakeUpRate: options.lostWakeUpRate,
     staleReads: options.staleReads,
@@ -416,6 +421,7 @@ export async function runScenario(subject: Subject, options: ScenarioOptions): P
       readUnitsPerExecution: perExecution((e) => e.readUnits),
       largestLockItemBytes: monitor.maxItemBytes,
       capacityThrottled: sim.dynamo.capacityThrottled,
+      transactionConflicts: sim.dynamo.conflicts,
       semaphoreLambdaInvocations: semaphoreInvocations,
       dollarsPer1000:
         1000 *

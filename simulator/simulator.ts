@@ -58,6 +58,19 @@ export interface SimulatorOptions {
    */
   readonly capacity?: CapacityOptions;
   /**
+   * How long a DynamoDB transaction is under way, in simulated milliseconds. While it is, a write of
+   * one of its items (`PutItem`, `UpdateItem`, `DeleteItem`) is refused with
+   * `TransactionConflictException`, and a transaction with one of its items is cancelled with the
+   * reason `TransactionConflict` (a `TransactGetItems` under way refuses transactions only), as
+   * DynamoDB's "transaction conflict handling" lists them
+   * (https://docs.aws.amazon.com/amazondynamodb/latest/developerguide/transaction-apis.html#transaction-conflict-handling);
+   * refused calls are not billed. The transaction's changes are applied when it begins and its answer
+   * comes when it ends. AWS does not document how long a transaction keeps its items: take something
+   * near its latency (tens of milliseconds) and try a few. With 0, transactions take no time and
+   * conflict only where `dynamoFaults.transactionConflictRate` injects it. @default 0
+   */
+  readonly transactionMillis?: number;
+  /**
    * Length of the task tokens `.waitForTaskToken` tasks get. AWS's are opaque and up to 2,048
    * characters; those seen in practice are several hundred. @default 700
    */
@@ -507,7 +520,7 @@ export class Simulator {
     this.timeScale = options.timeScale ?? 0.01;
     this.random = seededRandom(options.seed ?? 1);
     this.sfn = loadLocalStepFunctions(this.timeScale, this.random, () => this.now());
-    this.dynamo = new DynamoTaskRunner(db, this.random, (s) => this.sleep(s), options.dynamoFaults, options.capacity, () => this.now());
+    this.dynamo = new DynamoTaskRunner(db, this.random, (s) => this.sleep(s), options.dynamoFaults, options.capacity, () => this.now(), options.transactionMillis ?? 0);
     this.callbacks.tokenLength = options.taskTokenLength ?? 700;
     this.eventFaults = options.eventFaults ?? {};
     this.resources = physicalResources(template, stackName);

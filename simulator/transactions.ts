@@ -11,9 +11,9 @@ import { itemSizeBytes, TaskError, writeUnits } from './dynamodb';
  * https://docs.aws.amazon.com/amazondynamodb/latest/APIReference/API_TransactWriteItems.html
  * https://docs.aws.amazon.com/amazondynamodb/latest/developerguide/transaction-apis.html
  *
- * What it does not model: conflicts between a transaction and concurrent writes to its items
- * (TransactionConflict, TransactionInProgressException), since here a transaction takes no time; and the
- * 4 MB bound on a transaction's items (a request over it is refused loudly).
+ * What it does not model: the 4 MB bound on a transaction's items (a request over it is refused loudly);
+ * TransactionInProgressException. Conflicts between a transaction and concurrent calls on its items are
+ * the capacity model's (DynamoTaskRunner, `transactionMillis`): here a transaction is applied at once.
  */
 
 /** The item actions a transaction's actions run as, on the database alone. */

@@ -211,6 +211,64 @@ describe('capacity', () => {
   });
 });
 
+describe('conflicts (transactionMillis)', () => {
+  const transact = 'arn:aws:states:::aws-sdk:dynamodb:transactWriteItems';
+  const add = (pk: string) => ({ Update: { TableName: TABLE, Key: key(pk), UpdateExpression: 'ADD v :one', ExpressionAttributeValues: { ':one': { N: '1' } } } });
+
+  test('while a transaction is under way, a write of its items is refused (TransactionConflictException) and a transaction with one is cancelled (TransactionConflict); nothing refused is applied or billed', async () => {
+    let now = Date.parse('2026-01-01T00:00:00Z');
+    // The first transaction's time passes only when the test says so; later ones take none.
+    let pass: () => void = () => undefined;
+    let holding = true;
+    const sleep = () => (holding ? new Promise<void>((resolve) => (pass = resolve)) : Promise.resolve());
+    const runner = new DynamoTaskRunner(db, seededRandom(1), sleep, {}, {}, () => now, 20);
+    await put('tc-a', 0);
+    const first = runner.run(transact, { TransactItems: [add('tc-a'), add('tc-b')] });
+    while ((await item('tc-b')) === undefined) await new Promise((resolve) => setTimeout(resolve, 1));
+    const units = runner.writeUnits;
+    // Under way: its items refuse a single write (either integration's name) and another transaction.
+    await expect(runner.run('arn:aws:states:::dynamodb:updateItem', add('tc-a').Update)).rejects.toMatchObject({ name: 'DynamoDB.TransactionConflictException' });
+    await expect(runner.run('arn:aws:states:::aws-sdk:dynamodb:putItem', { TableName: TABLE, Item: { pk: { S: 'tc-b' }, v: { N: '9' } } })).rejects.toMatchObject({
+      name: 'DynamoDb.TransactionConflictException',
+      message: 'Operation was rejected because there is an ongoing transaction for the item.',
+    });
+    await expect(runner.run(transact, { TransactItems: [add('tc-c'), add('tc-b')] })).rejects.toMatchObject({
+      name: 'DynamoDb.TransactionCanceledException',
+      message: 'Transaction cancelled, please refer cancellation reasons for specific reasons [None, TransactionConflict]',
+    });
+    // Other items are free, and reads are never refused.
+    await runner.run('arn:aws:states:::dynamodb:updateItem', add('tc-d').Update);
+    expect(await runner.run('arn:aws:states:::dynamodb:getItem', { TableName: TABLE, Key: key('tc-a'), ConsistentRead: true })).toMatchObject({ Item: { v: { N: '1' } } });
+    expect([runner.conflicts, runner.writeUnits - units]).toEqual([3, 1]);
+    expect([await item('tc-a'), await item('tc-b'), await item('tc-c')]).toEqual([{ pk: { S: 'tc-a' }, v: { N: '1' } }, { pk: { S: 'tc-b' }, v: { N: '1' } }, undefined]);
+    // Its time passed: it answers, and its items are free again.
+    now += 20;
+    holding = false;
+    pass();
+    await first;
+    await runner.run('arn:aws:states:::dynamodb:updateItem', add('tc-a').Update);
+    await runner.run(transact, { TransactItems: [add('tc-b')] });
+    expect([runner.conflicts, (await item('tc-a'))?.v, (await item('tc-b'))?.v]).toEqual([3, { N: '2' }, { N: '2' }]);
+  });
+
+  test('a TransactGetItems under way cancels transactions on its items, but not single writes', async () => {
+    const now = Date.parse('2026-01-01T00:00:00Z');
+    let pass: () => void = () => undefined;
+    let asleep = false;
+    // The read's time passes when the test says so; a transaction after it takes none.
+    const sleep = () => (asleep ? Promise.resolve() : new Promise<void>((resolve) => ((asleep = true), (pass = resolve))));
+    const runner = new DynamoTaskRunner(db, seededRandom(1), sleep, {}, {}, () => now, 20);
+    await put('tg-a', 0);
+    const reading = runner.run('arn:aws:states:::aws-sdk:dynamodb:transactGetItems', { TransactItems: [{ Get: { TableName: TABLE, Key: key('tg-a') } }] });
+    while (!asleep) await new Promise((resolve) => setTimeout(resolve, 1));
+    await runner.run('arn:aws:states:::dynamodb:updateItem', add('tg-a').Update);
+    await expect(runner.run(transact, { TransactItems: [add('tg-a')] })).rejects.toMatchObject({ message: expect.stringMatching(/\[TransactionConflict\]$/) });
+    pass();
+    await expect(reading).resolves.toMatchObject({ Responses: [{ Item: { v: { N: '0' } } }] });
+    expect([runner.conflicts, (await item('tg-a'))?.v]).toEqual([1, { N: '1' }]);
+  });
+});
+
 describe('in a state machine', () => {
   test('the AWS SDK integration runs transactions; a cancelled one fails the task with DynamoDb.TransactionCanceledException', async () => {
     const stack = new Stack(new App(), 'Sim');
