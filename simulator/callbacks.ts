@@ -49,6 +49,8 @@ interface Waiter {
   readonly executionArn: string;
   readonly stateName: string;
   readonly settle: (outcome: Outcome) => void;
+  /** Close the token without an outcome, and disarm its timers. */
+  readonly close: () => void;
   heartbeat: () => void;
   open: boolean;
 }
@@ -101,6 +103,7 @@ export class CallbackTokens {
           if ('output' in outcome) resolve(outcome.output);
           else reject(Object.assign(new Error(outcome.cause), { name: outcome.error }));
         },
+        close,
         heartbeat: () => undefined,
       };
       this.waiters.set(token, waiter);
@@ -136,10 +139,12 @@ export class CallbackTokens {
     });
   }
 
-  /** Close a token whose task failed before it could be called back (its call failed). */
+  /**
+   * Close a token whose task failed before it could be called back (its call failed), and disarm its
+   * timeout and heartbeat timers: armed, they would keep the process open until they fired.
+   */
   public close(token: string): void {
-    const waiter = this.waiters.get(token);
-    if (waiter) waiter.open = false;
+    this.waiters.get(token)?.close();
   }
 
   public sendTaskSuccess(token: string, output: string): void {

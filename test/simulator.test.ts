@@ -1290,6 +1290,24 @@ describe('callbacks: .waitForTaskToken', () => {
     throw new Error('no token was written');
   }
 
+  test('a callback task whose call fails leaves no timer behind: its TimeoutSeconds no longer holds the process open', async () => {
+    const { stack, waiter } = callbackStack({ timeout: Duration.hours(1), catchErrors: ['Call.Failed'] });
+    const refuse = () => {
+      throw Object.assign(new Error('refused'), { name: 'Call.Failed' });
+    };
+    const sim = await Simulator.start(stack, { taskHandlers: { 'Wait For Callback': refuse } });
+    try {
+      const timers = () => process.getActiveResourcesInfo().filter((r) => r === 'Timeout').length;
+      const before = timers();
+      const e = await sim.startExecution(sim.stateMachine(waiter)).done;
+      expect([e.status, e.transitions]).toEqual(['SUCCEEDED', 2]);
+      // Before 2026-11-30 the hour's timer stayed armed (a bench of the transactional queue's spike did not exit).
+      expect(timers()).toBeLessThanOrEqual(before);
+    } finally {
+      await sim.stop();
+    }
+  });
+
   test('the call carries the token; SendTaskSuccess from another state machine ends the wait with its output; the token then closes', async () => {
     const { stack, waiter, notifier } = callbackStack();
     const sim = await Simulator.start(stack);
