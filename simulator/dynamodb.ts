@@ -758,7 +758,7 @@ export class DynamoTaskRunner {
       );
       throw transactionCanceled(reasons);
     }
-    const items: Array<string | undefined> =
+    const itemIds: Array<string | undefined> =
       this.transactionMillis > 0
         ? await Promise.all(
           (Array.isArray(parameters.TransactItems) ? parameters.TransactItems : []).map((entry: Record<string, any>) => {
@@ -767,7 +767,7 @@ export class DynamoTaskRunner {
           }),
         )
         : [];
-    const conflicting = items.map((item) => item !== undefined && this.underWay(item, false));
+    const conflicting = itemIds.map((item) => item !== undefined && this.underWay(item, false));
     if (conflicting.some((c) => c)) {
       this.conflicts++;
       throw transactionCanceled(conflicting.map((c) => (c ? { Code: 'TransactionConflict', Message: 'Transaction is ongoing for the item' } : { Code: 'None' })));
@@ -794,14 +794,14 @@ export class DynamoTaskRunner {
     };
     // Under way from now until transactionMillis have passed: its items refuse other writes and transactions.
     const hold = { until: this.now() + this.transactionMillis, write };
-    const held = items.filter((item): item is string => item !== undefined);
+    const held = itemIds.filter((item): item is string => item !== undefined);
     held.forEach((item) => this.ongoing.set(item, hold));
     let result: TransactionResult;
     try {
       result = await this.db.transact(action, parameters);
     } catch (e) {
-      const units = (e as { items?: ItemUnits[] }).items;
-      if (units) bill(units);
+      const items = (e as { items?: ItemUnits[] }).items;
+      if (items) bill(items);
       throw e instanceof TaskError ? e : new TaskError((e as Error).name, (e as Error).message);
     } finally {
       reservations.forEach((r) => this.release(r));
@@ -834,7 +834,8 @@ export class DynamoTaskRunner {
    */
   private async itemOf(parameters: Record<string, any>): Promise<string | undefined> {
     const tableName = parameters.TableName;
-    const key = parameters.Key ?? (parameters.Item === undefined ? undefined : await this.db.keyOf(tableName, parameters.Item).catch(() => undefined));
+    const key =
+      parameters.Key ?? (parameters.Item === undefined ? undefined : await this.db.keyOf(tableName, parameters.Item).catch(() => undefined));
     if (key === undefined || typeof tableName !== 'string') return undefined;
     return `${tableName}|${JSON.stringify(Object.keys(key).sort().map((name) => [name, key[name]]))}`;
   }

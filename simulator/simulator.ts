@@ -520,7 +520,8 @@ export class Simulator {
     this.timeScale = options.timeScale ?? 0.01;
     this.random = seededRandom(options.seed ?? 1);
     this.sfn = loadLocalStepFunctions(this.timeScale, this.random, () => this.now());
-    this.dynamo = new DynamoTaskRunner(db, this.random, (s) => this.sleep(s), options.dynamoFaults, options.capacity, () => this.now(), options.transactionMillis ?? 0);
+    const { dynamoFaults, capacity, transactionMillis } = options;
+    this.dynamo = new DynamoTaskRunner(db, this.random, (s) => this.sleep(s), dynamoFaults, capacity, () => this.now(), transactionMillis ?? 0);
     this.callbacks.tokenLength = options.taskTokenLength ?? 700;
     this.eventFaults = options.eventFaults ?? {};
     this.resources = physicalResources(template, stackName);
