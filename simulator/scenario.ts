@@ -362,16 +362,19 @@ export async function runScenario(subject: Subject, options: ScenarioOptions): P
     // Run until every execution has stopped, or the horizon; past it, while executions still finish.
     const horizonSeconds = idealSeconds * (options.horizonFactor ?? 4);
     const allDone = Promise.all(executions.map((e) => e.done));
-    await Promise.race([allDone, sim.sleep(horizonSeconds)]);
+    // The horizon's timers end with the run: armed, they would keep the process open until they fired.
+    const horizon = new AbortController();
+    await Promise.race([allDone, sim.sleep(horizonSeconds, horizon.signal)]);
     // Progress: an execution finished, or one was let in (a waiter's admission shows before its body ends).
     const progressMade = () => executions.filter((e) => e.status !== 'RUNNING').length + admitted.size;
     const stopped = () => executions.filter((e) => e.status !== 'RUNNING').length;
     const limit = options.extendHorizon ? 3 * horizonSeconds : 0;
     for (let extended = 0, before = progressMade(); stopped() < executions.length && extended < limit; extended += idealSeconds / 2) {
-      await Promise.race([allDone, sim.sleep(idealSeconds / 2)]);
+      await Promise.race([allDone, sim.sleep(idealSeconds / 2, horizon.signal)]);
       if (progressMade() === before) break;
       before = progressMade();
     }
+    horizon.abort();
     const running = executions.filter((e) => e.status === 'RUNNING');
     const lastStop = Math.max(simStart, ...executions.filter((e) => e.stopDate !== undefined).map((e) => e.stopDate!));
     await options.atHorizon?.(sim, running);
