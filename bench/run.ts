@@ -291,10 +291,14 @@ interface BenchOptions {
   soak: boolean;
   /** Also run a design spike (a key of SPIKES), beside the three. */
   spike?: string;
+  /** With `spike`: run the spike only, not the three. */
+  spikeAlone: boolean;
+  /** How long a DynamoDB transaction is under way, simulated ms (SimulatorOptions.transactionMillis): only the spikes write transactions. */
+  transactionMillis: number;
 }
 
 function parseOptions(argv: string[]): BenchOptions {
-  const options: BenchOptions = { seed: 1, timeScale: 0.05, soak: false };
+  const options: BenchOptions = { seed: 1, timeScale: 0.05, soak: false, spikeAlone: false, transactionMillis: 0 };
   for (let i = 0; i < argv.length; i++) {
     switch (argv[i]) {
       case '--only':
@@ -309,6 +313,13 @@ function parseOptions(argv: string[]): BenchOptions {
       case '--soak':
         options.soak = true;
         break;
+      case '--spike-alone':
+        options.spikeAlone = true;
+        break;
+      case '--transaction-millis':
+        options.transactionMillis = Number(argv[++i]);
+        if (!(options.transactionMillis >= 0)) throw new Error(`--transaction-millis takes a number of milliseconds, 0 or more (got ${argv[i]})`);
+        break;
       case '--spike':
         // The name is optional: `--spike` alone is the first spike, the holder items.
         options.spike = argv[i + 1] !== undefined && !argv[i + 1].startsWith('--') ? argv[++i] : 'holder-items';
@@ -316,7 +327,7 @@ function parseOptions(argv: string[]): BenchOptions {
         break;
       case '--help':
         console.log(
-          `Usage: npm run bench -- [--only ${[...SCENARIOS, ...ON_REQUEST].map((s) => s.name).join(',')},soak] [--seed N] [--time-scale F] [--soak] [--spike [${Object.keys(SPIKES).join('|')}]]`,
+          `Usage: npm run bench -- [--only ${[...SCENARIOS, ...ON_REQUEST].map((s) => s.name).join(',')},soak] [--seed N] [--time-scale F] [--soak] [--spike [${Object.keys(SPIKES).join('|')}] [--spike-alone]] [--transaction-millis MS]`,
         );
         process.exit(0);
       default:
@@ -337,6 +348,7 @@ const ROWS: Row[] = [
   ['read units (RCU) / execution', (r) => r.readUnitsPerExecution, 1],
   ['largest lock item (KB)', (r) => r.largestLockItemBytes / 1024, 1],
   ['calls throttled at the partition limit', (r) => r.capacityThrottled, 0],
+  ['calls refused: a transaction under way on their item', (r) => r.transactionConflicts, 0],
   ['$ per 1,000 executions', (r) => r.dollarsPer1000, 3],
   ['acquisitions / s (sustained)', (r) => r.acquisitionsPerSecond, 1],
   ['acquisitions / s once the lock was full', (r) => r.acquisitionsPerSecondOnceFull, 1],
@@ -381,6 +393,7 @@ function spikeTable(results: Measured[], title: string): string {
       'write units (WCU) / execution',
       'largest lock item (KB)',
       'calls throttled at the partition limit',
+      'calls refused: a transaction under way on their item',
       '$ per 1,000 executions',
       'acquisitions / s (sustained)',
       'acquisitions / s once the lock was full',
@@ -421,6 +434,8 @@ function table(results: Measured[]): string {
       if (label.startsWith('wake-ups lost') && !scenario.options.lostWakeUpRate) continue;
       if (label.startsWith('most entries') && !scenario.options.rate) continue;
       if (label.startsWith('most permits') && !scenario.options.permits) continue;
+      // Only the spikes write transactions.
+      if (label.startsWith('calls refused: a transaction')) continue;
       // A scenario that only polling runs compares polling with the sample; one only the queue runs, nothing.
       const compared = queue ?? polling;
       let ratio = '–';
@@ -482,6 +497,8 @@ export function slowCalls(scenario: Scenario, result: ScenarioResult): string | 
 
 async function main(): Promise<void> {
   const options = parseOptions(process.argv.slice(2));
+  if (options.spikeAlone && !options.spike) throw new Error('--spike-alone runs a spike alone: name one with --spike');
+  const alone = options.spikeAlone;
   const scenarios = [...SCENARIOS, ...(options.soak ? [SOAK] : []), ...ON_REQUEST.filter((s) => options.only?.includes(s.name))].filter(
     (s) => !options.only || options.only.includes(s.name),
   );
@@ -490,15 +507,25 @@ async function main(): Promise<void> {
     const timeScale = scenario.timeScale ?? options.timeScale;
     // DynamoDB's partition limits apply to every subject: a design that writes big items throttles.
     const capacity = { partitionLimits: true };
-    const run = (subject: Subject) => runScenario(subject, { capacity, ...scenario.options, seed: options.seed, timeScale });
+    const { transactionMillis } = options;
+    const run = (subject: Subject) => runScenario(subject, { capacity, transactionMillis, ...scenario.options, seed: options.seed, timeScale });
     process.stdout.write(`${scenario.name}: ${scenario.description} (simulated time ${+(1 / timeScale).toFixed(2)}x) ...`);
     // The sample has no rate: its run is not judged by one.
     // Nor stripes: its one lock holds the whole limit.
-    const sampleOptions = { capacity, ...scenario.options, rate: undefined, permits: undefined, lockLimit: undefined, seed: options.seed, timeScale };
-    const sample = scenario.queueOnly ? undefined : await runScenario(awsSampleSubject(scenario.options.limit), sampleOptions);
+    const sampleOptions = {
+      capacity,
+      transactionMillis,
+      ...scenario.options,
+      rate: undefined,
+      permits: undefined,
+      lockLimit: undefined,
+      seed: options.seed,
+      timeScale,
+    };
+    const sample = scenario.queueOnly || alone ? undefined : await runScenario(awsSampleSubject(scenario.options.limit), sampleOptions);
     const ours = (waitStrategy: WaitStrategy) => demoSubject(scenario.options.limit, { ...scenario.props, waitStrategy });
-    const polling = scenario.queueOnly ? undefined : await run({ ...ours(WaitStrategy.POLLING), name: 'cdk-sfn-semaphore (polling)' });
-    const queue = scenario.pollingOnly ? undefined : await run({ ...ours(WaitStrategy.QUEUE), name: 'cdk-sfn-semaphore (queue)' });
+    const polling = scenario.queueOnly || alone ? undefined : await run({ ...ours(WaitStrategy.POLLING), name: 'cdk-sfn-semaphore (polling)' });
+    const queue = scenario.pollingOnly || alone ? undefined : await run({ ...ours(WaitStrategy.QUEUE), name: 'cdk-sfn-semaphore (queue)' });
     // The spike has no rate and no weights: only the scenarios of a plain limit.
     const spikeFits = options.spike && !scenario.options.rate && !scenario.options.permits && !scenario.options.lockLimit && !scenario.queueOnly;
     const spike = spikeFits ? await runScenario(SPIKES[options.spike!].subject(scenario.options.limit), sampleOptions) : undefined;
@@ -508,8 +535,9 @@ async function main(): Promise<void> {
   }
 
   const date = new Date().toISOString().slice(0, 10);
-  console.log(`\nMeasured ${date}, seed ${options.seed}, simulated time ${1 / options.timeScale}x unless the scenario sets its own (ratio: queue / sample)\n`);
-  console.log(table(results));
+  const transactions = options.transactionMillis > 0 ? `, transactions under way ${options.transactionMillis} ms` : '';
+  console.log(`\nMeasured ${date}, seed ${options.seed}, simulated time ${1 / options.timeScale}x unless the scenario sets its own${transactions} (ratio: queue / sample)\n`);
+  if (!alone) console.log(table(results));
   if (options.spike) console.log(`\nA design spike (bench/${options.spike}-spike.ts):\n\n${spikeTable(results, SPIKES[options.spike].title)}`);
   const behind = results.flatMap(({ scenario, sample, polling, queue, spike }) =>
     [sample, polling, queue, spike].flatMap((r) =>
@@ -521,7 +549,7 @@ async function main(): Promise<void> {
   const dir = path.join(__dirname, '..', 'bench-results');
   fs.mkdirSync(dir, { recursive: true });
   // One file per selection, so that a run of a few scenarios does not overwrite the day's others.
-  const file = path.join(dir, `bench-${date}-seed${options.seed}${options.only ? `-${options.only.join('+')}` : ''}${options.spike ? `-${options.spike}-spike` : ''}.json`);
+  const file = path.join(dir, `bench-${date}-seed${options.seed}${options.only ? `-${options.only.join('+')}` : ''}${options.spike ? `-${options.spike}-spike` : ''}${alone ? '-alone' : ''}${transactionsPart(options)}.json`);
   fs.writeFileSync(
     file,
     JSON.stringify(
@@ -529,6 +557,7 @@ async function main(): Promise<void> {
         date,
         seed: options.seed,
         timeScale: options.timeScale,
+        transactionMillis: options.transactionMillis,
         scenarios: results.map(({ scenario, sample, polling, queue, spike }) => ({
           ...scenario,
           results: { 'aws-sample': sample, 'cdk-sfn-semaphore-polling': polling, 'cdk-sfn-semaphore-queue': queue, ...(spike ? { [`${options.spike}-spike`]: spike } : {}) },
@@ -539,6 +568,11 @@ async function main(): Promise<void> {
     ),
   );
   console.log(`\nFigures written to ${path.relative(process.cwd(), file)}`);
+}
+
+/** The part of a results file's name that says how long transactions were under way, when they were. */
+function transactionsPart(options: BenchOptions): string {
+  return options.transactionMillis > 0 ? `-tx${options.transactionMillis}ms` : '';
 }
 
 if (require.main === module) {

@@ -33,7 +33,10 @@ import { SDK_THROTTLING_ERRORS } from '../src/private/queue-states';
  * nothing in the state data). A hand-off: 3 transitions beside the refused release (query, hand off,
  * wake), 2 DynamoDB calls and the wake-up.
  *
- * A transaction cancelled by the partition's limit is tried again after a random pause of 1 to 4 s.
+ * A transaction cancelled by the partition's limit is tried again after a random pause of 1 to 4 s; one
+ * cancelled by a conflict (a transaction under way on the lock item: `--transaction-millis`) at once, by
+ * the acquire or the release it goes back to, whose single write of the lock item, refused while a
+ * transaction is under way (TransactionConflictException), is tried again as throttling is.
  *
  * It measures cost and drain, not correctness under faults: no cleanup of stopped executions, no redrive
  * guard, no lost wake-ups or responses, no budget on its loops, no acquire timeout; a failed body
@@ -97,7 +100,9 @@ export class TransactQueueSpike extends Construct {
     const lockKey = { [KEY]: lockItemKey[KEY].toObject(), [SORT]: lockItemKey[SORT].toObject() };
     const names = { '#count': COUNT, '#me': me, '#fence': 'fence', '#waiters': 'waiters', '#waiter': 'waiter' };
     const num = (n: number) => tasks.DynamoAttributeValue.fromNumber(n);
-    const retry = transientRetry(THROTTLING_ERRORS);
+    // A single write of the lock item while a transaction is under way on it is refused
+    // (TransactionConflictException, with `--transaction-millis`): tried again as throttling is.
+    const retry = transientRetry([...THROTTLING_ERRORS, 'DynamoDB.TransactionConflictException']);
     const sdkRetry = transientRetry(SDK_THROTTLING_ERRORS);
     const cancelled = ['DynamoDb.TransactionCanceledException', 'DynamoDb.DynamoDbException'];
 
