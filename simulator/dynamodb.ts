@@ -744,33 +744,21 @@ export class DynamoTaskRunner {
     options: { faults: boolean; onConsumed?: (units: ConsumedUnits) => void },
   ): Promise<unknown> {
     const write = action === 'TransactWriteItems';
-    const partitions: Array<string | undefined> = await Promise.all(
-      (Array.isArray(parameters.TransactItems) ? parameters.TransactItems : []).map((entry: Record<string, any>) => {
-        const body = Object.values(entry ?? {})[0] as Record<string, any> | undefined;
-        return body?.Key === undefined ? undefined : this.partitionOf(body);
-      }),
+    // Each action's body: `{ Update: { ... } }` and the like.
+    const bodies: Array<Record<string, any> | undefined> = (Array.isArray(parameters.TransactItems) ? parameters.TransactItems : []).map(
+      (entry: Record<string, any>) => Object.values(entry ?? {})[0] as Record<string, any> | undefined,
     );
-    const actions = Array.isArray(parameters.TransactItems) ? parameters.TransactItems.length : 0;
+    const partitions = await Promise.all(bodies.map((body) => (body?.Key === undefined ? undefined : this.partitionOf(body))));
+    const actions = bodies.length;
     if (options.faults && actions > 0 && chance(this.random, this.faults.transactionConflictRate ?? 0)) {
       const conflicted = Math.floor(this.random() * actions);
-      const reasons = Array.from({ length: actions }, (_, i) =>
-        i === conflicted ? { Code: 'TransactionConflict', Message: 'Transaction is ongoing for the item' } : { Code: 'None' },
-      );
-      throw transactionCanceled(reasons);
+      throw transactionCanceled(Array.from({ length: actions }, (_, i) => (i === conflicted ? CONFLICT_REASON : { Code: 'None' })));
     }
-    const itemIds: Array<string | undefined> =
-      this.transactionMillis > 0
-        ? await Promise.all(
-          (Array.isArray(parameters.TransactItems) ? parameters.TransactItems : []).map((entry: Record<string, any>) => {
-            const body = Object.values(entry ?? {})[0] as Record<string, any> | undefined;
-            return body === undefined ? undefined : this.itemOf(body);
-          }),
-        )
-        : [];
+    const itemIds = this.transactionMillis > 0 ? await Promise.all(bodies.map((body) => (body === undefined ? undefined : this.itemOf(body)))) : [];
     const conflicting = itemIds.map((item) => item !== undefined && this.underWay(item, false));
     if (conflicting.some((c) => c)) {
       this.conflicts++;
-      throw transactionCanceled(conflicting.map((c) => (c ? { Code: 'TransactionConflict', Message: 'Transaction is ongoing for the item' } : { Code: 'None' })));
+      throw transactionCanceled(conflicting.map((c) => (c ? CONFLICT_REASON : { Code: 'None' })));
     }
     const over = partitions.map((p: string | undefined) => p !== undefined && this.overCapacity(p, write ? 'UpdateItem' : 'GetItem'));
     if (over.some((o: boolean) => o)) {
@@ -904,6 +892,9 @@ export class DynamoTaskRunner {
     onConsumed?.(units);
   }
 }
+
+/** A transaction's reason for an item another transaction was under way on (injected, or met). */
+const CONFLICT_REASON = { Code: 'TransactionConflict', Message: 'Transaction is ongoing for the item' };
 
 /** Units an admitted call counts against its partition while in flight (DynamoTaskRunner.reserve). */
 interface Reservation {
