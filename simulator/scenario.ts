@@ -96,9 +96,10 @@ export interface ScenarioOptions {
   /** Executions still running after this multiple of the ideal drain time are stuck (but see `extendHorizon`). @default 4 */
   readonly horizonFactor?: number;
   /**
-   * Past the horizon, go on while executions still make progress: half an ideal drain time at a time,
-   * as long as in each at least one execution finishes or is let into its body, up to four times the
-   * horizon. Simulated time is real time scaled, so a busy machine's pauses pass as simulated seconds in
+   * Past the horizon, go on while executions still make progress: half an ideal drain time at a time
+   * (or the stack's longest schedule period and the reconciler's grace period, if longer: a permit whose
+   * status event was lost comes back only at the reconciler's next sweep), as long as in each at least one
+   * execution finishes or is let into its body, up to four times the horizon. Simulated time is real time scaled, so a busy machine's pauses pass as simulated seconds in
    * which nothing can happen (a machine several times slower turns each DynamoDB call into a minute of
    * simulated time, longer than a queue's check interval); a test that asserts "nobody stuck" should
    * not fail for them. An execution that waits for a permit nobody will give back is still stuck: once
@@ -369,8 +370,13 @@ export async function runScenario(subject: Subject, options: ScenarioOptions): P
     const progressMade = () => executions.filter((e) => e.status !== 'RUNNING').length + admitted.size;
     const stopped = () => executions.filter((e) => e.status !== 'RUNNING').length;
     const limit = options.extendHorizon ? 3 * horizonSeconds : 0;
-    for (let extended = 0, before = progressMade(); stopped() < executions.length && extended < limit; extended += idealSeconds / 2) {
-      await Promise.race([allDone, sim.sleep(idealSeconds / 2, horizon.signal)]);
+    // Half an ideal drain, or long enough for a schedule's next run: a permit leaked with its status event
+    // comes back only when the reconciler next sweeps (one period away at most, and past its grace period),
+    // and the executions waiting for it make no progress until then.
+    const schedule = sim.longestSchedulePeriodSeconds;
+    const step = Math.max(idealSeconds / 2, schedule > 0 ? schedule + SWEEP_AFTER_RUN_DELAY_SECONDS : 0);
+    for (let extended = 0, before = progressMade(); stopped() < executions.length && extended < limit; extended += step) {
+      await Promise.race([allDone, sim.sleep(step, horizon.signal)]);
       if (progressMade() === before) break;
       before = progressMade();
     }

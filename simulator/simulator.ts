@@ -699,6 +699,16 @@ export class Simulator {
     }
   }
 
+  /**
+   * The longest period of the scheduled rules that fire on the simulated clock, in simulated seconds:
+   * the longest anything waits for a schedule (a reconciler's next sweep). 0 when none fires (no
+   * scheduled rule, or `schedules: false`).
+   */
+  public get longestSchedulePeriodSeconds(): number {
+    if (!(this.options.schedules ?? true)) return 0;
+    return Math.max(0, ...this.rules.map((r) => r.scheduleSeconds ?? 0));
+  }
+
   /** Fire a scheduled rule now (its logical ID or a prefix of it), and wait for its targets. */
   public async fireScheduledRule(logicalIdPrefix: string): Promise<void> {
     const rule = this.rules.find((r) => r.scheduleSeconds !== undefined && r.logicalId.startsWith(logicalIdPrefix));

@@ -150,6 +150,17 @@ describe('the horizon', () => {
     expect(result.stuck).toBe(8);
     expect(brokenInvariants(result, LIMIT)).toContainEqual(expect.stringMatching(/still waiting at the horizon/));
   });
+
+  test('a run whose last waiters wait for the reconciler goes on until its next sweep', async () => {
+    // Every status event lost, a sweep every minute: the permits of each round come back at a sweep, minutes
+    // apart, far longer than half the ideal drain (15 s) in which nothing finishes and nobody is let in.
+    const subject = demoSubject(LIMIT, { reconcileEvery: Duration.minutes(1) });
+    const result = await runScenario(subject, { ...SMALL, abortInsideRate: 1, lostEventRate: 1 });
+    expect(result.stuck).toBe(0);
+    expect(result.aborted).toBe(SMALL.executions);
+    expect(result.reclaimedByReconciler).toBeGreaterThanOrEqual(8);
+    expect(brokenInvariants(result, LIMIT)).toEqual([]);
+  });
 });
 
 test('FIFO figures: one late first write makes many overtakers but one overtaken', () => {
