@@ -98,13 +98,14 @@ export interface ScenarioOptions {
   /**
    * Past the horizon, go on while executions still make progress: half an ideal drain time at a time
    * (or the stack's longest schedule period and the reconciler's grace period, if longer: a permit whose
-   * status event was lost comes back only at the reconciler's next sweep), as long as in each at least one
-   * execution finishes or is let into its body, up to four times the horizon. Simulated time is real time scaled, so a busy machine's pauses pass as simulated seconds in
-   * which nothing can happen (a machine several times slower turns each DynamoDB call into a minute of
-   * simulated time, longer than a queue's check interval); a test that asserts "nobody stuck" should
-   * not fail for them. An execution that waits for a permit nobody will give back is still stuck: once
-   * the others have finished, nothing finishes and nobody is let in. The bench keeps the fixed horizon,
-   * so that its figures mean what they say. @default false
+   * status event was lost comes back only at the reconciler's next sweep), as long as in each at least
+   * one execution finishes or is let into its body, up to four times the horizon. Simulated time is
+   * real time scaled, so a busy machine's pauses pass as simulated seconds in which nothing can happen
+   * (a machine several times slower turns each DynamoDB call into a minute of simulated time, longer
+   * than a queue's check interval); a test that asserts "nobody stuck" should not fail for them. An
+   * execution that waits for a permit nobody will give back is still stuck: once the others have
+   * finished, nothing finishes and nobody is let in. The bench keeps the fixed horizon, so that its
+   * figures mean what they say. @default false
    */
   readonly extendHorizon?: boolean;
   /** Called about every 250 ms of real time. */

@@ -152,8 +152,8 @@ describe('the horizon', () => {
   });
 
   test('a run whose last waiters wait for the reconciler goes on until its next sweep', async () => {
-    // Every status event lost, a sweep every minute: the permits of each round come back at a sweep, minutes
-    // apart, far longer than half the ideal drain (15 s) in which nothing finishes and nobody is let in.
+    // Every status event lost, a sweep every minute: the permits of each round come back at a sweep, a minute or
+    // two apart (past its 60 s grace), far longer than half the ideal drain (15 s) in which nothing finishes and nobody is let in.
     const subject = demoSubject(LIMIT, { reconcileEvery: Duration.minutes(1) });
     const result = await runScenario(subject, { ...SMALL, abortInsideRate: 1, lostEventRate: 1 });
     expect(result.stuck).toBe(0);
