@@ -64,8 +64,8 @@ Exit codes: 0 done, 3 not acquired within the wait or not the holder, 2 usage, 1
 Run '${NAME} COMMAND --help' for a command's options.
 
 ${COMMON_HELP}`,
-  'acquire': `Usage: ${NAME} acquire LOCK [--limit N] [--permits N] [--lease 15m] [--wait 60s | --no-wait] [--owner NAME]
-                    [--rate-interval D] [--json]
+  'acquire': `Usage: ${NAME} acquire LOCK [--stripes K] [--limit N] [--permits N] [--lease 15m] [--wait 60s | --no-wait]
+                    [--owner NAME] [--rate-interval D] [--json]
 
 Take a permit of LOCK and print its lease id. Without a renewal (see renew) the permit is free
 again when the lease ends. An expired lease of someone else is reclaimed once it ended more than
@@ -87,8 +87,12 @@ SIGTERM, SIGHUP or SIGQUIT while it waits ends the wait (it gives its place up):
                   that records none yet (no rate-limited execution has acquired it): recorded on
                   it, so that the release holds the permit for the interval, as an execution's
                   does. A lock that records an interval keeps it; default: the lock's, if any
-  --json          print {"leaseId", "fencingToken", "expiresAt"} instead of the lease id; the
-                  fencing token strictly increases with every acquisition of the lock
+  --stripes K     LOCK is split into K stripes (a workflow's lockStripes): take the permit of one of
+                  LOCK#0 to LOCK#K-1, drawn at random, as the workflow's executions do, and print
+                  that lock and the lease id on one line ("LOCK#3 LEASE_ID", the lease id last: it
+                  has no space), as renew and release take them; default 1, LOCK
+  --json          print {"lock", "leaseId", "fencingToken", "expiresAt"} instead of the lease id;
+                  the fencing token strictly increases with every acquisition of the lock
 
 ${COMMON_HELP}`,
   'renew': `Usage: ${NAME} renew LOCK LEASE_ID [--lease 15m]
@@ -170,7 +174,7 @@ const ACQUIRE_OPTIONS: ParseArgsConfig['options'] = {
   'rate-interval': { type: 'string' },
 };
 const COMMANDS: Record<string, { options: ParseArgsConfig['options']; positionals: string[] }> = {
-  'acquire': { options: { ...ACQUIRE_OPTIONS, json: { type: 'boolean' } }, positionals: ['LOCK'] },
+  'acquire': { options: { ...ACQUIRE_OPTIONS, stripes: { type: 'string' }, json: { type: 'boolean' } }, positionals: ['LOCK'] },
   'renew': { options: { lease: { type: 'string' } }, positionals: ['LOCK', 'LEASE_ID'] },
   'release': { options: {}, positionals: ['LOCK', 'LEASE_ID'] },
   'run': { options: { ...ACQUIRE_OPTIONS, stripes: { type: 'string' } }, positionals: ['LOCK'] },
@@ -241,8 +245,8 @@ async function dispatch(argv: string[], io: CliIo): Promise<number> {
   if (name !== 'run' && command.length > 0) throw new CliError(`${name}: unexpected '-- ${command.join(' ')}'`, EXIT.usage);
 
   const [named, second] = positionals;
-  // run --stripes K: one of the stripes of a lock split by a workflow's lockStripes, drawn at random as its executions draw.
-  const stripes = name === 'run' && values.stripes !== undefined ? stripesOption(values.stripes) : 1;
+  // acquire or run --stripes K: one of the stripes of a lock split by a workflow's lockStripes, drawn at random as its executions draw.
+  const stripes = (name === 'acquire' || name === 'run') && values.stripes !== undefined ? stripesOption(name, values.stripes) : 1;
   const lock = stripes > 1 ? lockStripeName(named, Math.floor(Math.random() * stripes)) : named;
   if ((name === 'renew' || name === 'release') && isExecutionHolder(second)) {
     const why = name === 'renew' ? 'its permit lasts as long as it runs' : `free its permit with '${NAME} force-release LOCK HOLDER --reason TEXT' (stop it first)`;
@@ -297,8 +301,9 @@ async function dispatch(argv: string[], io: CliIo): Promise<number> {
       }
       if (!held) throw await notAcquired(client, lock, acquire!, limits);
       limits.check(held.lockLimit);
-      const printed = { leaseId: held.leaseId, fencingToken: held.fencingToken, expiresAt: new Date(held.expiresAt).toISOString() };
-      io.stdout(values.json ? JSON.stringify(printed) : held.leaseId);
+      const printed = { lock, leaseId: held.leaseId, fencingToken: held.fencingToken, expiresAt: new Date(held.expiresAt).toISOString() };
+      // With --stripes, the lock drawn too: renew and release name it.
+      io.stdout(values.json ? JSON.stringify(printed) : values.stripes !== undefined ? `${lock} ${held.leaseId}` : held.leaseId);
       return EXIT.ok;
     }
     case 'renew': {
@@ -367,10 +372,10 @@ function acquireOptions(command: string, values: Values, env: NodeJS.ProcessEnv)
 }
 
 /** --stripes: an integer from 1 to MAX_LOCK_STRIPES, as a workflow's lockStripes. */
-function stripesOption(value: string | boolean): number {
+function stripesOption(name: string, value: string | boolean): number {
   const stripes = /^\s*\d+\s*$/.test(String(value)) ? Number(value) : NaN;
   if (!Number.isSafeInteger(stripes) || stripes < 1 || stripes > MAX_LOCK_STRIPES) {
-    throw new CliError(`run: --stripes must be an integer from 1 to ${MAX_LOCK_STRIPES} (as a workflow's lockStripes), got: '${value}'`, EXIT.usage);
+    throw new CliError(`${name}: --stripes must be an integer from 1 to ${MAX_LOCK_STRIPES} (as a workflow's lockStripes), got: '${value}'`, EXIT.usage);
   }
   return stripes;
 }

@@ -368,6 +368,7 @@ describe('CLI holders and workflow executions share one lock', () => {
     expect(proxy.acquireFaults.afterWrite).toBe(0);
     const printed = JSON.parse(acquired.stdout);
     expect(printed.fencingToken).toEqual(expect.any(Number));
+    expect(printed.lock).toBe(LOCK);
     const status = JSON.parse((await cli('status', LOCK, '--json')).stdout);
     expect(status.holders.map((h: { id: string }) => h.id)).toEqual([printed.leaseId]);
     expect((await cli('release', LOCK, printed.leaseId)).code).toBe(0);
@@ -694,6 +695,42 @@ describe('run', () => {
         code: 2,
         stdout: '',
         stderr: `cdk-sfn-semaphore: run: --stripes must be an integer from 1 to 100 (as a workflow's lockStripes), got: '${bad}'`,
+      });
+    }
+  });
+
+  test('acquire --stripes K: the permit of a stripe drawn at random, printed with its lock as renew and release take them', async () => {
+    const leases: Array<[string, string]> = [];
+    for (let i = 0; i < 12; i++) {
+      const result = await cli('acquire', 'split', '--stripes', '3', '--limit', '12', '--no-wait');
+      expect([result.code, result.stderr]).toEqual([0, '']);
+      const [lock, leaseId, ...rest] = result.stdout.trim().split(' ');
+      expect([lock, leaseId, rest]).toEqual([expect.stringMatching(/^split#[0-2]$/), expect.stringMatching(/^lease-[0-9a-f-]{36}$/), []]);
+      leases.push([lock, leaseId]);
+    }
+    // More than one stripe drawn (all 12 on one: 3 in 3^12), each lease held on the stripe printed.
+    const locks = [...new Set(leases.map(([lock]) => lock))];
+    expect(locks.length).toBeGreaterThan(1);
+    for (const lock of locks) {
+      expect((await client().status(lock)).holders.map((h) => h.id).sort()).toEqual(leases.filter(([l]) => l === lock).map(([, id]) => id).sort());
+    }
+    const [[lock, leaseId]] = leases;
+    expect((await cli('renew', lock, leaseId)).code).toBe(0);
+    for (const [l, id] of leases) expect((await cli('release', l, id)).code).toBe(0);
+    for (const l of locks) expect((await client().status(l)).permitsInUse).toBe(0);
+
+    // --json names the stripe too; --stripes 1 is the lock itself, still printed with it; bad counts are refused.
+    const json = JSON.parse((await cli('acquire', 'split', '--stripes', '2', '--json')).stdout);
+    expect(json).toEqual({ lock: expect.stringMatching(/^split#[01]$/), leaseId: expect.any(String), fencingToken: expect.any(Number), expiresAt: expect.any(String) });
+    expect((await cli('release', json.lock, json.leaseId)).code).toBe(0);
+    const whole = await cli('acquire', 'entire', '--stripes', '1');
+    expect(whole.stdout).toMatch(/^entire lease-[0-9a-f-]{36}\n?$/);
+    expect((await cli('release', ...whole.stdout.trim().split(' '))).code).toBe(0);
+    for (const bad of ['0', '101', 'x']) {
+      expect(await cli('acquire', 'split', '--stripes', bad)).toEqual({
+        code: 2,
+        stdout: '',
+        stderr: `cdk-sfn-semaphore: acquire: --stripes must be an integer from 1 to 100 (as a workflow's lockStripes), got: '${bad}'`,
       });
     }
   });
