@@ -549,7 +549,7 @@ async function main(): Promise<void> {
   const dir = path.join(__dirname, '..', 'bench-results');
   fs.mkdirSync(dir, { recursive: true });
   // One file per selection, so that a run of a few scenarios does not overwrite the day's others.
-  const file = path.join(dir, `bench-${date}-seed${options.seed}${options.only ? `-${options.only.join('+')}` : ''}${options.spike ? `-${options.spike}-spike` : ''}${alone ? '-alone' : ''}${transactionsPart(options)}.json`);
+  const file = path.join(dir, `bench-${date}-seed${options.seed}${options.only ? `-${options.only.join('+')}` : ''}${options.spike ? `-${options.spike}-spike` : ''}${alone ? '-alone' : ''}${options.transactionMillis > 0 ? `-tx${options.transactionMillis}ms` : ''}.json`);
   fs.writeFileSync(
     file,
     JSON.stringify(
@@ -568,11 +568,6 @@ async function main(): Promise<void> {
     ),
   );
   console.log(`\nFigures written to ${path.relative(process.cwd(), file)}`);
-}
-
-/** The part of a results file's name that says how long transactions were under way, when they were. */
-function transactionsPart(options: BenchOptions): string {
-  return options.transactionMillis > 0 ? `-tx${options.transactionMillis}ms` : '';
 }
 
 if (require.main === module) {

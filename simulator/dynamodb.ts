@@ -3,7 +3,7 @@ import { AddressInfo } from 'net';
 import * as ddb from '@aws-sdk/client-dynamodb';
 import { CfnTemplate } from './cfn';
 import { chance, Random } from './random';
-import { ItemUnits, transactionCanceled, TransactionResult, Transactions } from './transactions';
+import { itemIdOf, ItemUnits, transactionCanceled, TransactionResult, Transactions } from './transactions';
 
 // dynalite has no type declarations.
 // eslint-disable-next-line @typescript-eslint/no-require-imports
@@ -824,8 +824,7 @@ export class DynamoTaskRunner {
     const tableName = parameters.TableName;
     const key =
       parameters.Key ?? (parameters.Item === undefined ? undefined : await this.db.keyOf(tableName, parameters.Item).catch(() => undefined));
-    if (key === undefined || typeof tableName !== 'string') return undefined;
-    return `${tableName}|${JSON.stringify(Object.keys(key).sort().map((name) => [name, key[name]]))}`;
+    return key === undefined || typeof tableName !== 'string' ? undefined : itemIdOf(tableName, key);
   }
 
   /**

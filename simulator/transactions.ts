@@ -233,7 +233,7 @@ export function keyJson(key: Record<string, unknown>): string {
 }
 
 /** An item's identity: its table and whole key. */
-function itemIdOf(tableName: string, key: Record<string, unknown>): string {
+export function itemIdOf(tableName: string, key: Record<string, unknown>): string {
   return `${tableName}|${keyJson(key)}`;
 }
 
