@@ -6,7 +6,7 @@ import { ConcurrencyControlledWorkflowProps, RateLimit, WaitStrategy } from '../
  * The bounded configurations the checker searches exhaustively. Each finishes in seconds to 25
  * minutes on one core (about 100 minutes of one core in all), and together they cover every kind of
  * non-determinism the model has. The test command searches each to a bound of 50,000 states (two
- * processes, one per shard); `npm run check-protocol` runs them in full with a report, or one of them,
+ * processes, each taking the next configuration when it is done); `npm run check-protocol` runs them in full with a report, or one of them,
  * or larger bounds.
  */
 
@@ -27,11 +27,6 @@ export interface CheckerConfig {
    * @default DEFAULT_TICKET_WINDOW (1)
    */
   readonly ticketWindow?: number;
-  /**
-   * Which of the two test files runs it (test/protocol-checker*.test.ts), so that Jest's two workers
-   * share the search about evenly.
-   */
-  readonly shard: 1 | 2;
 }
 
 const QUEUE = { waitStrategy: WaitStrategy.QUEUE, queueCheckInterval: Duration.minutes(5) };
@@ -42,7 +37,6 @@ const RATE_ALONE = { rateLimit: RateLimit.of(1, Duration.seconds(10)) };
 export const CONFIGS: CheckerConfig[] = [
   {
     name: 'queue-stops',
-    shard: 1,
     description: 'queue, limit 1: an execution stopped anywhere with its write or wake-up on the way (landing later), then redriven',
     workflow: { ...QUEUE, concurrencyLimit: 1 },
     executions: 2,
@@ -51,7 +45,6 @@ export const CONFIGS: CheckerConfig[] = [
   },
   {
     name: 'queue-events',
-    shard: 2,
     description: 'queue, limit 1: a stop and a redrive, with the status event of the stopped run delivered twice (late, after the redrive)',
     workflow: { ...QUEUE, concurrencyLimit: 1 },
     executions: 2,
@@ -59,7 +52,6 @@ export const CONFIGS: CheckerConfig[] = [
   },
   {
     name: 'queue-timeouts',
-    shard: 1,
     description: 'queue, limit 1: waits that time out, a lost wake-up, a stop',
     workflow: { ...QUEUE, concurrencyLimit: 1 },
     executions: 2,
@@ -68,7 +60,6 @@ export const CONFIGS: CheckerConfig[] = [
   },
   {
     name: 'queue-timeouts-redrive',
-    shard: 1,
     description: 'queue, limit 1: a wait that times out (a poll then finds a free permit and leaves the queue), a stop, a redrive',
     workflow: { ...QUEUE, concurrencyLimit: 1 },
     executions: 2,
@@ -76,7 +67,6 @@ export const CONFIGS: CheckerConfig[] = [
   },
   {
     name: 'queue-server-errors',
-    shard: 1,
     description: 'queue, limit 1: writes whose response is lost (landed) or that fail before landing, a failing body, a timeout',
     workflow: { ...QUEUE, concurrencyLimit: 1 },
     executions: 2,
@@ -85,7 +75,6 @@ export const CONFIGS: CheckerConfig[] = [
   },
   {
     name: 'sweep',
-    shard: 1,
     // Polling: the sweep's races with holders are the same in both strategies, and with the queue's
     // ticket items beside them this search outgrows the test command (over 10 minutes and 4 GB at a
     // window of one ticket). The sweep serving the queue is searched by `clients`.
@@ -96,7 +85,6 @@ export const CONFIGS: CheckerConfig[] = [
   },
   {
     name: 'sweep-queue',
-    shard: 2,
     description: 'queue, limit 1: a sweep racing a stop, with tickets to pass, serve and tidy',
     workflow: { ...QUEUE, concurrencyLimit: 1 },
     executions: 2,
@@ -104,7 +92,6 @@ export const CONFIGS: CheckerConfig[] = [
   },
   {
     name: 'sweep-stale',
-    shard: 1,
     // Polling, as `sweep`.
     description: 'polling, limit 1 with a lease: lost events, stale DescribeExecution, sweeps, time passing',
     workflow: { ...POLLING, concurrencyLimit: 1, leaseDuration: Duration.seconds(60) },
@@ -113,7 +100,6 @@ export const CONFIGS: CheckerConfig[] = [
   },
   {
     name: 'redrive-guard',
-    shard: 1,
     description: 'queue, limit 1: stopped and redriven, the guard reading stale descriptions and histories (retried by Lambda)',
     workflow: { ...QUEUE, concurrencyLimit: 1 },
     executions: 2,
@@ -121,7 +107,6 @@ export const CONFIGS: CheckerConfig[] = [
   },
   {
     name: 'redrive-backstop',
-    shard: 2,
     description: "queue, limit 1: stopped and redriven, the guard's event lost, the sweep guarding redriven executions instead",
     workflow: { ...QUEUE, concurrencyLimit: 1 },
     executions: 2,
@@ -129,7 +114,6 @@ export const CONFIGS: CheckerConfig[] = [
   },
   {
     name: 'polling',
-    shard: 1,
     description: 'polling, limit 1: stops with late writes, redrive, a sweep',
     workflow: { ...POLLING, concurrencyLimit: 1 },
     executions: 2,
@@ -137,7 +121,6 @@ export const CONFIGS: CheckerConfig[] = [
   },
   {
     name: 'polling-server-errors',
-    shard: 1,
     description: 'polling, limit 1: server errors (landed or not), a stop with a late write',
     workflow: { ...POLLING, concurrencyLimit: 1 },
     executions: 2,
@@ -145,7 +128,6 @@ export const CONFIGS: CheckerConfig[] = [
   },
   {
     name: 'acquire-timeout',
-    shard: 1,
     description: 'queue with an acquire timeout (a Parallel whose branch is abandoned), limit 1: stops with late writes, timeouts',
     workflow: { ...QUEUE, concurrencyLimit: 1, acquireTimeout: Duration.minutes(10) },
     executions: 2,
@@ -153,7 +135,6 @@ export const CONFIGS: CheckerConfig[] = [
   },
   {
     name: 'clients',
-    shard: 1,
     description: 'queue, limit 1: an execution and a client lease (the CLI), either stopped or crashing, the lease reclaimed by a sweep once expired',
     workflow: { ...QUEUE, concurrencyLimit: 1 },
     executions: 1,
@@ -162,7 +143,6 @@ export const CONFIGS: CheckerConfig[] = [
   },
   {
     name: 'client-collects',
-    shard: 1,
     description:
       'queue, limit 1, 2 executions and a client lease that finds them queued and goes next (registers as the collector): ' +
       'the client crashing while it collects or holds, or an execution stopped (the fair run sweeps)',
@@ -174,7 +154,6 @@ export const CONFIGS: CheckerConfig[] = [
   },
   {
     name: 'two-clients',
-    shard: 1,
     description: 'limit 1: two client leases racing, one crashing while it holds, its lease reclaimed by a sweep once expired',
     workflow: { ...QUEUE, concurrencyLimit: 1 },
     executions: 0,
@@ -183,7 +162,6 @@ export const CONFIGS: CheckerConfig[] = [
   },
   {
     name: 'queue-failed-wake-ups',
-    shard: 2,
     description: 'queue, limit 1: wake-ups that fail with Sfn.SfnException (throttled, or applied with the response lost), a stop, a timeout',
     workflow: { ...QUEUE, concurrencyLimit: 1 },
     executions: 2,
@@ -191,7 +169,6 @@ export const CONFIGS: CheckerConfig[] = [
   },
   {
     name: 'rate-alone',
-    shard: 1,
     description: 'queue, a rate of 1 per 10 s without a concurrency limit (the permit goes back beside the body once the interval has passed): a stop anywhere',
     workflow: { ...QUEUE, ...RATE_ALONE },
     executions: 2,
@@ -199,7 +176,6 @@ export const CONFIGS: CheckerConfig[] = [
   },
   {
     name: 'rate-alone-redrive',
-    shard: 2,
     description: 'queue, a rate of 1 per 10 s without a concurrency limit: a stop anywhere, then a redrive, beside the cleanup and the guard; a failing body',
     workflow: { ...QUEUE, ...RATE_ALONE },
     executions: 1,
@@ -207,7 +183,6 @@ export const CONFIGS: CheckerConfig[] = [
   },
   {
     name: 'rate-alone-faults',
-    shard: 1,
     description: 'queue, a rate of 1 per 10 s without a concurrency limit: a stop with a late write, a server error (landed or not)',
     workflow: { ...QUEUE, ...RATE_ALONE },
     executions: 2,
@@ -215,7 +190,6 @@ export const CONFIGS: CheckerConfig[] = [
   },
   {
     name: 'rate-alone-failures',
-    shard: 1,
     description:
       'queue, a rate of 1 per 10 s without a concurrency limit: a DynamoDB call of the workflow throttled past its retries anywhere (the release beside the body among them), a failing body, a stop',
     workflow: { ...QUEUE, ...RATE_ALONE },
@@ -224,7 +198,6 @@ export const CONFIGS: CheckerConfig[] = [
   },
   {
     name: 'rate-alone-polling',
-    shard: 2,
     description: 'polling, a rate of 1 per 10 s without a concurrency limit: a stop with a late write, a failing body',
     workflow: { ...POLLING, ...RATE_ALONE },
     executions: 2,
@@ -232,7 +205,6 @@ export const CONFIGS: CheckerConfig[] = [
   },
   {
     name: 'rate-alone-client',
-    shard: 2,
     description: 'queue, a rate of 1 per 10 s without a concurrency limit: an execution and a client lease, either stopped or crashing, a sweep',
     workflow: { ...QUEUE, ...RATE_ALONE },
     executions: 1,
@@ -241,7 +213,6 @@ export const CONFIGS: CheckerConfig[] = [
   },
   {
     name: 'rate-alone-timeout',
-    shard: 1,
     description: 'queue with an acquire timeout, a rate of 1 per 10 s without a concurrency limit: a stop with a late write, a timeout',
     workflow: { ...QUEUE, ...RATE_ALONE, acquireTimeout: Duration.minutes(10) },
     executions: 2,
@@ -249,7 +220,6 @@ export const CONFIGS: CheckerConfig[] = [
   },
   {
     name: 'rate-body-slot',
-    shard: 1,
     description: 'queue, a rate of 2 per 10 s beside a concurrency limit of 1 (a body slot beside each permit): a stop anywhere, then a redrive',
     workflow: { ...QUEUE, concurrencyLimit: 1, rateLimit: RateLimit.of(2, Duration.seconds(10)) },
     executions: 2,
@@ -258,7 +228,6 @@ export const CONFIGS: CheckerConfig[] = [
   },
   {
     name: 'rate-body-slot-faults',
-    shard: 2,
     description: 'queue, a rate of 2 per 10 s beside a concurrency limit of 1: a stop with a late write, a server error (landed or not)',
     workflow: { ...QUEUE, concurrencyLimit: 1, rateLimit: RateLimit.of(2, Duration.seconds(10)) },
     executions: 2,
@@ -266,7 +235,6 @@ export const CONFIGS: CheckerConfig[] = [
   },
   {
     name: 'rate-body-slot-client',
-    shard: 2,
     description: 'queue, a rate of 2 per 10 s beside a concurrency limit of 1: an execution and a client lease sharing the body slot, a stop, a sweep',
     workflow: { ...QUEUE, concurrencyLimit: 1, rateLimit: RateLimit.of(2, Duration.seconds(10)) },
     executions: 1,
@@ -275,7 +243,6 @@ export const CONFIGS: CheckerConfig[] = [
   },
   {
     name: 'rate-above-limit',
-    shard: 1,
     description:
       'queue, a rate of 1 per 10 s beside a concurrency limit of 2 (the permit goes back at the interval, the body keeps its slot): a stop anywhere',
     workflow: { ...QUEUE, concurrencyLimit: 2, rateLimit: RATE_ALONE.rateLimit },
@@ -284,7 +251,6 @@ export const CONFIGS: CheckerConfig[] = [
   },
   {
     name: 'rate-above-limit-redrive',
-    shard: 2,
     description: 'queue, a rate of 1 per 10 s beside a concurrency limit of 2, 1 execution: a stop anywhere, then a redrive, beside the cleanup and the guard; a failing body',
     workflow: { ...QUEUE, concurrencyLimit: 2, rateLimit: RATE_ALONE.rateLimit },
     executions: 1,
@@ -292,7 +258,6 @@ export const CONFIGS: CheckerConfig[] = [
   },
   {
     name: 'rate-above-limit-3',
-    shard: 2,
     description: 'queue, a rate of 1 per 10 s beside a concurrency limit of 2, 3 executions (the third waits for a permit, then for a slot), no fault',
     workflow: { ...QUEUE, concurrencyLimit: 2, rateLimit: RATE_ALONE.rateLimit },
     executions: 3,
@@ -301,7 +266,6 @@ export const CONFIGS: CheckerConfig[] = [
   },
   {
     name: 'rate-above-limit-faults',
-    shard: 2,
     description: 'queue, a rate of 1 per 10 s beside a concurrency limit of 2: a stop with a late write, a server error (landed or not)',
     workflow: { ...QUEUE, concurrencyLimit: 2, rateLimit: RATE_ALONE.rateLimit },
     executions: 2,
@@ -310,7 +274,6 @@ export const CONFIGS: CheckerConfig[] = [
   },
   {
     name: 'weighted',
-    shard: 2,
     description: 'polling, limit 3, each execution taking 2 permits: stops with late writes, redrive, a sweep',
     workflow: { ...POLLING, concurrencyLimit: 3, permits: 2 },
     executions: 2,
@@ -318,7 +281,6 @@ export const CONFIGS: CheckerConfig[] = [
   },
   {
     name: 'weighted-client',
-    shard: 2,
     description: 'queue, limit 2: a client lease of 2 permits handing them to queued executions one at a time, a stop',
     workflow: { ...QUEUE, concurrencyLimit: 2 },
     executions: 2,
@@ -328,7 +290,6 @@ export const CONFIGS: CheckerConfig[] = [
   },
   {
     name: 'weighted-queue',
-    shard: 2,
     description: 'queue, limit 3, each execution taking 2 permits: the second is handed one and collects the other; a stop with a late write, a redrive',
     workflow: { ...QUEUE, concurrencyLimit: 3, permits: 2 },
     executions: 2,
@@ -336,7 +297,6 @@ export const CONFIGS: CheckerConfig[] = [
   },
   {
     name: 'weighted-queue-3',
-    shard: 1,
     description: 'queue, limit 3, three executions taking 2 permits: two handed one each at once, the second to register gives its back; a stop',
     workflow: { ...QUEUE, concurrencyLimit: 3, permits: 2 },
     executions: 3,
@@ -344,7 +304,6 @@ export const CONFIGS: CheckerConfig[] = [
   },
   {
     name: 'weighted-queue-faults',
-    shard: 2,
     description: 'queue, limit 3, each execution taking 2 permits: a wait that times out, a lost wake-up, a server error, a stop',
     workflow: { ...QUEUE, concurrencyLimit: 3, permits: 2 },
     executions: 2,
@@ -352,7 +311,6 @@ export const CONFIGS: CheckerConfig[] = [
   },
   {
     name: 'limit-2',
-    shard: 1,
     description: 'queue, limit 2, three executions: a stop, a timeout, a lost wake-up',
     workflow: { ...QUEUE, concurrencyLimit: 2 },
     executions: 3,

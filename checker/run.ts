@@ -16,7 +16,7 @@ import { buildSystem, System } from './system';
  *   npm run check-protocol -- queue-stops --budget '{"stops":2}' --executions 3   larger bounds
  *   npm run check-protocol -- --list
  *   npm run check-protocol -- queue-stops --tickets 4     a wider window of ticket numbers (default 1, or the configuration's)
- *   npm run check-protocol -- --jobs 1                one process (by default, two: one per shard)
+ *   npm run check-protocol -- --jobs 1                one process (by default, one per core, up to two)
  *   npm run check-protocol -- --bound 50000           each search stopped after 50,000 states (the test command's)
  */
 
@@ -88,81 +88,104 @@ function main(argv: string[]): number | Promise<number> {
     executions: executions ?? c.executions,
   }));
   const started = Date.now();
-  const jobs = Math.min(Number(value('--jobs') ?? DEFAULT_JOBS), configs.length);
-  if (jobs > 1 && !argv.includes('--worker')) return runInParallel(configs, jobs, argv, started);
-  let failed = 0;
-  let states = 0;
-  for (const config of configs) {
+  const check = (config: CheckerConfig, progress: boolean): WorkerResult => {
     const result = checkConfig(config, {
       maxStates: value('--max-states') ? Number(value('--max-states')) : undefined,
       bound: value('--bound') ? positive('--bound') : undefined,
       ticketWindow: value('--tickets') ? Number(value('--tickets')) : undefined,
       liveness: !argv.includes('--no-liveness'),
-      progress: argv.includes('--worker') ? undefined : (n, d) => process.stderr.write(`  ${config.name}: ${n.toLocaleString('en-US')} states, depth ${d}\r`),
+      progress: progress ? (n, d) => process.stderr.write(`  ${config.name}: ${n.toLocaleString('en-US')} states, depth ${d}\r`) : undefined,
     });
-    states += result.states;
-    console.log(report(config, result));
-    if (result.counterexample || result.incomplete) failed++;
-  }
+    return { name: config.name, text: report(config, result), states: result.states, failed: Boolean(result.counterexample || result.incomplete) };
+  };
   if (argv.includes('--worker')) {
-    console.log(`${WORKER_TOTALS} ${states} ${failed}`);
-  } else {
-    console.log(summary(configs.length, states, started, failed));
+    // A worker of runInParallel: it searches each configuration it is sent, and answers with the result.
+    process.on('message', (name: string) => process.send!(check(configs.find((c) => c.name === name)!, false)));
+    return new Promise<number>((resolve) => process.on('disconnect', () => resolve(0)));
   }
+  const jobs = Math.min(Number(value('--jobs') ?? DEFAULT_JOBS), configs.length);
+  if (jobs > 1) return runInParallel(configs, jobs, argv, started);
+  let failed = 0;
+  let states = 0;
+  for (const config of configs) {
+    const result = check(config, true);
+    states += result.states;
+    console.log(result.text);
+    if (result.failed) failed++;
+  }
+  console.log(summary(configs.length, states, started, failed));
   return failed ? 1 : 0;
 }
 
-/** One search per core: the configurations split by their shard (checker/configs.ts), each half in a process of its own. */
+/** What a worker answers for one configuration. */
+interface WorkerResult {
+  readonly name: string;
+  readonly text: string;
+  readonly states: number;
+  readonly failed: boolean;
+}
+
+/** One search per core. */
 const DEFAULT_JOBS = Math.min(2, os.cpus().length);
-const WORKER_TOTALS = '#totals';
 
 function summary(configurations: number, states: number, started: number, failed: number): string {
   const seconds = ((Date.now() - started) / 1000).toFixed(1);
   return `\n${configurations} configurations, ${states.toLocaleString('en-US')} states in ${seconds} s: ${failed ? `${failed} failed` : 'no violation'}`;
 }
 
-/** Run the configurations in `jobs` child processes (this file, with --worker), and report as one run would. */
+/**
+ * Run the configurations in `jobs` child processes (this file, with --worker), each sent the next
+ * configuration as soon as it is done with one (a fixed split left one process searching for a minute
+ * and a half after the other had finished), and report them in their order, as one run would.
+ */
 async function runInParallel(configs: CheckerConfig[], jobs: number, argv: string[], started: number): Promise<number> {
-  const groups: CheckerConfig[][] = Array.from({ length: jobs }, () => []);
-  // Shard 1 and 2 are balanced for two; more jobs deal the configurations out in turn.
-  configs.forEach((c, i) => groups[jobs === 2 ? c.shard - 1 : i % jobs].push(c));
   const flags = argv.filter((a, i) => !configs.some((c) => c.name === a) && a !== '--jobs' && argv[i - 1] !== '--jobs');
-  const outputs = await Promise.all(
-    groups
-      .filter((g) => g.length > 0)
-      .map(
-        (group) =>
-          new Promise<string>((resolve, reject) => {
-            const child = childProcess.spawn(
-              process.execPath,
-              ['-r', 'ts-node/register/transpile-only', __filename, ...group.map((c) => c.name), ...flags, '--worker'],
-              { env: { ...process.env, TS_NODE_PROJECT: path.join(__dirname, '..', 'tsconfig.dev.json') }, stdio: ['ignore', 'pipe', 'inherit'] },
-            );
-            let out = '';
-            child.stdout.on('data', (d: Buffer) => (out += d.toString()));
-            child.on('error', reject);
-            child.on('close', () => resolve(out));
-          }),
-      ),
+  const waiting = [...configs];
+  const results = new Map<string, WorkerResult>();
+  const lost: string[] = [];
+  await Promise.all(
+    Array.from(
+      { length: jobs },
+      () =>
+        new Promise<void>((resolve) => {
+          const child = childProcess.fork(__filename, [...configs.map((c) => c.name), ...flags, '--worker'], {
+            execArgv: ['-r', 'ts-node/register/transpile-only'],
+            env: { ...process.env, TS_NODE_PROJECT: path.join(__dirname, '..', 'tsconfig.dev.json') },
+            stdio: ['ignore', 'inherit', 'inherit', 'ipc'],
+          });
+          let current: CheckerConfig | undefined;
+          const next = () => {
+            current = waiting.shift();
+            if (current) child.send(current.name);
+            else child.disconnect();
+          };
+          child.on('message', (result: WorkerResult) => {
+            results.set(result.name, result);
+            next();
+          });
+          // A worker that died (out of memory, a crash) failed the configuration it was searching.
+          child.on('exit', () => {
+            if (current && !results.has(current.name)) lost.push(current.name);
+            resolve();
+          });
+          next();
+        }),
+    ),
   );
   let states = 0;
   let failed = 0;
-  let reported = 0;
-  for (const out of outputs) {
-    const lines = out.trimEnd().split('\n');
-    const totals = lines.find((l) => l.startsWith(WORKER_TOTALS));
-    if (totals === undefined) {
-      // A worker that died (out of memory, a crash) failed every configuration it had.
+  for (const config of configs) {
+    const result = results.get(config.name);
+    if (result === undefined) {
       failed++;
-    } else {
-      const [, n, f] = totals.split(' ');
-      states += Number(n);
-      failed += Number(f);
-      reported++;
+      console.log(`${config.name}: NOT SEARCHED — ${lost.includes(config.name) ? 'its process died while searching it' : 'every process had died'}`);
+      continue;
     }
-    console.log(lines.filter((l) => !l.startsWith(WORKER_TOTALS)).join('\n'));
+    states += result.states;
+    if (result.failed) failed++;
+    console.log(result.text);
   }
-  console.log(summary(configs.length, states, started, failed) + (reported < outputs.length ? ' (a worker died)' : ''));
+  console.log(summary(configs.length, states, started, failed) + (lost.length ? ` (a process died searching ${lost.join(', ')})` : ''));
   return failed ? 1 : 0;
 }
 
