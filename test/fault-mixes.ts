@@ -1,4 +1,5 @@
 import { ScenarioOptions } from '../simulator';
+import { WaitStrategy } from '../src';
 
 /*
  * The fault suite's run and its mixes of injected faults (test/fault-suite.test.ts), shared with the
@@ -37,3 +38,19 @@ export const FAULT_MIXES: Array<[string, Partial<ScenarioOptions>]> = [
   // which finds its permit when its wait times out. (Polling wakes nobody: the mix is stops and failures.)
   ['lost wake-ups: 20% of SendTaskSuccess calls never arrive', { lostWakeUpRate: 0.2, failureRate: 0.1, abortRate: 0.1 }],
 ];
+
+/**
+ * Each mix runs once with each strategy in the test command: the queue on seed 11, polling on seed 12
+ * (about 10 s a run). A stress run takes more seeds, each with both strategies:
+ * `FAULT_SUITE_SEEDS=11,12,13 npx jest test/fault-suite.test.ts`.
+ */
+export function faultSuiteRuns(seeds: string | undefined): Array<[number, WaitStrategy]> {
+  if (seeds === undefined || seeds.trim() === '') return [[11, WaitStrategy.QUEUE], [12, WaitStrategy.POLLING]];
+  return seeds.split(',').flatMap((text): Array<[number, WaitStrategy]> => {
+    if (!/^\d+$/.test(text.trim())) {
+      throw new Error(`FAULT_SUITE_SEEDS must be whole numbers separated by commas, such as 11,12,13; '${text}' is not one (in '${seeds}')`);
+    }
+    const seed = Number(text);
+    return [[seed, WaitStrategy.QUEUE], [seed, WaitStrategy.POLLING]];
+  });
+}

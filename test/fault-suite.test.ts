@@ -1,17 +1,18 @@
 import { Duration } from 'aws-cdk-lib';
 import { JsonPath } from 'aws-cdk-lib/aws-stepfunctions';
-import { FAULT_MIXES, FAULT_SUITE_BASE } from './fault-mixes';
+import { FAULT_MIXES, FAULT_SUITE_BASE, faultSuiteRuns } from './fault-mixes';
 import { demoSubject } from '../demo/run';
 import { admissionRate, admissionRateOnceFull, brokenInvariants, countOvertaken, countOvertakers, percentile, runScenario, ScenarioOptions, stripeOf } from '../simulator';
 import { WaitStrategy } from '../src';
 
 /*
- * The fault suite: the demo's workflow under mixes of injected faults, over several seeds. After each
- * run every invariant must hold: never more than the limit inside, the count equal to the holders at
- * every sample (never below), no permit left held, nobody stuck, every failed execution explained by
- * its own work's error. After the run, the reconciler's schedule fires once, as it would within one
- * period: lost events and the late-acquire race leak permits that only the reconciler frees.
- * Each mix runs with the queue (the default) and with polling, under DynamoDB's capacity rules.
+ * The fault suite: the demo's workflow under mixes of injected faults. After each run every invariant
+ * must hold: never more than the limit inside, the count equal to the holders at every sample (never
+ * below), no permit left held, nobody stuck, every failed execution explained by its own work's error.
+ * After the run, the reconciler's schedule fires once, as it would within one period: lost events and
+ * the late-acquire race leak permits that only the reconciler frees. Each mix runs with the queue (the
+ * default) and with polling, under DynamoDB's capacity rules, on one seed each; more seeds on request
+ * (faultSuiteRuns in fault-mixes.ts).
  * A soak of 1,000 executions runs from the bench (`npm run bench -- --soak`), not here.
  */
 
@@ -21,12 +22,7 @@ const MIXES = FAULT_MIXES;
 
 describe.each(MIXES)('%s', (_name, mix) => {
   // The default wait strategy (the queue), with its check interval scaled down as the run is; and polling.
-  test.each([
-    [11, WaitStrategy.QUEUE],
-    [12, WaitStrategy.QUEUE],
-    [11, WaitStrategy.POLLING],
-    [12, WaitStrategy.POLLING],
-  ])('seed %i, %s: every invariant holds', async (seed, waitStrategy) => {
+  test.each(faultSuiteRuns(process.env.FAULT_SUITE_SEEDS))('seed %i, %s: every invariant holds', async (seed, waitStrategy) => {
     const props = waitStrategy === WaitStrategy.QUEUE ? { queueCheckInterval: Duration.seconds(60) } : { waitStrategy };
     const result = await runScenario(demoSubject(LIMIT, props), { ...BASE, ...mix, seed });
 
@@ -91,6 +87,14 @@ describe('a limit split into stripes (README: "A limit in the hundreds")', () =>
     for (let id = 0; id < 10000; id++) counts[stripeOf(id, 5)]++;
     for (const n of counts) expect(Math.abs(n - 2000)).toBeLessThan(150);
   });
+});
+
+test('the suite runs each mix with both strategies, on one seed each unless FAULT_SUITE_SEEDS asks for more', () => {
+  expect(faultSuiteRuns(undefined)).toEqual([[11, WaitStrategy.QUEUE], [12, WaitStrategy.POLLING]]);
+  expect(faultSuiteRuns(' 3, 4')).toEqual([[3, WaitStrategy.QUEUE], [3, WaitStrategy.POLLING], [4, WaitStrategy.QUEUE], [4, WaitStrategy.POLLING]]);
+  expect(() => faultSuiteRuns('11,x')).toThrow(/FAULT_SUITE_SEEDS must be whole numbers separated by commas, such as 11,12,13; 'x' is not one/);
+  expect(() => faultSuiteRuns('1.5')).toThrow(/'1.5' is not one/);
+  expect(() => faultSuiteRuns('11,,12')).toThrow(/'' is not one/);
 });
 
 test('percentile: nearest rank, 0 for none', () => {
