@@ -72,15 +72,17 @@ test('the holder-items spike (bench --spike) runs on the simulator\'s transactio
   expect(many.largestLockItemBytes).toBeLessThan(200);
 }, 120_000);
 
-test('the transactional-queue spike (bench --spike transact-queue) queues, hands off in order and wakes: 3 transitions alone, 4 more a waiter', async () => {
+test('the transactional-queue spike (bench --spike transact-queue) queues, hands off and wakes: 3 transitions alone, 4 more a waiter', async () => {
   const options = { executions: 1, limit: 3, workSeconds: 2, capacity: { partitionLimits: true }, seed: 7, timeScale: 0.05 };
   const one = await runScenario(transactQueueSpikeSubject(3), options);
   expect([one.succeeded, one.overheadTransitionsPerExecution, one.dynamoCallsPerExecution]).toEqual([1, 3, 2]);
   // Bodies of 0.4 s real time (at 5 times real time), so that the waits land before the first release even on a loaded machine.
   const many = await runScenario(transactQueueSpikeSubject(3), { ...options, executions: 12, failureRate: 0.2, timeScale: 0.2 });
   expect(many.invariantViolations).toEqual([]);
-  // (A failed body releases as a successful one does: the spike's executions all succeed.)
-  expect([many.succeeded, many.maxInside, many.permitsLeftHeld, many.stuck, many.overtaken]).toEqual([12, 3, 0, 0, 0]);
+  // (A failed body releases as a successful one does: the spike's executions all succeed.) Not asserted:
+  // who is overtaken. A waiter's place is where its wait's transaction lands, after its refused acquire,
+  // so on a loaded machine one that arrived first can land second (CI saw 1 of 12 overtaken once).
+  expect([many.succeeded, many.maxInside, many.permitsLeftHeld, many.stuck]).toEqual([12, 3, 0, 0]);
   // Each waiter: its wait, and its releaser's query, hand-off and wake-up. A wait whose transaction is
   // cancelled (a permit came free before it landed: a loaded machine) asks whether it was throttled and
   // acquires again. Releasers whose bodies end together read the same ticket: all but one hand-off are
