@@ -829,12 +829,13 @@ export class Model {
   }
 
   /** Replay an actor's flow with its answers: the effect it waits on, or its end. */
-  private replay(actor: Actor): { effect?: Effect; done: boolean; error?: unknown } {
+  private replay(actor: Actor, stacks = false): { effect?: Effect; done: boolean; error?: unknown } {
     const flow = this.flow(actor);
     // A replay throws the same errors into the flow again and again (and the flow its own, such as the
-    // guard's RedriveUndecided): without their stacks, which nobody reads, the search takes 5% less time.
+    // guard's RedriveUndecided): without their stacks the search takes 5% less time. An error that ends
+    // the search is made again with its stack (see advance).
     const stackTraceLimit = Error.stackTraceLimit;
-    Error.stackTraceLimit = 0;
+    if (!stacks) Error.stackTraceLimit = 0;
     try {
       let step = flow.next();
       for (const answer of actor.answers) {
@@ -943,7 +944,7 @@ export class Model {
             w.ghost.guardGaveUp++;
           }
         } else if (error !== undefined) {
-          throw error;
+          throw this.replay(actor, true).error ?? error;
         }
         return;
       }
