@@ -135,8 +135,8 @@ function summary(configurations: number, states: number, started: number, failed
 
 /**
  * Run the configurations in `jobs` child processes (this file, with --worker), each sent the next
- * configuration as soon as it is done with one (a fixed split left one process searching for a minute
- * and a half after the other had finished), and report them in their order, as one run would.
+ * configuration as soon as it is done with one (a fixed split left one process searching for two and a
+ * half minutes after the other had finished), and report them in their order, as one run would.
  */
 async function runInParallel(configs: CheckerConfig[], jobs: number, argv: string[], started: number): Promise<number> {
   const flags = argv.filter((a, i) => !configs.some((c) => c.name === a) && a !== '--jobs' && argv[i - 1] !== '--jobs');
@@ -163,10 +163,15 @@ async function runInParallel(configs: CheckerConfig[], jobs: number, argv: strin
             results.set(result.name, result);
             next();
           });
-          // A worker that died (out of memory, a crash) failed the configuration it was searching.
-          child.on('exit', () => {
-            if (current && !results.has(current.name)) lost.push(current.name);
+          // A worker that died (out of memory, a crash) or never started failed the configuration it had.
+          const ended = () => {
+            if (current && !results.has(current.name) && !lost.includes(current.name)) lost.push(current.name);
             resolve();
+          };
+          child.on('exit', ended);
+          child.on('error', (e) => {
+            console.error(`a checker process failed: ${e.message}`);
+            ended();
           });
           next();
         }),
