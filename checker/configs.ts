@@ -5,9 +5,9 @@ import { ConcurrencyControlledWorkflowProps, RateLimit, WaitStrategy } from '../
 /*
  * The bounded configurations the checker searches exhaustively. Each finishes in seconds to 25
  * minutes on one core (about 100 minutes of one core in all), and together they cover every kind of
- * non-determinism the model has. The test command searches each to a bound of 50,000 states (two
- * processes, each taking the next configuration when it is done); `npm run check-protocol` runs them
- * in full with a report, or one of them, or larger bounds.
+ * non-determinism the model has. The test command searches each to a bound of 20,000 states and CI
+ * to 50,000 (two processes, each taking the next configuration when it is done); `npm run
+ * check-protocol` runs them in full with a report, or one of them, or larger bounds.
  */
 
 export interface CheckerConfig {

@@ -17,7 +17,8 @@ import { buildSystem, System } from './system';
  *   npm run check-protocol -- --list
  *   npm run check-protocol -- queue-stops --tickets 4     a wider window of ticket numbers (default 1, or the configuration's)
  *   npm run check-protocol -- --jobs 1                one process (by default, one per core, up to two)
- *   npm run check-protocol -- --bound 50000           each search stopped after 50,000 states (the test command's)
+ *   npm run check-protocol -- --bound 20000           each search stopped after 20,000 states (the test command's;
+ *                                                     CI's is 50000)
  */
 
 export interface CheckOptions extends SearchOptions {
