@@ -499,6 +499,10 @@ export class Simulator {
   private readonly rules: SimRule[] = [];
   private readonly pending = new Set<Promise<unknown>>();
   private readonly timers = new Set<NodeJS.Timeout>();
+  /** The timers of pending sleeps, each with what forgets its signal (see sleep). */
+  private readonly sleeps = new Map<NodeJS.Timeout, () => void>();
+  /** Whether stop() has run: sleeps no longer end. */
+  private ended = false;
   private executionCounter = 0;
   private readonly interpreters = new Map<string, InstanceType<LocalStepFunctions['StateMachine']>>();
   private readonly lambdas = new Map<string, LambdaHandler>();
@@ -559,18 +563,27 @@ export class Simulator {
     return this.realStart + (Date.now() - this.realStart) / this.timeScale;
   }
 
-  /** Sleep for simulated seconds; a signal that aborts (or had aborted already: a stopped execution's) ends the sleep at once. */
+  /**
+   * Sleep for simulated seconds; a signal that aborts (or had aborted already: a stopped execution's) ends the sleep at once.
+   * A sleep still pending when the simulator stops never ends: what waited on it (a Lambda function's next
+   * attempt, a late event) would otherwise run after the simulation, against a stopped DynamoDB, and its timer
+   * would keep the process (a Jest worker) alive.
+   */
   public sleep(seconds: number, signal?: AbortSignal): Promise<void> {
     return new Promise((done) => {
       if (signal?.aborted) return done();
+      if (this.ended) return;
       const onAbort = () => {
         clearTimeout(timer);
+        this.sleeps.delete(timer);
         done();
       };
       const timer = setTimeout(() => {
+        this.sleeps.delete(timer);
         signal?.removeEventListener('abort', onAbort);
         done();
       }, Math.min(seconds * 1000 * this.timeScale, 2147483647));
+      this.sleeps.set(timer, () => signal?.removeEventListener('abort', onAbort));
       signal?.addEventListener('abort', onAbort, { once: true });
     });
   }
@@ -738,6 +751,14 @@ export class Simulator {
     await this.sfnApi?.stop();
     await this.codeDynamoDb?.stop();
     await this.db.stop();
+    // What is still asleep now waited beside the executions (a Lambda function's next attempt, a late event):
+    // it never wakes (see sleep).
+    this.ended = true;
+    for (const [timer, forgetSignal] of this.sleeps) {
+      clearTimeout(timer);
+      forgetSignal();
+    }
+    this.sleeps.clear();
     for (const [k, v] of Object.entries(this.savedEnv)) {
       if (v === undefined) delete process.env[k];
       else process.env[k] = v;

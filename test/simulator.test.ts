@@ -353,6 +353,24 @@ describe('state machines', () => {
     }
   });
 
+  test('a sleep still pending when the simulator stops never ends, and leaves no timer to keep the process alive', async () => {
+    const { stack } = machineStack((s) => new sfn.Pass(s, 'Nothing'));
+    const sim = await Simulator.start(stack); // 20 simulated seconds are 0.2 s of real time
+    const ended: string[] = [];
+    const signal = new AbortController();
+    void sim.sleep(20).then(() => ended.push('without a signal'));
+    void sim.sleep(20, signal.signal).then(() => ended.push('with a signal'));
+    const timeouts = () => process.getActiveResourcesInfo().filter((r) => r === 'Timeout').length;
+    const before = timeouts();
+    await sim.stop();
+    expect(timeouts()).toBeLessThanOrEqual(before - 2);
+    // Neither the signal aborting after the stop nor a sleep begun after it ends anything.
+    signal.abort();
+    void sim.sleep(1).then(() => ended.push('after the stop'));
+    await new Promise((r) => setTimeout(r, 500));
+    expect(ended).toEqual([]);
+  });
+
   test('counts retries as billed transitions', async () => {
     let calls = 0;
     const { stack, sm } = machineStack((s) => {
