@@ -1368,7 +1368,9 @@ describe('callbacks: .waitForTaskToken', () => {
 
   test('HeartbeatSeconds: heartbeats keep the task waiting; without them States.HeartbeatTimeout, and each retry has a token of its own', async () => {
     const { stack, waiter } = callbackStack({ heartbeat: Duration.seconds(10), retry: true });
-    const sim = await Simulator.start(stack);
+    // Heartbeats 5 s apart against a 10 s timeout leave 5 s of margin: 50 ms of real time at the default
+    // scale, which a loaded machine can take (a CI run with three Jest workers did); 500 ms at a tenth.
+    const sim = await Simulator.start(stack, { timeScale: 0.1 });
     try {
       const waiting = sim.startExecution(sim.stateMachine(waiter));
       const first = await tokenOnceWritten(sim);
