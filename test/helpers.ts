@@ -4,7 +4,7 @@ import * as sfn from 'aws-cdk-lib/aws-stepfunctions';
 import * as tasks from 'aws-cdk-lib/aws-stepfunctions-tasks';
 import { Execution, lockStates, Simulator, SimulatorOptions, TaskContext, waitingTickets } from '../simulator';
 import { ConcurrencyControlledWorkflow, ConcurrencyControlledWorkflowProps } from '../src';
-import { HOLDER_REDRIVE_COUNT, TICKET_WAITER } from '../src/private/lock-schema';
+import { HOLDER_REDRIVE_COUNT, LOCK_KEY, TICKET_WAITER } from '../src/private/lock-schema';
 
 /**
  * The work functions' Timeout: Lambda's longest (15 minutes), since the simulator enforces a function's
@@ -92,6 +92,11 @@ export class WorkTracker {
 /** The lock items of a table, as plain objects: name, permits in use, holders (executions by their ARNs). */
 export async function lockState(sim: Simulator, table = 'WorkflowLockTable') {
   return (await lockStates(sim, table)).map((lock) => ({ ...lock, holders: lock.holders.map((h) => sim.executionOfHolder(h)?.arn ?? h) }));
+}
+
+/** A lock item as the table holds it (undefined before the first acquire); by default workflowStack's lock. */
+export async function lockItem(sim: Simulator, lockName = 'TestStack/Workflow', table = 'WorkflowLockTable') {
+  return (await sim.scan(table)).find((i) => i[LOCK_KEY]?.S === lockName);
 }
 
 export function statuses(executions: Execution[]): Record<string, number> {

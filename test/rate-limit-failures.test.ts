@@ -1,9 +1,9 @@
 import { Duration } from 'aws-cdk-lib';
-import { mostInAnyWindow, Simulator, TaskError } from '../simulator';
+import { mostInAnyWindow, TaskError } from '../simulator';
 import { IdempotencyKey, RateLimit } from '../src';
-import { lockState, simulate, stateMachineLogicalId, until, WorkTracker, workflowStack } from './helpers';
+import { lockItem, lockState, simulate, stateMachineLogicalId, until, WorkTracker, workflowStack } from './helpers';
 import { TRANSIENT_RETRIES } from '../src/private/dynamodb-errors';
-import { HOLDER_REDRIVE_COUNT, LOCK_KEY } from '../src/private/lock-schema';
+import { HOLDER_REDRIVE_COUNT } from '../src/private/lock-schema';
 import { RELEASE_AT_INTERVAL_FAILED, RELEASE_AT_INTERVAL_SUFFIX, STATE } from '../src/private/state-names';
 
 /*
@@ -12,13 +12,6 @@ import { RELEASE_AT_INTERVAL_FAILED, RELEASE_AT_INTERVAL_SUFFIX, STATE } from '.
  */
 
 const LOCK = 'TestStack/Workflow';
-
-
-/** The lock item as the table holds it (undefined before the first acquire). */
-async function lockItem(sim: Simulator) {
-  return (await sim.scan('WorkflowLockTable')).find((i) => i[LOCK_KEY]?.S === LOCK);
-}
-
 
 test('failing and stopped bodies: the catch and the cleanup free the permit only once the interval has passed', async () => {
   const { stack, workflow, workFunctionId } = workflowStack({ rateLimit: RateLimit.of(2, Duration.seconds(20)), reconcilerScheduleEnabled: false });

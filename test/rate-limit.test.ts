@@ -6,7 +6,7 @@ import { SemaphoreClient } from '../client/semaphore-client';
 import { demoSubject } from '../demo/run';
 import { brokenInvariants, metricFilterSums, mostInAnyWindow, runScenario, Simulator } from '../simulator';
 import { CleanFromIncomplete, IdempotencyKey, RateLimit, SemaphoreReconciler, SemaphoreTable, WaitStrategy } from '../src';
-import { lockState, simulate, stateMachineLogicalId, until, WorkTracker, workflowStack } from './helpers';
+import { lockItem, lockState, simulate, stateMachineLogicalId, until, WorkTracker, workflowStack } from './helpers';
 import {
   BODIES_RUNNING,
   BODY_LIMIT,
@@ -16,7 +16,6 @@ import {
   HOLDER_IN_BODY,
   HOLDER_PERMITS,
   HOLDER_REDRIVE_COUNT,
-  LOCK_KEY,
   PERMITS_IN_USE,
 } from '../src/private/lock-schema';
 import { RELEASE_AT_INTERVAL_SUFFIX, STATE } from '../src/private/state-names';
@@ -177,11 +176,6 @@ describe.each([WaitStrategy.QUEUE, WaitStrategy.POLLING])('%s', (waitStrategy) =
 function cliEnv(sim: Simulator): Record<string, string> {
   const aws = { AWS_ENDPOINT_URL_DYNAMODB: sim.db.endpoint, AWS_REGION: 'us-east-1', AWS_ACCESS_KEY_ID: 'local', AWS_SECRET_ACCESS_KEY: 'local' };
   return { ...aws, CDK_SFN_SEMAPHORE_TABLE: sim.tableName('WorkflowLockTable') };
-}
-
-/** The lock item as the table holds it (undefined before the first acquire). */
-async function lockItem(sim: Simulator) {
-  return (await sim.scan('WorkflowLockTable')).find((i) => i[LOCK_KEY]?.S === LOCK);
 }
 
 /** The lock item's count of bodies holding a slot (BODIES_RUNNING), and how many entries carry the mark. */
