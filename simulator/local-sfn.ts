@@ -53,6 +53,12 @@ import type { Random } from './random';
  *    Language matches it when the test fails (an absent field for `"IsPresent": false`). It now compares
  *    the test's outcome with the rule's value.
  *
+ * 15. (Not a patch.) The module's timers are the simulator's: its `setTimeout` and `clearTimeout` are
+ *    passed in, so that stopping the simulator clears what the module left behind. A task's timeout is
+ *    cleared only when the task settles, and an execution's only when its run ends: a task still pending
+ *    at the stop (a callback nobody sends, a call into a stopped database) would otherwise leave a timer
+ *    of up to 24.8 days (Node's longest) keeping the process alive.
+ *
  * Each patch must apply exactly once, so an upgrade of the module that moves the code fails loudly
  * here instead of silently running at full speed.
  */
@@ -132,12 +138,23 @@ const PATCHES: Array<[string, string]> = [
 
 export type LocalStepFunctions = typeof LocalSfn;
 
+/** The timers the module sets: the simulator's, which it clears when it stops. */
+export interface ModuleTimers {
+  setTimeout(callback: () => void, ms: number): NodeJS.Timeout;
+  clearTimeout(timer: NodeJS.Timeout | undefined): void;
+}
+
 /**
  * Load a private copy of aws-local-stepfunctions whose clock runs `timeScale` times real time
- * (0.01: one simulated second takes 10 ms), whose randomness comes from `random`, and whose states
- * are entered at `now()` (epoch milliseconds, the simulated clock).
+ * (0.01: one simulated second takes 10 ms), whose randomness comes from `random`, whose states
+ * are entered at `now()` (epoch milliseconds, the simulated clock), and whose timers are `timers`.
  */
-export function loadLocalStepFunctions(timeScale: number, random: Random, now: () => number = Date.now): LocalStepFunctions {
+export function loadLocalStepFunctions(
+  timeScale: number,
+  random: Random,
+  now: () => number = Date.now,
+  timers: ModuleTimers = { setTimeout: (callback, ms) => setTimeout(callback, ms), clearTimeout: (timer) => clearTimeout(timer) },
+): LocalStepFunctions {
   const hostRequire = createRequire(__filename);
   const filename = hostRequire.resolve('aws-local-stepfunctions');
   let source = fs.readFileSync(filename, 'utf-8');
@@ -159,9 +176,12 @@ export function loadLocalStepFunctions(timeScale: number, random: Random, now: (
     '__TIME_SCALE__',
     '__RANDOM__',
     '__NOW__',
+    'setTimeout',
+    'clearTimeout',
     `${source}\n//# sourceURL=${filename}`,
   );
   const mod = { exports: {} as LocalStepFunctions };
-  wrapper(mod.exports, createRequire(filename), mod, filename, path.dirname(filename), timeScale, random, now);
+  const { setTimeout: moduleSetTimeout, clearTimeout: moduleClearTimeout } = timers;
+  wrapper(mod.exports, createRequire(filename), mod, filename, path.dirname(filename), timeScale, random, now, moduleSetTimeout, moduleClearTimeout);
   return mod.exports;
 }

@@ -501,6 +501,8 @@ export class Simulator {
   private readonly timers = new Set<NodeJS.Timeout>();
   /** The timers of pending sleeps, each with what forgets its signal (see sleep). */
   private readonly sleeps = new Map<NodeJS.Timeout, () => void>();
+  /** The interpreter's pending timers (its Wait states, retry intervals, task and execution timeouts): stop() clears them. */
+  private readonly moduleTimers = new Set<NodeJS.Timeout>();
   /** Whether stop() has run: sleeps no longer end. */
   private ended = false;
   private executionCounter = 0;
@@ -523,7 +525,21 @@ export class Simulator {
   ) {
     this.timeScale = options.timeScale ?? 0.01;
     this.random = seededRandom(options.seed ?? 1);
-    this.sfn = loadLocalStepFunctions(this.timeScale, this.random, () => this.now());
+    this.sfn = loadLocalStepFunctions(this.timeScale, this.random, () => this.now(), {
+      setTimeout: (callback, ms) => {
+        const timer = setTimeout(() => {
+          this.moduleTimers.delete(timer);
+          callback();
+        }, ms);
+        this.moduleTimers.add(timer);
+        return timer;
+      },
+      clearTimeout: (timer) => {
+        if (timer === undefined) return;
+        this.moduleTimers.delete(timer);
+        clearTimeout(timer);
+      },
+    });
     const { dynamoFaults, capacity, transactionMillis } = options;
     this.dynamo = new DynamoTaskRunner(db, this.random, (s) => this.sleep(s), dynamoFaults, capacity, () => this.now(), transactionMillis ?? 0);
     this.callbacks.tokenLength = options.taskTokenLength ?? 700;
@@ -759,6 +775,10 @@ export class Simulator {
       forgetSignal();
     }
     this.sleeps.clear();
+    // The interpreter's timers go too: a task's timeout is cleared only when the task settles, and a task
+    // pending at the stop never does (local-sfn.ts, note 15).
+    for (const timer of this.moduleTimers) clearTimeout(timer);
+    this.moduleTimers.clear();
     for (const [k, v] of Object.entries(this.savedEnv)) {
       if (v === undefined) delete process.env[k];
       else process.env[k] = v;

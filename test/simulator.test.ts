@@ -371,6 +371,30 @@ describe('state machines', () => {
     expect(ended).toEqual([]);
   });
 
+  test('a task still pending when the simulator stops leaves none of the interpreter\'s timers behind', async () => {
+    const stack = new Stack(new App(), 'Sim');
+    const hang = new sfn.CustomState(stack, 'Hang', { stateJson: { Type: 'Task', Resource: 'arn:aws:states:::hang' } });
+    // The execution's timeout and the task's (99999999 s by default, as on AWS) are both timers of the interpreter.
+    const sm = new sfn.StateMachine(stack, 'Machine', { definitionBody: sfn.DefinitionBody.fromChainable(hang), timeout: Duration.hours(1) });
+    let entered!: () => void;
+    const inTask = new Promise<void>((resolve) => (entered = resolve));
+    const sim = await Simulator.start(stack, {
+      taskHandlers: {
+        Hang: () => {
+          entered();
+          return new Promise(() => undefined); // never settles
+        },
+      },
+    });
+    const execution = sim.startExecution(sim.stateMachine(logicalId(sm.node.defaultChild as any)));
+    void execution.done.catch(() => undefined);
+    await inTask;
+    const timeouts = () => process.getActiveResourcesInfo().filter((r) => r === 'Timeout').length;
+    const before = timeouts();
+    await sim.stop();
+    expect(timeouts()).toBeLessThanOrEqual(before - 2);
+  });
+
   test('counts retries as billed transitions', async () => {
     let calls = 0;
     const { stack, sm } = machineStack((s) => {
