@@ -295,10 +295,15 @@ interface BenchOptions {
   spikeAlone: boolean;
   /** How long a DynamoDB transaction is under way, simulated ms (SimulatorOptions.transactionMillis): only the spikes write transactions. */
   transactionMillis: number;
+  /**
+   * Leave the AWS sample out: its figures depend on its definitions and the seed, not on our code, so a
+   * run that measures a change of ours can take them from an earlier run of the same seed.
+   */
+  withoutSample: boolean;
 }
 
 function parseOptions(argv: string[]): BenchOptions {
-  const options: BenchOptions = { seed: 1, timeScale: 0.05, soak: false, spikeAlone: false, transactionMillis: 0 };
+  const options: BenchOptions = { seed: 1, timeScale: 0.05, soak: false, spikeAlone: false, transactionMillis: 0, withoutSample: false };
   for (let i = 0; i < argv.length; i++) {
     switch (argv[i]) {
       case '--only':
@@ -316,6 +321,9 @@ function parseOptions(argv: string[]): BenchOptions {
       case '--spike-alone':
         options.spikeAlone = true;
         break;
+      case '--without-sample':
+        options.withoutSample = true;
+        break;
       case '--transaction-millis':
         options.transactionMillis = Number(argv[++i]);
         if (!(options.transactionMillis >= 0)) throw new Error(`--transaction-millis takes a number of milliseconds, 0 or more (got ${argv[i]})`);
@@ -327,7 +335,7 @@ function parseOptions(argv: string[]): BenchOptions {
         break;
       case '--help':
         console.log(
-          `Usage: npm run bench -- [--only ${[...SCENARIOS, ...ON_REQUEST].map((s) => s.name).join(',')},soak] [--seed N] [--time-scale F] [--soak] [--spike [${Object.keys(SPIKES).join('|')}] [--spike-alone]] [--transaction-millis MS]`,
+          `Usage: npm run bench -- [--only ${[...SCENARIOS, ...ON_REQUEST].map((s) => s.name).join(',')},soak] [--seed N] [--time-scale F] [--soak] [--spike [${Object.keys(SPIKES).join('|')}] [--spike-alone]] [--transaction-millis MS] [--without-sample]`,
         );
         process.exit(0);
       default:
@@ -522,7 +530,8 @@ async function main(): Promise<void> {
       seed: options.seed,
       timeScale,
     };
-    const sample = scenario.queueOnly || alone ? undefined : await runScenario(awsSampleSubject(scenario.options.limit), sampleOptions);
+    const withSample = !scenario.queueOnly && !alone && !options.withoutSample;
+    const sample = withSample ? await runScenario(awsSampleSubject(scenario.options.limit), sampleOptions) : undefined;
     const ours = (waitStrategy: WaitStrategy) => demoSubject(scenario.options.limit, { ...scenario.props, waitStrategy });
     const polling = scenario.queueOnly || alone ? undefined : await run({ ...ours(WaitStrategy.POLLING), name: 'cdk-sfn-semaphore (polling)' });
     const queue = scenario.pollingOnly || alone ? undefined : await run({ ...ours(WaitStrategy.QUEUE), name: 'cdk-sfn-semaphore (queue)' });
@@ -549,7 +558,7 @@ async function main(): Promise<void> {
   const dir = path.join(__dirname, '..', 'bench-results');
   fs.mkdirSync(dir, { recursive: true });
   // One file per selection, so that a run of a few scenarios does not overwrite the day's others.
-  const file = path.join(dir, `bench-${date}-seed${options.seed}${options.only ? `-${options.only.join('+')}` : ''}${options.spike ? `-${options.spike}-spike` : ''}${alone ? '-alone' : ''}${options.transactionMillis > 0 ? `-tx${options.transactionMillis}ms` : ''}.json`);
+  const file = path.join(dir, `bench-${date}-seed${options.seed}${options.only ? `-${options.only.join('+')}` : ''}${options.spike ? `-${options.spike}-spike` : ''}${alone ? '-alone' : ''}${options.withoutSample ? '-without-sample' : ''}${options.transactionMillis > 0 ? `-tx${options.transactionMillis}ms` : ''}.json`);
   fs.writeFileSync(
     file,
     JSON.stringify(
