@@ -44,6 +44,16 @@ export const TRANSIENT_RETRIES = 40;
  * queue failed 812 by throttling and polling 819: README, "The ceiling of a high limit".) At a 5% throttling
  * rate 11 attempts in a row were already improbable (5e-15). A throttled request consumes no capacity;
  * every retry is a billed transition and 3 history events, so this is only reached on errors.
+ *
+ * Longer pauses were measured and not taken (2026-12-01, `npm run bench -- --without-sample --only
+ * high-limit,ceiling-100,ceiling-200`): they save retries where nothing copes anyway and cost throughput
+ * where the lock does. Pauses up to 30 s (15 retries), and for the writes that take a place (the first
+ * acquire, a poll, a ticket) up to 60 s, halved the queue's cost at limit 500 ($2.20 to $0.99 per 1,000
+ * executions, 145,011 throttled calls to 53,782) and doubled its acquisitions a second once full (1.5 to
+ * 3.5); but at limits 100 and 200 the queue passed 13.1 and 7.1 a second instead of 20.9 and 12.0, and
+ * polling 20.4 and 9.8 instead of 29.6 and 20.4 (30 s alone, for every call: the queue 12.5 and 7.8), and
+ * at limit 500 one polling execution failed by throttling. Callers asleep for tens of seconds leave the
+ * partition idle once it has room.
  */
 export function transientRetry(errors: string[]): sfn.RetryProps {
   return {
