@@ -152,8 +152,8 @@ export interface ModuleTimers {
 export function loadLocalStepFunctions(
   timeScale: number,
   random: Random,
-  now: () => number = Date.now,
-  timers: ModuleTimers = { setTimeout: (callback, ms) => setTimeout(callback, ms), clearTimeout: (timer) => clearTimeout(timer) },
+  now: () => number,
+  timers: ModuleTimers,
 ): LocalStepFunctions {
   const hostRequire = createRequire(__filename);
   const filename = hostRequire.resolve('aws-local-stepfunctions');

@@ -428,6 +428,16 @@ interface SimRule {
 /** The state a redrive inside a Parallel branch starts with: it restores the unsuccessful state's input. */
 export const REDRIVE_RESUME = 'Redrive: Resume';
 
+/** A setTimeout kept in `timers` until it fires or is cleared, so that stop() can clear what is left. */
+function trackedTimeout(timers: Set<NodeJS.Timeout>, callback: () => void, ms: number): NodeJS.Timeout {
+  const timer = setTimeout(() => {
+    timers.delete(timer);
+    callback();
+  }, ms);
+  timers.add(timer);
+  return timer;
+}
+
 export class Simulator {
   /**
    * Start a simulator for every state machine, table, function and rule of `stack`. One runs at a
@@ -526,14 +536,7 @@ export class Simulator {
     this.timeScale = options.timeScale ?? 0.01;
     this.random = seededRandom(options.seed ?? 1);
     this.sfn = loadLocalStepFunctions(this.timeScale, this.random, () => this.now(), {
-      setTimeout: (callback, ms) => {
-        const timer = setTimeout(() => {
-          this.moduleTimers.delete(timer);
-          callback();
-        }, ms);
-        this.moduleTimers.add(timer);
-        return timer;
-      },
+      setTimeout: (callback, ms) => trackedTimeout(this.moduleTimers, callback, ms),
       clearTimeout: (timer) => {
         if (timer === undefined) return;
         this.moduleTimers.delete(timer);
@@ -983,12 +986,14 @@ export class Simulator {
     if (this.options.schedules ?? true) {
       for (const rule of this.rules.filter((r) => r.scheduleSeconds !== undefined)) {
         const tick = () => {
-          const timer = setTimeout(() => {
-            this.timers.delete(timer);
-            void this.deliverToTargets(rule, this.scheduledEvent(rule), false);
-            tick();
-          }, rule.scheduleSeconds! * 1000 * this.timeScale);
-          this.timers.add(timer);
+          trackedTimeout(
+            this.timers,
+            () => {
+              void this.deliverToTargets(rule, this.scheduledEvent(rule), false);
+              tick();
+            },
+            rule.scheduleSeconds! * 1000 * this.timeScale,
+          );
         };
         tick();
       }
