@@ -214,6 +214,12 @@ export interface ScenarioResult {
    * that one is counted above only.)
    */
   readonly reclaimedAfterRun: number;
+  /**
+   * Of `reclaimedByReconciler`, the ones reclaimed once the run had stopped the executions still running at
+   * its horizon: permits of executions the run itself stopped, whose cleanups had not freed them yet (at a
+   * high limit, thousands of cleanups throttled on one lock item), not permits the protocol let leak.
+   */
+  readonly reclaimedAfterHorizon: number;
   /** Admissions into the body per simulated second, from the first to the last. */
   readonly acquisitionsPerSecond: number;
   /**
@@ -382,6 +388,7 @@ export async function runScenario(subject: Subject, options: ScenarioOptions): P
       before = progressMade();
     }
     horizon.abort();
+    const reclaimedBeforeHorizon = emittedMetricSum(sim, 'PermitsReclaimed');
     const running = executions.filter((e) => e.status === 'RUNNING');
     const lastStop = Math.max(simStart, ...executions.filter((e) => e.stopDate !== undefined).map((e) => e.stopDate!));
     await options.atHorizon?.(sim, running);
@@ -449,6 +456,7 @@ export async function runScenario(subject: Subject, options: ScenarioOptions): P
       overtaken: countOvertaken(arrived, admitted),
       reclaimedByReconciler: emittedMetricSum(sim, 'PermitsReclaimed'),
       reclaimedAfterRun: emittedMetricSum(sim, 'PermitsReclaimed') - reclaimedDuringRun,
+      reclaimedAfterHorizon: running.length === 0 ? 0 : emittedMetricSum(sim, 'PermitsReclaimed') - reclaimedBeforeHorizon,
       acquisitionsPerSecond: admissionRate(admitted),
       acquisitionsPerSecondOnceFull: admissionRateOnceFull(admitted, options.limit),
       ...(options.rate ? { rate: options.rate, mostAdmissionsInInterval: mostInAnyWindow(entries, options.rate.intervalSeconds * 1000) } : {}),

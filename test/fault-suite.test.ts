@@ -155,6 +155,16 @@ describe('the horizon', () => {
     expect(brokenInvariants(result, LIMIT)).toContainEqual(expect.stringMatching(/still waiting at the horizon/));
   });
 
+  test("the permits of executions the run stops at its horizon are counted apart from the protocol's leaks", async () => {
+    // Every status event lost, nothing else injected: at a fixed horizon of one ideal drain the last round is
+    // inside, the run stops it, its stop events are lost, and only the sweep after the run frees the 4 permits.
+    const result = await runScenario(demoSubject(LIMIT), { ...SMALL, extendHorizon: false, horizonFactor: 1, lostEventRate: 1 });
+    expect(result.stuck).toBeGreaterThan(0);
+    expect(result.reclaimedAfterHorizon).toBe(LIMIT);
+    expect(result.reclaimedByReconciler).toBe(result.reclaimedAfterHorizon);
+    expect(result.permitsLeftHeld).toBe(0);
+  });
+
   test('a run whose last waiters wait for the reconciler goes on until its next sweep', async () => {
     // Every status event lost, a sweep every minute: the permits of each round come back at a sweep, a minute or
     // two apart (past its 60 s grace), far longer than half the ideal drain (15 s) in which nothing finishes and nobody is let in.
