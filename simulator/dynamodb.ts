@@ -2,6 +2,7 @@ import * as http from 'http';
 import { AddressInfo } from 'net';
 import * as ddb from '@aws-sdk/client-dynamodb';
 import { CfnTemplate } from './cfn';
+import { installExpressionCache } from './expression-cache';
 import { chance, Random } from './random';
 import { itemIdOf, ItemUnits, transactionCanceled, TransactionResult, Transactions } from './transactions';
 
@@ -10,6 +11,9 @@ import { itemIdOf, ItemUnits, transactionCanceled, TransactionResult, Transactio
 const dynalite = require('dynalite') as (options: Record<string, unknown>) => http.Server;
 // eslint-disable-next-line @typescript-eslint/no-require-imports
 const dynaliteDb = require('dynalite/db') as { itemSize(item: Record<string, unknown>): number; create(options: Record<string, unknown>): DynaliteStore };
+
+// Each shape of expression parsed once (see expression-cache.ts): before dynalite serves a request.
+installExpressionCache();
 
 /** dynalite's database: what its actions read and write. */
 interface DynaliteStore {
