@@ -12,7 +12,7 @@
  * What dynalite's parsers check of names is whether they are defined and which paths are equal (paths
  * that overlap or conflict, operands that must differ); of values, whether they are defined and their
  * types. Two checks read a value itself (BETWEEN's bounds, `attribute_type`'s type name), and a name
- * equal to an attribute named in the expression itself makes paths equal that placeholders would not:
+ * that the expression uses and also writes as a plain attribute name makes paths equal that placeholders would not:
  * such requests, and any whose parse fails (its message names the real names), are parsed as before.
  * With the check on (`checkExpressionCache`, or SIM_CHECK_EXPRESSION_CACHE=1 for a whole run) every
  * request is parsed both ways, and each difference is recorded and printed.
@@ -79,9 +79,10 @@ function shapeOf(parserId: string, expression: string, context: ParseContext): S
   if (names) {
     // The attribute names written in the expression itself (and its keywords): what is left without the placeholders.
     const written = new Set(expression.replace(/[#:][A-Za-z0-9_]+/g, ' ').match(/[A-Za-z0-9_]+/g) ?? []);
+    const placed = new Set(expression.match(/#[A-Za-z0-9_]+/g) ?? []);
     for (const key of Object.keys(names).sort()) {
       const name = names[key];
-      if (typeof name !== 'string' || name === '' || name.includes(MARK) || written.has(name)) return undefined;
+      if (typeof name !== 'string' || name === '' || name.includes(MARK) || (placed.has(key) && written.has(name))) return undefined;
       let index = classes.indexOf(name);
       if (index < 0) index = classes.push(name) - 1;
       classOf.set(key, index);
@@ -218,11 +219,11 @@ export function checkExpressionCache(on: boolean): { readonly mismatches: string
 
 let installed = false;
 
-/** Parse each shape of expression once in dynalite's parsers (its condition and update expressions). Idempotent. */
+/** Parse each shape of expression once in dynalite's parsers (its condition, update and projection expressions). Idempotent. */
 export function installExpressionCache(): void {
   if (installed) return;
   installed = true;
-  for (const id of ['conditionParser', 'updateParser']) {
+  for (const id of ['conditionParser', 'updateParser', 'projectionParser']) {
     // eslint-disable-next-line @typescript-eslint/no-require-imports
     const parser = require(`dynalite/db/${id}`) as DynaliteParser;
     parser.parse = cached(parser, id, parser.parse);

@@ -1,4 +1,5 @@
 import { Duration } from 'aws-cdk-lib';
+import { awsSampleSubject } from '../bench/run';
 import { demoSubject } from '../demo/run';
 import { brokenInvariants, runScenario } from '../simulator';
 import { checkExpressionCache, installExpressionCache } from '../simulator/expression-cache';
@@ -19,6 +20,7 @@ const { validateExpressions } = require('dynalite/validations') as { validateExp
 interface Request {
   UpdateExpression?: string;
   ConditionExpression?: string;
+  ProjectionExpression?: string;
   ExpressionAttributeNames?: Record<string, string>;
   ExpressionAttributeValues?: Record<string, unknown>;
   _updates?: { sections: Array<{ path: unknown[]; val: unknown }> };
@@ -63,6 +65,20 @@ test('a second request of the same shape gets its own names and values, not the 
   expect(JSON.stringify(second.request._condition)).toContain('"holder-2"');
 });
 
+test('a name written in an expression that does not use its placeholder is still served from the cache', () => {
+  // The AWS sample's acquire: its update sets #count, its condition writes the same attribute plainly.
+  const request: Request = {
+    UpdateExpression: 'SET #count = #count + :one, #owner = :at',
+    ConditionExpression: 'currentlockcount <> :limit and attribute_not_exists(#owner)',
+    ExpressionAttributeNames: { '#count': 'currentlockcount', '#owner': 'execution-1' },
+    ExpressionAttributeValues: { ':one': { N: '1' }, ':limit': { N: '5' }, ':at': { S: 'now' } },
+  };
+  const before = served();
+  expect(validate(request).error).toBeUndefined();
+  expect(validate({ ...request, ExpressionAttributeNames: { '#count': 'currentlockcount', '#owner': 'execution-2' } }).error).toBeUndefined();
+  expect(served() - before).toBe(4);
+});
+
 test.each([
   [
     'two placeholders of one name (after a request of the same expression with two names)',
@@ -75,6 +91,12 @@ test.each([
     { UpdateExpression: 'SET permitsInUse = :v, #p = :v', ExpressionAttributeNames: { '#p': 'other' }, ExpressionAttributeValues: ONE },
     { UpdateExpression: 'SET permitsInUse = :v, #p = :v', ExpressionAttributeNames: { '#p': 'permitsInUse' }, ExpressionAttributeValues: ONE },
     /^Invalid UpdateExpression: Two document paths overlap with each other/,
+  ],
+  [
+    'a placeholder of a projection for a name another placeholder has',
+    { ProjectionExpression: '#a, #b', ExpressionAttributeNames: { '#a': 'x', '#b': 'y' } },
+    { ProjectionExpression: '#a, #b', ExpressionAttributeNames: { '#a': 'x', '#b': 'x' } },
+    /^Invalid ProjectionExpression: Two document paths overlap with each other/,
   ],
   [
     'an operand of another type',
@@ -135,5 +157,13 @@ test.each([
   });
   expect(brokenInvariants(result, 2)).toEqual([]);
   // The cache served most of the run's expressions (each write has one or two).
+  expect(served() - before).toBeGreaterThan(result.dynamoCallsPerExecution * result.executions * 0.5);
+});
+
+test("the AWS sample's run: every request the cache served parsed as dynalite parses it", async () => {
+  const before = served();
+  const options = { executions: 12, limit: 2, workSeconds: 5, timeScale: 0.02, capacity: { partitionLimits: true }, seed: 5 };
+  const result = await runScenario(awsSampleSubject(2), options);
+  expect(result.maxInside).toBe(2);
   expect(served() - before).toBeGreaterThan(result.dynamoCallsPerExecution * result.executions * 0.5);
 });
