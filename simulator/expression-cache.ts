@@ -12,8 +12,9 @@
  * What dynalite's parsers check of names is whether they are defined and which paths are equal (paths
  * that overlap or conflict, operands that must differ); of values, whether they are defined and their
  * types. Two checks read a value itself (BETWEEN's bounds, `attribute_type`'s type name), and a name
- * that the expression uses and also writes as a plain attribute name makes paths equal that placeholders would not:
- * such requests, and any whose parse fails (its message names the real names), are parsed as before.
+ * that the expression uses and also writes as a plain attribute name makes paths equal that
+ * placeholders would not: such requests, and any whose parse fails (its message names the real
+ * names), are parsed as before.
  * With the check on (`checkExpressionCache`, or SIM_CHECK_EXPRESSION_CACHE=1 for a whole run) every
  * request is parsed both ways, and each difference is recorded and printed.
  */
@@ -44,7 +45,7 @@ interface Template {
 /** Marks a placeholder name: no attribute name written in an expression can hold it. */
 const MARK = '\u0001';
 const PLACEHOLDER = /\u0001(\d+)\u0001/g;
-/** Parsers whose checks read a value's content, not only its type. */
+/** Expressions whose checks read a value's content, not only its type. */
 const READS_VALUES = /between|attribute_type/i;
 const TYPES = ['S', 'N', 'B', 'NULL', 'BOOL', 'SS', 'NS', 'BS', 'L', 'M'];
 
@@ -58,10 +59,7 @@ function typeOf(value: unknown): string {
   return TYPES.find((t) => (value as Record<string, unknown>)[t] != null) ?? '?';
 }
 
-/**
- * The request's names by class (equal names share one), and its shape's key; undefined where the request
- * must be parsed as it is.
- */
+/** A request's shape: its key, and its names by class (equal names share one). */
 interface Shape {
   readonly key: string;
   /** The request's distinct names, by class. */
@@ -70,6 +68,7 @@ interface Shape {
   readonly classOf: Map<string, number>;
 }
 
+/** A request's shape; undefined where the request must be parsed as it is. */
 function shapeOf(parserId: string, expression: string, context: ParseContext): Shape | undefined {
   if (READS_VALUES.test(expression) || expression.includes(MARK)) return undefined;
   const classes: string[] = [];
