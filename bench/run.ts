@@ -371,7 +371,7 @@ const ROWS: Row[] = [
   ['most permits held inside at once (by weight)', (r) => r.maxPermitsInside, 0],
   ['permits left held', (r) => r.permitsLeftHeld, 0],
   ['permits the reconciler reclaimed', (r) => r.reclaimedByReconciler, 0],
-  ['of them, of executions stopped at the horizon', (r) => r.reclaimedAfterHorizon, 0],
+  ['of them, after the run stopped the executions left at its horizon', (r) => r.reclaimedAfterHorizon, 0],
   ['executions stuck waiting', (r) => r.stuck, 0],
   ['executions failed, not by their work', (r) => r.failedUnexplained, 0],
 ];

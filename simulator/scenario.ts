@@ -216,8 +216,10 @@ export interface ScenarioResult {
   readonly reclaimedAfterRun: number;
   /**
    * Of `reclaimedByReconciler`, the ones reclaimed once the run had stopped the executions still running at
-   * its horizon: permits of executions the run itself stopped, whose cleanups had not freed them yet (at a
-   * high limit, thousands of cleanups throttled on one lock item), not permits the protocol let leak.
+   * its horizon (0 when none was): mostly permits of executions the run itself stopped, whose cleanups had
+   * not freed them yet (at a high limit, thousands of cleanups throttled on one lock item). A leak that only
+   * the sweep after the run frees (a lost status event) is counted here too; with none running at the
+   * horizon, it is in `reclaimedAfterRun` only.
    */
   readonly reclaimedAfterHorizon: number;
   /** Admissions into the body per simulated second, from the first to the last. */
