@@ -209,7 +209,7 @@ checkProtocol.exec('ts-node --transpile-only --project tsconfig.dev.json checker
 // 20,000 states (every interleaving of its first 11 to 36 steps, about 2 minutes); CI (.ci/run) searches
 // them again to 50,000 (14 to 33 steps, about 5.5 minutes). The full searches took 45 minutes of the CI's
 // 90 (README, "The protocol checker"). `npm run check-protocol` runs them in full.
-project.testTask.exec('ts-node --transpile-only --project tsconfig.dev.json checker/run.ts --bound 20000', { name: 'check-protocol' });
+const quickCheck = 'ts-node --transpile-only --project tsconfig.dev.json checker/run.ts --bound 20000';
 // Proof from an installed package: the README's "Test your workflow locally" example, in a fresh CDK app
 // that installs the packed library (about a minute; needs the npm registry).
 const testPackaged = project.addTask('test:packaged', {
@@ -218,6 +218,19 @@ const testPackaged = project.addTask('test:packaged', {
   receiveArgs: true,
 });
 project.testTask.spawn(testPackaged);
+
+// Jest keeps about 1.2 of the two cores busy (its simulator tests wait on clocks scaled to real time): the
+// checks that no clock governs (the quick protocol check, the integ snapshots, eslint) run beside it at
+// the lowest CPU priority (projenrc/run-beside.ts) instead of after it, which took 3 minutes more. Every
+// step that runs a simulated clock (Jest, test:packaged) keeps its normal priority.
+const testSteps = () => project.testTask.steps;
+const jestStep = testSteps().findIndex((s) => s.execArgs?.[0] === 'jest');
+const besideJest = ['npx projen eslint', 'npx projen integ', quickCheck];
+project.testTask.updateStep(jestStep, {
+  exec: `ts-node --transpile-only --project tsconfig.dev.json projenrc/run-beside.ts ${besideJest.map((c) => `--beside '${c}'`).join(' ')} -- ${testSteps()[jestStep].execArgs!.join(' ')}`,
+  receiveArgs: true,
+});
+for (const name of ['eslint', 'integ']) project.testTask.removeStep(testSteps().findIndex((s) => s.spawn === name));
 
 // Only the JavaScript package can be built on our machines and in CI (no Python, Java, .NET or Go
 // toolchains); the release workflow packages the other languages.
