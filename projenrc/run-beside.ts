@@ -6,7 +6,7 @@ import * as fs from 'fs';
  * priority. Jest's simulator tests wait on clocks scaled to real time more than they compute: its three
  * workers keep about 1.2 of the machine's two cores busy. The checks (the protocol checker, the integ
  * snapshots, eslint) fill the rest, and at a niceness of 19 (a weight of 15 against Jest's 1,024) they
- * take almost nothing from Jest's timing-sensitive tests (see lowerSessionPriority). Nothing with a simulated clock may run here:
+ * take almost nothing from Jest's timing-sensitive tests (see DETACH). Nothing with a simulated clock may run here:
  * starved of CPU, its clock would run on without it.
  *
  * The checks run one after another; each one's output is printed after Jest's, under its command. The
@@ -47,15 +47,36 @@ function exitCode(code: number | null, signal: NodeJS.Signals | null): number {
  * A detached child leads a session of its own, and where Linux groups the scheduling of each session
  * (`CONFIG_SCHED_AUTOGROUP`, on by default), CPU is first shared between sessions, each with the weight
  * of its group's niceness: a niceness of 19 inside the session alone then changed nothing (measured: a
- * detached CPU-bound check took a whole core of two from Jest's workers). The group's niceness is set
- * too; without autogroups the process's own niceness does it.
+ * detached CPU-bound check took a whole core of two from Jest's workers). So a check is detached only
+ * where its session's group can be niced too, or where there are no groups (the process's own niceness
+ * does it); elsewhere it stays in this session, and a stop reaches only its shell.
  */
+const AUTOGROUPS = readOr('/proc/sys/kernel/sched_autogroup_enabled', '0').trim() === '1' && fs.existsSync('/proc/self/autogroup');
+const DETACH = !AUTOGROUPS || writable('/proc/self/autogroup');
+
+function readOr(file: string, otherwise: string): string {
+  try {
+    return fs.readFileSync(file, 'utf-8');
+  } catch {
+    return otherwise;
+  }
+}
+
+function writable(file: string): boolean {
+  try {
+    fs.accessSync(file, fs.constants.W_OK);
+    return true;
+  } catch {
+    return false;
+  }
+}
+
 function lowerSessionPriority(pid: number | undefined): void {
-  if (pid === undefined) return;
+  if (!DETACH || !AUTOGROUPS || pid === undefined) return;
   try {
     fs.writeFileSync(`/proc/${pid}/autogroup`, '19');
   } catch {
-    // no autogroups here (not Linux, or a kernel without them), or the check has exited already
+    // the check has exited already
   }
 }
 
@@ -64,13 +85,13 @@ async function main(): Promise<number> {
   let current: ChildProcess | undefined;
   let stopped = false;
 
-  // In a process group of their own (detached), so that a stop reaches every process a check started.
+  // In a process group of their own (detached, see DETACH), so that a stop reaches every process a check started.
   const runChecks = (async () => {
     for (const check of checks) {
       if (stopped) break;
       const started = Date.now();
       check.code = await new Promise<number>((resolve) => {
-        const child = spawn('nice', ['-n', '19', 'sh', '-c', check.command], { detached: true, stdio: ['ignore', 'pipe', 'pipe'] });
+        const child = spawn('nice', ['-n', '19', 'sh', '-c', check.command], { detached: DETACH, stdio: ['ignore', 'pipe', 'pipe'] });
         current = child;
         lowerSessionPriority(child.pid);
         child.stdout!.on('data', (chunk: Buffer) => check.output.push(chunk));
@@ -94,7 +115,8 @@ async function main(): Promise<number> {
     foreground?.kill(signal);
     if (current?.pid !== undefined) {
       try {
-        process.kill(-current.pid, signal);
+        if (DETACH) process.kill(-current.pid, signal);
+        else current.kill(signal);
       } catch {
         // the check has exited already
       }
