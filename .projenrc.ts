@@ -206,7 +206,7 @@ checkProtocol.spawn(project.tasks.tryFind('bundle')!);
 checkProtocol.exec('ts-node --transpile-only --project tsconfig.dev.json checker/run.ts', { receiveArgs: true });
 // The test command searches every configuration too, outside Jest (two processes, one per core, without
 // Jest's module sandbox and coverage, which made the same searches take twice as long), each to a bound of
-// 20,000 states (every interleaving of its first 11 to 36 steps, about 2 minutes); CI (.ci/run) searches
+// 20,000 states (every interleaving of its first 11 to 36 steps, about 2 minutes alone, 4 beside Jest); CI (.ci/run) searches
 // them again to 50,000 (14 to 33 steps, about 5.5 minutes). The full searches took 45 minutes of the CI's
 // 90 (README, "The protocol checker"). `npm run check-protocol` runs them in full.
 const quickCheck = 'ts-node --transpile-only --project tsconfig.dev.json checker/run.ts --bound 20000';
@@ -226,8 +226,14 @@ project.testTask.spawn(testPackaged);
 const testSteps = () => project.testTask.steps;
 const jestStep = testSteps().findIndex((s) => s.execArgs?.[0] === 'jest');
 const besideJest = ['npx projen eslint', 'npx projen integ', quickCheck];
+// An argv rather than a shell line: `npm test -- -t 'two words'` reaches Jest as it was typed.
 project.testTask.updateStep(jestStep, {
-  exec: `ts-node --transpile-only --project tsconfig.dev.json projenrc/run-beside.ts ${besideJest.map((c) => `--beside '${c}'`).join(' ')} -- ${testSteps()[jestStep].execArgs!.join(' ')}`,
+  execArgs: [
+    ...'ts-node --transpile-only --project tsconfig.dev.json projenrc/run-beside.ts'.split(' '),
+    ...besideJest.flatMap((c) => ['--beside', c]),
+    '--',
+    ...testSteps()[jestStep].execArgs!,
+  ],
   receiveArgs: true,
 });
 for (const name of ['eslint', 'integ']) project.testTask.removeStep(testSteps().findIndex((s) => s.spawn === name));

@@ -148,8 +148,11 @@ async function main(): Promise<number> {
   return checks.find((c) => c.code !== undefined && c.code !== 0)?.code ?? (stopped ? 130 : 0);
 }
 
+// process.exitCode, not process.exit(): the checks' output may still be on its way into a pipe.
 main().then(
-  (code) => process.exit(code),
+  (code) => {
+    process.exitCode = code;
+  },
   (e) => {
     console.error(e instanceof Error ? e.message : e);
     process.exit(2);
