@@ -1182,10 +1182,13 @@ describe('the queue', () => {
   test('a waiter stopped while queued: its permit is taken back and handed to the next', async () => {
     // No sweep, and the stopped waiter's status event is lost, so that its cleanup cannot drop its
     // ticket first: the release finds the ticket and hands the permit to a closed task. The first
-    // holds for 300 s (3 s here), so that the stop always comes before its release.
+    // holds for 300 s (3 s here), so that the stop always comes before its release; the waits are
+    // checked hourly, so that no wait times out meanwhile (at the default 5 minutes, the next
+    // waiter's first wait timed out just as the release woke it, and a second take-back followed).
     const { stack, workflow, workFunctionId } = workflowStack({
       concurrencyLimit: 1,
       waitStrategy: WaitStrategy.QUEUE,
+      queueCheckInterval: Duration.hours(1),
       reconcilerScheduleEnabled: false,
     });
     const work = new WorkTracker((input) => input.seconds ?? 10);
@@ -1204,6 +1207,8 @@ describe('the queue', () => {
 
       expect([first.status, gone.status, next.status]).toEqual(['SUCCEEDED', 'ABORTED', 'SUCCEEDED']);
       expect(first.stateTransitions.get('Take Back Permit')).toBe(1);
+      // Woken once, in its first wait.
+      expect(next.stateTransitions.get('Wait In Queue Again')).toBeUndefined();
       expect(work.byExecution.has(gone.arn)).toBe(false);
       expect(await lockState(sim)).toEqual([{ lockName: 'TestStack/Workflow', permitsInUse: 0, holders: [] }]);
     });
