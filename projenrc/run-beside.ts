@@ -1,5 +1,6 @@
 import { ChildProcess, spawn } from 'child_process';
 import * as fs from 'fs';
+import * as os from 'os';
 
 /*
  * The test command runs Jest with the checks that no clock governs beside it, at the lowest CPU
@@ -39,8 +40,12 @@ function parse(argv: string[]): { checks: Check[]; program: string[] } {
 /** Exit code of a child: its code, or 128 + the signal's number when a signal ended it. */
 function exitCode(code: number | null, signal: NodeJS.Signals | null): number {
   if (code !== null) return code;
-  const numbers: Partial<Record<NodeJS.Signals, number>> = { SIGHUP: 1, SIGINT: 2, SIGKILL: 9, SIGTERM: 15 };
-  return 128 + (numbers[signal!] ?? 0);
+  return signalCode(signal!);
+}
+
+/** The shell's exit code for a process ended by `signal`: 128 + its number. */
+function signalCode(signal: NodeJS.Signals): number {
+  return 128 + (os.constants.signals[signal] ?? 0);
 }
 
 /**
@@ -52,7 +57,8 @@ function exitCode(code: number | null, signal: NodeJS.Signals | null): number {
  * does it); elsewhere it stays in this session, and a stop reaches only its shell.
  */
 const AUTOGROUPS = readOr('/proc/sys/kernel/sched_autogroup_enabled', '0').trim() === '1' && fs.existsSync('/proc/self/autogroup');
-const DETACH = !AUTOGROUPS || writable('/proc/self/autogroup');
+// (Windows has no process groups to stop together: a check stays attached there.)
+const DETACH = process.platform !== 'win32' && (!AUTOGROUPS || writable('/proc/self/autogroup'));
 
 function readOr(file: string, otherwise: string): string {
   try {
@@ -75,15 +81,35 @@ function lowerSessionPriority(pid: number | undefined): void {
   if (!DETACH || !AUTOGROUPS || pid === undefined) return;
   try {
     fs.writeFileSync(`/proc/${pid}/autogroup`, '19');
+  } catch (e) {
+    // ENOENT and ESRCH: the check has exited already. Anything else: it runs, but at Jest's priority.
+    const code = (e as NodeJS.ErrnoException).code;
+    if (code !== 'ENOENT' && code !== 'ESRCH') console.error(`run-beside.ts: could not lower the priority of a check's session: ${(e as Error).message}`);
+  }
+}
+
+/**
+ * A check's command at the lowest priority: under `nice -n 19 sh -c` where there is a POSIX shell, so
+ * that every process it starts inherits the niceness from its first instruction; on Windows (no `nice`,
+ * no `sh`) in the platform's shell, lowered once started (the processes it has started by then keep
+ * their priority).
+ */
+function spawnNiced(command: string, detached: boolean): ChildProcess {
+  const stdio: ['ignore', 'pipe', 'pipe'] = ['ignore', 'pipe', 'pipe'];
+  if (process.platform !== 'win32') return spawn('nice', ['-n', '19', 'sh', '-c', command], { detached, stdio });
+  const child = spawn(command, { shell: true, stdio });
+  try {
+    if (child.pid !== undefined) os.setPriority(child.pid, os.constants.priority.PRIORITY_LOW);
   } catch {
     // the check has exited already
   }
+  return child;
 }
 
 async function main(): Promise<number> {
   const { checks, program } = parse(process.argv.slice(2));
   let current: ChildProcess | undefined;
-  let stopped = false;
+  let stopped: NodeJS.Signals | undefined;
 
   // In a process group of their own (detached, see DETACH), so that a stop reaches every process a check started.
   const runChecks = (async () => {
@@ -91,7 +117,7 @@ async function main(): Promise<number> {
       if (stopped) break;
       const started = Date.now();
       check.code = await new Promise<number>((resolve) => {
-        const child = spawn('nice', ['-n', '19', 'sh', '-c', check.command], { detached: DETACH, stdio: ['ignore', 'pipe', 'pipe'] });
+        const child = spawnNiced(check.command, DETACH);
         current = child;
         lowerSessionPriority(child.pid);
         child.stdout!.on('data', (chunk: Buffer) => check.output.push(chunk));
@@ -111,7 +137,7 @@ async function main(): Promise<number> {
   // A signal to this process goes on to the program and to the running check's whole process group (a
   // Ctrl-C at the terminal reaches the program by itself too: it shares the terminal's process group).
   const stop = (signal: NodeJS.Signals) => {
-    stopped = true;
+    stopped = signal;
     foreground?.kill(signal);
     if (current?.pid !== undefined) {
       try {
@@ -145,7 +171,7 @@ async function main(): Promise<number> {
     console.log(`(${check.code === 0 ? 'passed' : `failed with exit code ${check.code}`} in ${check.seconds!.toFixed(1)} s)`);
   }
   if (programCode !== 0) return programCode;
-  return checks.find((c) => c.code !== undefined && c.code !== 0)?.code ?? (stopped ? 130 : 0);
+  return checks.find((c) => c.code !== undefined && c.code !== 0)?.code ?? (stopped ? signalCode(stopped) : 0);
 }
 
 // process.exitCode, not process.exit(): the checks' output may still be on its way into a pipe.
