@@ -1,4 +1,4 @@
-import { awscdk, DependencyType, javascript } from 'projen';
+import { awscdk, Component, DependencyType, javascript } from 'projen';
 
 // Floor for consumers: 2.211.0 (August 2025). It has `pointInTimeRecoverySpecification` (2.178, so synth
 // prints no deprecation warning for the tables) and `Runtime.NODEJS_22_X`, the default of our functions. Its
@@ -225,7 +225,21 @@ project.testTask.spawn(testPackaged);
 // step that runs a simulated clock (Jest, test:packaged) keeps its normal priority.
 const testSteps = () => project.testTask.steps;
 const jestStep = testSteps().findIndex((s) => s.execArgs?.[0] === 'jest');
-const besideJest = ['npx projen eslint', 'npx projen integ', quickCheck];
+// eslint beside Jest reports and never rewrites: with `--fix` it could write a file while Jest reads it, and a
+// fixable finding would pass the tests unfixed in the repository. `npx projen eslint` still fixes.
+const eslintTask = project.tasks.tryFind('eslint')!;
+const eslintCheck = project.addTask('eslint:check', {
+  description: 'Runs eslint against the codebase and reports what `eslint --fix` would change, without changing it',
+  env: eslintTask.envVars,
+});
+// projen adds the eslint task's last patterns (projenrc, .projenrc.ts) in its own preSynthesize: copy the step after.
+new (class extends Component {
+  public preSynthesize() {
+    eslintCheck.reset();
+    eslintCheck.execArgs(eslintTask.steps[0].execArgs!.filter((a) => a !== '--fix' && a !== '$@'), { receiveArgs: true });
+  }
+})(project);
+const besideJest = ['npx projen eslint:check', 'npx projen integ', quickCheck];
 // An argv rather than a shell line: `npm test -- -t 'two words'` reaches Jest as it was typed.
 project.testTask.updateStep(jestStep, {
   execArgs: [
