@@ -162,6 +162,8 @@ export interface ScenarioResult {
   readonly stuck: number;
   /** Failed with an error other than the work's own (for example throttling). */
   readonly failedUnexplained: number;
+  /** Those failures' errors, each once with how many executions it failed and one cause (at most 200 characters). */
+  readonly unexplainedErrors: string[];
   readonly maxInside: number;
   /** Permits still held once every execution stopped, or holder entries if more (an entry of no permit keeps a body slot). */
   readonly permitsLeftHeld: number;
@@ -392,6 +394,7 @@ export async function runScenario(subject: Subject, options: ScenarioOptions): P
     horizon.abort();
     const reclaimedBeforeHorizon = emittedMetricSum(sim, 'PermitsReclaimed');
     const running = executions.filter((e) => e.status === 'RUNNING');
+    const unexplained = executions.filter((e) => e.status === 'FAILED' && e.error !== 'WorkFailed');
     const lastStop = Math.max(simStart, ...executions.filter((e) => e.stopDate !== undefined).map((e) => e.stopDate!));
     await options.atHorizon?.(sim, running);
     for (const e of running) e.abort('Demo.Stuck', 'still waiting at the horizon');
@@ -427,7 +430,11 @@ export async function runScenario(subject: Subject, options: ScenarioOptions): P
       aborted: executions.filter((e) => e.status === 'ABORTED' && e.error !== 'Demo.Stuck').length,
       timedOut: executions.filter((e) => e.status === 'TIMED_OUT').length,
       stuck: running.length,
-      failedUnexplained: executions.filter((e) => e.status === 'FAILED' && e.error !== 'WorkFailed').length,
+      failedUnexplained: unexplained.length,
+      unexplainedErrors: [...new Set(unexplained.map((e) => e.error))].map((error) => {
+        const failed = unexplained.filter((e) => e.error === error);
+        return `${failed.length} × ${error ?? '(no error)'}: ${(failed[0].cause ?? '').slice(0, 200)}`;
+      }),
       maxInside: tracker.maxInside,
       maxPermitsInside: tracker.maxPermitsInside,
       permitsLeftHeld: locks.reduce((n, l) => n + Math.max(l.permitsInUse, l.holders.length), 0),
@@ -551,7 +558,9 @@ export function brokenInvariants(result: ScenarioResult, limit: number): string[
   }
   if (result.permitsLeftHeld > 0) broken.push(`${result.permitsLeftHeld} permits are still held after every execution stopped`);
   if (result.stuck > 0) broken.push(`${result.stuck} executions were still waiting at the horizon`);
-  if (result.failedUnexplained > 0) broken.push(`${result.failedUnexplained} executions failed with an error other than their work's`);
+  if (result.failedUnexplained > 0) {
+    broken.push(`${result.failedUnexplained} executions failed with an error other than their work's (${result.unexplainedErrors.join('; ')})`);
+  }
   if (result.rate && result.mostAdmissionsInInterval! > result.rate.count) {
     broken.push(`${result.mostAdmissionsInInterval} executions entered the body within ${result.rate.intervalSeconds} s, rate ${result.rate.count}`);
   }

@@ -1,6 +1,7 @@
+import { Duration } from 'aws-cdk-lib';
 import { fellBehind, holderItemsSpikeSubject, Scenario, slowCalls, transactQueueSpikeSubject } from '../bench/run';
 import { demoSubject } from '../demo/run';
-import { BODY_ENTER, BODY_LEAVE, BODY_SLOT_ENTER, runScenario, ScenarioResult } from '../simulator';
+import { BODY_ENTER, BODY_LEAVE, BODY_SLOT_ENTER, brokenInvariants, runScenario, ScenarioResult } from '../simulator';
 import { RateLimit } from '../src';
 
 const scenario = (options: Partial<Scenario['options']>): Scenario => ({
@@ -47,6 +48,16 @@ test('the simulator times each DynamoDB call on the simulated clock', async () =
   expect(one.dynamoCallMillis.p95).toBeGreaterThanOrEqual(one.dynamoCallMillis.p50);
   expect(one.dynamoCallMillis.p95).toBeLessThan(5000);
 });
+
+test('a scenario names the errors that failed executions other than their work, and the broken invariant repeats them', async () => {
+  // One permit, 20 s bodies, a 5 s acquire timeout: the three waiters give up with SemaphoreAcquireTimeout.
+  const subject = demoSubject(1, { acquireTimeout: Duration.seconds(5) });
+  const r = await runScenario(subject, { executions: 4, limit: 1, workSeconds: 20, seed: 3, timeScale: 0.05 });
+  expect([r.succeeded, r.failedUnexplained]).toEqual([1, 3]);
+  expect(r.unexplainedErrors).toEqual([expect.stringMatching(/^3 × SemaphoreAcquireTimeout: ./)]);
+  const broken = "3 executions failed with an error other than their work's (3 × SemaphoreAcquireTimeout: ";
+  expect(brokenInvariants(r, 1)).toContainEqual(expect.stringContaining(broken));
+}, 60_000);
 
 test('the bench counts the bodies of a rate alone in the protected body, and those beside another limit in their slots', () => {
   // A rate alone (the props unset concurrencyLimit) has no body slots: counted where the body runs.
