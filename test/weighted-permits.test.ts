@@ -455,9 +455,12 @@ test('a weighted holder whose queued waiter is gone takes that permit back and h
     const monitor = new LockMonitor(sim, tableId, () => 4).start(5);
     const heavySm = sim.stateMachine(stateMachineLogicalId(heavy.stateMachine));
     const lightSm = sim.stateMachine(stateMachineLogicalId(light.stateMachine));
-    const first = sim.startExecution(heavySm, { seconds: 20 });
+    // The heavy body outlasts the steps up to the stop (3 s of real time: a busy machine took more
+    // than the 1 s that 20 s gave), and the light holder's outlasts the heavy one's, whose release
+    // must be the one that meets the stopped waiter's ticket.
+    const first = sim.startExecution(heavySm, { seconds: 60 });
     await until(async () => work.inside === 1, 'the heavy execution inside');
-    const inside = sim.startExecution(lightSm, { seconds: 30 });
+    const inside = sim.startExecution(lightSm, { seconds: 90 });
     await until(async () => work.inside === 2, 'a light execution inside');
     // Two wait in the queue; the first of them is stopped while it waits (its task token closes).
     const gone = sim.startExecution(lightSm, { seconds: 30 });
