@@ -821,7 +821,7 @@ test.each([true, false])(
         // When the lease took its permit: the time its entry records, which the rate counts from (the
         // clock after `main` returns can be later by as long as a busy machine takes to answer).
         const leaseId: string = JSON.parse(out[0]).leaseId;
-        leases.push({ leaseId, at: Date.parse((await lockItem(sim))![leaseId].M[HOLDER_ACQUIRED_AT].S) });
+        leases.push({ leaseId, at: Date.parse((await lockItem(sim))![leaseId].M![HOLDER_ACQUIRED_AT].S!) });
       }
       expect((await lockItem(sim))?.[RATE_INTERVAL]).toEqual(named ? { N: '4' } : undefined);
       // Released at once, beside two executions that start now.
