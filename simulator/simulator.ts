@@ -1062,6 +1062,8 @@ export class Simulator {
   }
 
   private async run(execution: Execution, resume?: { definition: any; input: unknown }): Promise<void> {
+    const runStarted = this.now();
+    const timeoutSeconds: number | undefined = (resume ? resume.definition : execution.stateMachine.definition).TimeoutSeconds;
     const machine = resume
       ? new this.sfn.StateMachine(withTokenMarkers(resume.definition) as any, { validationOptions: { noValidate: true } })
       : this.interpreter(execution.stateMachine);
@@ -1181,7 +1183,11 @@ export class Simulator {
         execution.cause = err.message;
       }
     }
-    execution.stopDate = this.now();
+    // A timed-out execution stops at its deadline, as AWS records it: the scaled timer that noticed
+    // can fire late on a loaded machine, which is not a time the execution ran.
+    execution.stopDate = execution.status === 'TIMED_OUT' && timeoutSeconds !== undefined
+      ? Math.min(this.now(), Math.max(runStarted + timeoutSeconds * 1000, execution.history[execution.history.length - 1].timestamp))
+      : this.now();
     execution.statusLog.push({ at: execution.stopDate, status: execution.status, redriveCount: execution.redriveCount });
     execution.history.push({
       type: `Execution${{ SUCCEEDED: 'Succeeded', FAILED: 'Failed', ABORTED: 'Aborted', TIMED_OUT: 'TimedOut', RUNNING: '' }[execution.status]}`,
