@@ -538,7 +538,9 @@ export class ConcurrencyControlledWorkflow extends Construct {
     if (props.queueCheckInterval && waitStrategy !== WaitStrategy.QUEUE) {
       Annotations.of(this).addWarning('queueCheckInterval is set but waitStrategy is not QUEUE: it has no effect');
     }
-    const highLimit = waitStrategy === WaitStrategy.QUEUE ? highQueueLimitWarning(limit) : undefined;
+    // `lockStripes` does not combine with these yet (validateLockStripes): the warning suggests polling instead.
+    const splitBlockedBy = (['permits', 'rateLimit', 'permitPath'] as const).find((prop) => props[prop] !== undefined);
+    const highLimit = waitStrategy === WaitStrategy.QUEUE ? highQueueLimitWarning(limit, lockStripes, splitBlockedBy) : undefined;
     if (highLimit) {
       Annotations.of(this).addWarningV2('cdk-sfn-semaphore:highQueueLimit', highLimit);
     }

@@ -842,11 +842,34 @@ describe('reconciler, leases and metrics', () => {
 
   test('warns that a high limit with the queue meets the partition\'s write capacity, with the figures and the id that acknowledges it', () => {
     const { stack: high } = workflow({ concurrencyLimit: 500 });
-    // 0.1 + 0.18 x 500 = 90.1 KB, 91 write units a write, three writes a hand-off: 3.7 a second, 500 / 3.66 = 137 s.
+    // 0.1 + 0.11 x 500 = 55.1 KB, 56 write units a write, three writes a hand-off: 5.95 a second, 500 / 5.95 = 84 s.
+    // Split into 10 of 50: 0.1 + 0.11 x 50 = 5.6 KB, 6 units, 55.6 hand-offs a second, 50 / 55.6 = 0.9 s.
     Annotations.fromStack(high).hasWarning(
       '/Stack/Workflow',
-      Match.stringLikeRegexp('concurrencyLimit 500 with the queue: .*about 55 KB .*at most about 6\\.0 permits a second: bodies shorter than about 84 s .*cdk-sfn-semaphore:highQueueLimit'),
+      Match.stringLikeRegexp(
+        'concurrencyLimit 500 with the queue: .*about 55 KB .*at most about 6\\.0 permits a second: bodies shorter than about 84 s .*' +
+          '`lockStripes: 10`, 10 locks of 50, whose hand-offs keep up with bodies of about 0\\.9 s and longer.*cdk-sfn-semaphore:highQueueLimit',
+      ),
     );
+    // 300 into locks of at most 50: 6 (7 to 9 do not divide it).
+    Annotations.fromStack(workflow({ concurrencyLimit: 300 }).stack).hasWarning('/Stack/Workflow', Match.stringLikeRegexp('`lockStripes: 6`, 6 locks of 50,'));
+    // A prime limit splits only into locks of one: the message names a limit that splits.
+    Annotations.fromStack(workflow({ concurrencyLimit: 101 }).stack).hasWarning(
+      '/Stack/Workflow',
+      Match.stringLikeRegexp('`lockStripes` must divide the limit, and none up to 100 splits 101 into locks of 50 or fewer: for example `concurrencyLimit: 102, lockStripes: 3`'),
+    );
+    // Split already, but into stripes of 200: the suggestion is for the whole limit of 1,000.
+    Annotations.fromStack(workflow({ concurrencyLimit: 1000, lockStripes: 5 }).stack).hasWarning(
+      '/Stack/Workflow',
+      Match.stringLikeRegexp('concurrencyLimit 200 per stripe with the queue: .*`lockStripes: 20`, 20 locks of 50,'),
+    );
+    // With what a split lock does not serve yet, the advice is polling, not a split synth would refuse.
+    const weighted = workflow({ concurrencyLimit: 500, permits: 2 }).stack;
+    Annotations.fromStack(weighted).hasWarning(
+      '/Stack/Workflow',
+      Match.stringLikeRegexp('use WaitStrategy.POLLING .*: splitting the lock \\(`lockStripes`\\) does not combine with `permits` yet'),
+    );
+    Annotations.fromStack(weighted).hasNoWarning('/Stack/Workflow', Match.stringLikeRegexp('for example `lockStripes'));
     for (const quiet of [{ concurrencyLimit: 99 }, { concurrencyLimit: 500, waitStrategy: WaitStrategy.POLLING }, { concurrencyLimit: sfn.JsonPath.numberAt('$.limit') }]) {
       Annotations.fromStack(workflow(quiet).stack).hasNoWarning('/Stack/Workflow', Match.stringLikeRegexp('with the queue'));
     }

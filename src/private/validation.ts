@@ -124,24 +124,67 @@ export function validateLockStripes(
 /** A lock limit from which the queue's hand-offs, which write the whole lock item, meet one partition's write capacity. */
 export const HIGH_QUEUE_LIMIT = 100;
 
+/** The holders of a stripe the high-limit warning suggests: at most this many (README, "A limit in the hundreds: split the lock"). */
+export const SUGGESTED_STRIPE_SHARE = 50;
+
 /**
- * Why a fixed `concurrencyLimit` of HIGH_QUEUE_LIMIT or more with the queue may wait for DynamoDB rather
- * than for permits, with the figures (README, "The ceiling of a high limit"): a full lock passes on a
- * permit with three writes of the lock item (the refused give-back, the claim, the hand-off), billed by
+ * A full lock of `limit` holders with the queue passes on at most about this many permits a second: a
+ * hand-off is three writes of the lock item (the refused give-back, the claim, the hand-off), billed by
  * its size, about 0.1 KB plus 0.11 KB per holder (a hand-off's entry for a UUID execution name, whatever
  * the state machine's name; 83 bytes on the bench's shorter names, up to MAX_HOLDER_ENTRY_BYTES at most),
- * against one partition's 1,000 write units a second. Undefined below that limit, or for a token.
+ * against one partition's 1,000 write units a second (README, "The ceiling of a high limit").
  */
-export function highQueueLimitWarning(limit: number): string | undefined {
-  if (Token.isUnresolved(limit) || limit < HIGH_QUEUE_LIMIT) return undefined;
+function queueHandOffsPerSecond(limit: number): { itemKb: number; perSecond: number } {
   const itemKb = 0.1 + 0.11 * limit;
-  const perSecond = 1000 / (3 * Math.ceil(itemKb));
+  return { itemKb, perSecond: 1000 / (3 * Math.ceil(itemKb)) };
+}
+
+/**
+ * The stripe count the high-limit warning suggests for `limit`: the smallest that divides it into locks of
+ * at most SUGGESTED_STRIPE_SHARE, or undefined if none up to MAX_LOCK_STRIPES does (a prime limit).
+ */
+export function suggestedLockStripes(limit: number): number | undefined {
+  for (let k = Math.max(2, Math.ceil(limit / SUGGESTED_STRIPE_SHARE)); k <= MAX_LOCK_STRIPES; k++) {
+    if (limit % k === 0) return k;
+  }
+  return undefined;
+}
+
+/**
+ * Why a fixed `concurrencyLimit` of HIGH_QUEUE_LIMIT or more with the queue (a stripe's, where the lock is
+ * split into `stripes`) may wait for DynamoDB rather than for permits, with the figures
+ * (queueHandOffsPerSecond). `splitBlockedBy` names the prop that keeps the lock from being split
+ * (`lockStripes` does not combine with it yet), if any: otherwise the message suggests a stripe count for
+ * the whole limit (suggestedLockStripes) and what it gives. Undefined below that limit, or for a token.
+ */
+export function highQueueLimitWarning(limit: number, stripes: number = 1, splitBlockedBy?: string): string | undefined {
+  if (Token.isUnresolved(limit) || limit < HIGH_QUEUE_LIMIT) return undefined;
+  const { itemKb, perSecond } = queueHandOffsPerSecond(limit);
   const shortest = limit / perSecond;
+  let split: string;
+  if (splitBlockedBy !== undefined) {
+    split = `use WaitStrategy.POLLING (README, "The ceiling of a high limit"): splitting the lock (\`lockStripes\`) does not combine with \`${splitBlockedBy}\` yet`;
+  } else {
+    const total = limit * stripes;
+    const suggested = suggestedLockStripes(total);
+    let example: string;
+    if (suggested === undefined) {
+      const k = Math.ceil(total / SUGGESTED_STRIPE_SHARE);
+      example = `\`lockStripes\` must divide the limit, and none up to ${MAX_LOCK_STRIPES} splits ${total} into locks of ${SUGGESTED_STRIPE_SHARE} or fewer: ` +
+        `for example \`concurrencyLimit: ${total - (total % k) + k}, lockStripes: ${k}\``;
+    } else {
+      const share = total / suggested;
+      const shareShortest = Math.ceil((share / queueHandOffsPerSecond(share).perSecond) * 10) / 10;
+      example = `for example \`lockStripes: ${suggested}\`, ${suggested} locks of ${share}, whose hand-offs keep up with bodies of about ${shareShortest} s and longer`;
+    }
+    split =
+      `split the lock into several with smaller limits (${example}; README, "A limit in the hundreds: split the lock"), ` +
+      'or use WaitStrategy.POLLING (README, "The ceiling of a high limit")';
+  }
   return (
-    `concurrencyLimit ${limit} with the queue: every hand-off writes the whole lock item (about ${Math.round(itemKb)} KB with ${limit} holders), ` +
+    `concurrencyLimit ${limit}${stripes > 1 ? ' per stripe' : ''} with the queue: every hand-off writes the whole lock item (about ${Math.round(itemKb)} KB with ${limit} holders), ` +
     `and one item's partition takes 1,000 write units a second, so a full lock passes on at most about ${perSecond.toFixed(1)} permits a second: ` +
-    `bodies shorter than about ${Math.ceil(shortest)} s will wait for DynamoDB rather than for permits. For shorter bodies, split the lock into ` +
-    'several with smaller limits (`lockStripes`: README, "A limit in the hundreds: split the lock"), or use WaitStrategy.POLLING (README, "The ceiling of a high limit")'
+    `bodies shorter than about ${Math.ceil(shortest)} s will wait for DynamoDB rather than for permits. For shorter bodies, ${split}`
   );
 }
 
