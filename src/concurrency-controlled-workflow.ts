@@ -27,6 +27,7 @@ import { stateMachineLogs } from './private/state-machine-defaults';
 import { STATE } from './private/state-names';
 import {
   highQueueLimitWarning,
+  highRateWarning,
   humanSeconds,
   isLockStripeCount,
   validateConcurrencyLimit,
@@ -539,8 +540,10 @@ export class ConcurrencyControlledWorkflow extends Construct {
       Annotations.of(this).addWarning('queueCheckInterval is set but waitStrategy is not QUEUE: it has no effect');
     }
     // `lockStripes` does not combine with these yet (validateLockStripes): the warning suggests polling instead.
-    const splitBlockedBy = (['permits', 'rateLimit', 'permitPath'] as const).find((prop) => props[prop] !== undefined);
-    const highLimit = waitStrategy === WaitStrategy.QUEUE ? highQueueLimitWarning(limit, lockStripes, splitBlockedBy) : undefined;
+    const splitBlockedBy = (['permits', 'permitPath'] as const).find((prop) => props[prop] !== undefined);
+    // With a rate, what the lock must pass on is the rate, not the holders' count over the bodies' length.
+    const highLimit = waitStrategy !== WaitStrategy.QUEUE ? undefined :
+      rate !== undefined ? highRateWarning(rate.count, rate.intervalSeconds, bodyLimit) : highQueueLimitWarning(limit, lockStripes, splitBlockedBy);
     if (highLimit) {
       Annotations.of(this).addWarningV2('cdk-sfn-semaphore:highQueueLimit', highLimit);
     }

@@ -875,6 +875,36 @@ describe('reconciler, leases and metrics', () => {
     }
   });
 
+  test('warns of a rate the lock item cannot pass on, by the rate asked and the entries the item holds, and of no rate it can', () => {
+    const rateWarning = Match.stringLikeRegexp('^rateLimit of');
+    // 200 a second: 0.1 + 0.11 x 200 = 22.1 KB, 23 units, three writes a hand-off: 14.5 a second against 200.
+    Annotations.fromStack(workflow({ rateLimit: RateLimit.perSecond(200) }).stack).hasWarning(
+      '/Stack/Workflow',
+      Match.stringLikeRegexp(
+        '^rateLimit of 200 per 1 s with the queue: .*about 22 KB with 200 permits\\), .*at most about 14\\.5 permits a second, below the 200\\.0 a second it allows: ' +
+          '.*a lock name of its own with a share of the rate \\(README.*cdk-sfn-semaphore:highQueueLimit',
+      ),
+    );
+    // 60 a second: 6.7 KB, 7 units, 47.6 a second. 10 a second beside 500 body slots: 510 entries, 56.2 KB, 5.8 a second.
+    Annotations.fromStack(workflow({ rateLimit: RateLimit.perSecond(60) }).stack).hasWarning('/Stack/Workflow', Match.stringLikeRegexp('at most about 47\\.6 permits a second, below the 60\\.0'));
+    Annotations.fromStack(workflow({ rateLimit: RateLimit.perSecond(10), concurrencyLimit: 500 }).stack).hasWarning(
+      '/Stack/Workflow',
+      Match.stringLikeRegexp('with 10 permits and 500 body slots\\), .*at most about 5\\.8 permits a second, below the 10\\.0 .*a `concurrencyLimit` of 10 or less'),
+    );
+    // Within what the item passes on: 200 a minute asks 3.3 a second, 50 a second 55.6 at most; polling writes no hand-off.
+    for (const quiet of [
+      { rateLimit: RateLimit.perMinute(200) },
+      { rateLimit: RateLimit.perSecond(50) },
+      { rateLimit: RateLimit.perSecond(10), concurrencyLimit: 5 },
+      { rateLimit: RateLimit.perSecond(200), waitStrategy: WaitStrategy.POLLING },
+    ]) {
+      const annotations = Annotations.fromStack(workflow(quiet).stack);
+      annotations.hasNoWarning('/Stack/Workflow', rateWarning);
+      // Nor the concurrency limit's warning, whose figures are the bodies' and not the rate's.
+      annotations.hasNoWarning('/Stack/Workflow', Match.stringLikeRegexp('^concurrencyLimit \\d+ '));
+    }
+  });
+
   test('warns that the log metrics stay empty when the state machine does not log at level ALL', () => {
     const stack = newStack();
     const { stack: s } = workflow({ logs: { destination: new logs.LogGroup(stack, 'Quiet'), level: sfn.LogLevel.ERROR } }, stack);

@@ -338,7 +338,7 @@ describe('synth', () => {
     // The warning of a high limit looks at a stripe's 50: none; at 5 stripes of 200 it warns of 200.
     Annotations.fromStack(stack).hasNoWarning('*', Match.stringLikeRegexp('with the queue'));
     const { stack: wider } = workflowStack({ concurrencyLimit: 1000, lockStripes: 5 });
-    Annotations.fromStack(wider).hasWarning('*', Match.stringLikeRegexp('^concurrencyLimit 200 with the queue'));
+    Annotations.fromStack(wider).hasWarning('*', Match.stringLikeRegexp('^concurrencyLimit 200 per stripe with the queue'));
     const dashboard = JSON.stringify(template.findResources('AWS::CloudWatch::Dashboard'));
     expect(dashboard).toContain('SUM([p0,p1,p2,p3,p4,p5,p6,p7,p8,p9])');
     expect(dashboard).toContain('exports#9');

@@ -189,6 +189,30 @@ export function highQueueLimitWarning(limit: number, stripes: number = 1, splitB
 }
 
 /**
+ * The high-limit warning for a rate (`rateLimit`): its permits turn over at most `count` times an
+ * interval, so the lock must pass on count / intervalSeconds permits a second, against
+ * queueHandOffsPerSecond of an item that holds an entry per permit and, with a `concurrencyLimit` above
+ * the count, one per body slot (`bodyLimit`) too. Warns only where the rate asks for more than the item
+ * can pass on (a rate of 200 a minute needs 3.3 a second: no warning). Undefined for tokens.
+ */
+export function highRateWarning(count: number, intervalSeconds: number, bodyLimit: number | undefined): string | undefined {
+  if ([count, intervalSeconds, bodyLimit ?? 0].some((value) => Token.isUnresolved(value))) return undefined;
+  const entries = count + (bodyLimit !== undefined && bodyLimit > count ? bodyLimit : 0);
+  const { itemKb, perSecond } = queueHandOffsPerSecond(entries);
+  const asked = count / intervalSeconds;
+  if (asked <= perSecond) return undefined;
+  const slots = entries > count ? ` and ${bodyLimit} body slots` : '';
+  return (
+    `rateLimit of ${count} per ${intervalSeconds} s with the queue: every hand-off writes the whole lock item (about ${Math.round(itemKb)} KB with ` +
+    `${count} permits${slots}), and one item's partition takes 1,000 write units a second, so a saturated rate passes on at most about ` +
+    `${perSecond.toFixed(1)} permits a second, below the ${asked.toFixed(1)} a second it allows: executions will wait for DynamoDB rather than for the rate. ` +
+    'A split lock (`lockStripes`) does not serve rates yet: give each group of callers a lock name of its own with a share of the rate' +
+    (entries > count ? `, or a \`concurrencyLimit\` of ${count} or less (body slots above the count are entries of the same item)` : '') +
+    ' (README, "The ceiling of a high limit")'
+  );
+}
+
+/**
  * `permits` (the weight of one acquisition): an integer from 1 to MAX_PERMITS, and at most the
  * concurrency limit when both are known (a weight above the limit could never be granted).
  */
