@@ -863,6 +863,11 @@ describe('reconciler, leases and metrics', () => {
       '/Stack/Workflow',
       Match.stringLikeRegexp('concurrencyLimit 200 per stripe with the queue: .*`lockStripes: 20`, 20 locks of 50,'),
     );
+    // 100 stripes of 200: locks of 50 would take 400 stripes, beyond the most a lock may have.
+    Annotations.fromStack(workflow({ concurrencyLimit: 20000, lockStripes: 100 }).stack).hasWarning(
+      '/Stack/Workflow',
+      Match.stringLikeRegexp('at most `lockStripes: 100`, 100 locks of 200 or more: beyond that, lock names of their own for groups of callers'),
+    );
     // With what a split lock does not serve yet, the advice is polling, not a split synth would refuse.
     const weighted = workflow({ concurrencyLimit: 500, permits: 2 }).stack;
     Annotations.fromStack(weighted).hasWarning(

@@ -168,8 +168,10 @@ export function highQueueLimitWarning(limit: number, stripes: number = 1, splitB
     const total = limit * stripes;
     const suggested = suggestedLockStripes(total);
     let example: string;
-    if (suggested === undefined) {
-      const k = Math.ceil(total / SUGGESTED_STRIPE_SHARE);
+    const k = Math.ceil(total / SUGGESTED_STRIPE_SHARE);
+    if (k > MAX_LOCK_STRIPES) {
+      example = `at most \`lockStripes: ${MAX_LOCK_STRIPES}\`, ${MAX_LOCK_STRIPES} locks of ${Math.ceil(total / MAX_LOCK_STRIPES)} or more: beyond that, lock names of their own for groups of callers`;
+    } else if (suggested === undefined) {
       example = `\`lockStripes\` must divide the limit, and none up to ${MAX_LOCK_STRIPES} splits ${total} into locks of ${SUGGESTED_STRIPE_SHARE} or fewer: ` +
         `for example \`concurrencyLimit: ${total - (total % k) + k}, lockStripes: ${k}\``;
     } else {
