@@ -26,7 +26,7 @@ import { numberValue, stringValue } from './private/runtime-value';
 import { stateMachineLogs } from './private/state-machine-defaults';
 import { STATE } from './private/state-names';
 import {
-  highQueueLimitWarning,
+  highLimitWarning,
   highRateWarning,
   humanSeconds,
   isLockStripeCount,
@@ -539,13 +539,15 @@ export class ConcurrencyControlledWorkflow extends Construct {
     if (props.queueCheckInterval && waitStrategy !== WaitStrategy.QUEUE) {
       Annotations.of(this).addWarning('queueCheckInterval is set but waitStrategy is not QUEUE: it has no effect');
     }
-    // `lockStripes` does not combine with these yet (validateLockStripes): the warning suggests polling instead.
+    // `lockStripes` does not combine with these yet (validateLockStripes): the warning advises otherwise.
     const splitBlockedBy = (['permits', 'permitPath'] as const).find((prop) => props[prop] !== undefined);
+    const polling = waitStrategy === WaitStrategy.POLLING;
     // With a rate, what the lock must pass on is the rate, not the holders' count over the bodies' length.
-    const highLimit = waitStrategy !== WaitStrategy.QUEUE ? undefined :
-      rate !== undefined ? highRateWarning(rate.count, rate.intervalSeconds, bodyLimit) : highQueueLimitWarning(limit, lockStripes, splitBlockedBy);
+    const highLimit = rate !== undefined
+      ? highRateWarning(rate.count, rate.intervalSeconds, bodyLimit, polling)
+      : highLimitWarning(limit, lockStripes, splitBlockedBy, polling);
     if (highLimit) {
-      Annotations.of(this).addWarningV2('cdk-sfn-semaphore:highQueueLimit', highLimit);
+      Annotations.of(this).addWarningV2(polling ? 'cdk-sfn-semaphore:highPollingLimit' : 'cdk-sfn-semaphore:highQueueLimit', highLimit);
     }
     if (props.permitPath !== undefined) {
       validatePermitPath('permitPath', props.permitPath);

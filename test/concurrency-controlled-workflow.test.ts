@@ -848,7 +848,7 @@ describe('reconciler, leases and metrics', () => {
       '/Stack/Workflow',
       Match.stringLikeRegexp(
         'concurrencyLimit 500 with the queue: .*about 55 KB .*at most about 6\\.0 permits a second: bodies shorter than about 84 s .*' +
-          '`lockStripes: 10`, 10 locks of 50, whose hand-offs keep up with bodies of about 0\\.9 s and longer.*cdk-sfn-semaphore:highQueueLimit',
+          '`lockStripes: 10`, 10 locks of 50, which keep up with bodies of about 0\\.9 s and longer.*cdk-sfn-semaphore:highQueueLimit',
       ),
     );
     // 300 into locks of at most 50: 6 (7 to 9 do not divide it).
@@ -878,6 +878,18 @@ describe('reconciler, leases and metrics', () => {
     for (const quiet of [{ concurrencyLimit: 99 }, { concurrencyLimit: 500, waitStrategy: WaitStrategy.POLLING }, { concurrencyLimit: sfn.JsonPath.numberAt('$.limit') }]) {
       Annotations.fromStack(workflow(quiet).stack).hasNoWarning('/Stack/Workflow', Match.stringLikeRegexp('with the queue'));
     }
+    // Polling passes a permit on with two writes of the item (the release, the poll that finds it): 1,000 / (2 x 56) = 8.9 a
+    // second at 500, and 83.3 for a lock of 50 (6 units), 0.6 s; its own id, and no advice to poll.
+    const polling = Annotations.fromStack(workflow({ concurrencyLimit: 500, waitStrategy: WaitStrategy.POLLING }).stack);
+    polling.hasWarning(
+      '/Stack/Workflow',
+      Match.stringLikeRegexp(
+        '^concurrencyLimit 500 with polling: every release and every poll, refused ones included, writes the whole lock item \\(about 55 KB .*at most about 8\\.9 permits a second: ' +
+          'bodies shorter than about 56 s .*`lockStripes: 10`, 10 locks of 50, which keep up with bodies of about 0\\.6 s and longer.*, or spread the arrivals.*cdk-sfn-semaphore:highPollingLimit',
+      ),
+    );
+    polling.hasNoWarning('/Stack/Workflow', Match.stringLikeRegexp('WaitStrategy.POLLING'));
+    Annotations.fromStack(workflow({ concurrencyLimit: 99, waitStrategy: WaitStrategy.POLLING }).stack).hasNoWarning('/Stack/Workflow', Match.stringLikeRegexp('with polling'));
   });
 
   test('warns of a rate the lock item cannot pass on, by the rate asked and the entries the item holds, and of no rate it can', () => {
@@ -896,12 +908,18 @@ describe('reconciler, leases and metrics', () => {
       '/Stack/Workflow',
       Match.stringLikeRegexp('with 10 permits and 500 body slots\\), .*at most about 5\\.8 permits a second, below the 10\\.0 .*a `concurrencyLimit` of 10 or less'),
     );
-    // Within what the item passes on: 200 a minute asks 3.3 a second, 50 a second 55.6 at most; polling writes no hand-off.
+    // Polling passes a permit on with two writes, not three: at 200 a second 1,000 / (2 x 23) = 21.7, with its own id.
+    Annotations.fromStack(workflow({ rateLimit: RateLimit.perSecond(200), waitStrategy: WaitStrategy.POLLING }).stack).hasWarning(
+      '/Stack/Workflow',
+      Match.stringLikeRegexp('^rateLimit of 200 per 1 s with polling: .*at most about 21\\.7 permits a second, below the 200\\.0 .*cdk-sfn-semaphore:highPollingLimit'),
+    );
+    // Within what the item passes on: 200 a minute asks 3.3 a second, 50 a second 55.6 at most; 60 a second, which the queue cannot
+    // pass on (47.6), polling can: 6.7 KB, 7 units, 1,000 / (2 x 7) = 71.4.
     for (const quiet of [
       { rateLimit: RateLimit.perMinute(200) },
       { rateLimit: RateLimit.perSecond(50) },
       { rateLimit: RateLimit.perSecond(10), concurrencyLimit: 5 },
-      { rateLimit: RateLimit.perSecond(200), waitStrategy: WaitStrategy.POLLING },
+      { rateLimit: RateLimit.perSecond(60), waitStrategy: WaitStrategy.POLLING },
     ]) {
       const annotations = Annotations.fromStack(workflow(quiet).stack);
       annotations.hasNoWarning('/Stack/Workflow', rateWarning);

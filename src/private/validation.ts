@@ -121,22 +121,31 @@ export function validateLockStripes(
   return share;
 }
 
-/** A lock limit from which the queue's hand-offs, which write the whole lock item, meet one partition's write capacity. */
+/** A lock limit from which writes of the whole lock item, a permit's passage two or three of them, meet one partition's write capacity. */
 export const HIGH_QUEUE_LIMIT = 100;
 
 /** The holders of a stripe the high-limit warning suggests: at most this many (README, "A limit in the hundreds: split the lock"). */
 export const SUGGESTED_STRIPE_SHARE = 50;
 
+/** How a permit passes from one execution to the next, in writes of the lock item, per wait strategy; and the words for it. */
+const PASSAGE = {
+  // The refused give-back, the claim of the next ticket, the hand-off.
+  queue: { writes: 3, strategy: 'with the queue', how: 'every hand-off writes the whole lock item' },
+  // The release, then the poll that finds the permit (the refused polls before it write the item too).
+  polling: { writes: 2, strategy: 'with polling', how: 'every release and every poll, refused ones included, writes the whole lock item' },
+};
+
 /**
- * A full lock of `limit` holders with the queue passes on at most about this many permits a second: a
- * hand-off is three writes of the lock item (the refused give-back, the claim, the hand-off), billed by
- * its size, about 0.1 KB plus 0.11 KB per holder (a hand-off's entry for a UUID execution name, whatever
- * the state machine's name; 83 bytes on the bench's shorter names, up to MAX_HOLDER_ENTRY_BYTES at most),
- * against one partition's 1,000 write units a second (README, "The ceiling of a high limit").
+ * A full lock of `entries` holders passes on at most about `perSecond` permits a second: each passage
+ * writes the lock item `writes` times, billed by its size, about 0.1 KB plus 0.11 KB per holder (a
+ * hand-off's entry for a UUID execution name, whatever the state machine's name; 83 bytes on the bench's
+ * shorter names, up to MAX_HOLDER_ENTRY_BYTES at most), against one partition's 1,000 write units a
+ * second (README, "The ceiling of a high limit": measured, the queue reaches about 60% of it from 50 to
+ * 200 holders, polling, whose refused polls it leaves out, about half).
  */
-function queueHandOffsPerSecond(limit: number): { itemKb: number; perSecond: number } {
-  const itemKb = 0.1 + 0.11 * limit;
-  return { itemKb, perSecond: 1000 / (3 * Math.ceil(itemKb)) };
+function passesPerSecond(entries: number, writes: number): { itemKb: number; perSecond: number } {
+  const itemKb = 0.1 + 0.11 * entries;
+  return { itemKb, perSecond: 1000 / (writes * Math.ceil(itemKb)) };
 }
 
 /**
@@ -151,19 +160,21 @@ export function suggestedLockStripes(limit: number): number | undefined {
 }
 
 /**
- * Why a fixed `concurrencyLimit` of HIGH_QUEUE_LIMIT or more with the queue (a stripe's, where the lock is
- * split into `stripes`) may wait for DynamoDB rather than for permits, with the figures
- * (queueHandOffsPerSecond). `splitBlockedBy` names the prop that keeps the lock from being split
- * (`lockStripes` does not combine with it yet), if any: otherwise the message suggests a stripe count for
- * the whole limit (suggestedLockStripes) and what it gives. Undefined below that limit, or for a token.
+ * Why a fixed `concurrencyLimit` of HIGH_QUEUE_LIMIT or more (a stripe's, where the lock is split into
+ * `stripes`) may wait for DynamoDB rather than for permits, with the figures (passesPerSecond) for the
+ * queue or, with `polling`, for polling. `splitBlockedBy` names the prop that keeps the lock from being
+ * split (`lockStripes` does not combine with it yet), if any: otherwise the message suggests a stripe
+ * count for the whole limit (suggestedLockStripes) and what it gives. Undefined below that limit, or for a token.
  */
-export function highQueueLimitWarning(limit: number, stripes: number = 1, splitBlockedBy?: string): string | undefined {
+export function highLimitWarning(limit: number, stripes: number = 1, splitBlockedBy?: string, polling: boolean = false): string | undefined {
   if (Token.isUnresolved(limit) || limit < HIGH_QUEUE_LIMIT) return undefined;
-  const { itemKb, perSecond } = queueHandOffsPerSecond(limit);
+  const passage = polling ? PASSAGE.polling : PASSAGE.queue;
+  const { itemKb, perSecond } = passesPerSecond(limit, passage.writes);
   const shortest = limit / perSecond;
+  const instead = polling ? 'spread the arrivals' : 'use WaitStrategy.POLLING (README, "The ceiling of a high limit")';
   let split: string;
   if (splitBlockedBy !== undefined) {
-    split = `use WaitStrategy.POLLING (README, "The ceiling of a high limit"): splitting the lock (\`lockStripes\`) does not combine with \`${splitBlockedBy}\` yet`;
+    split = `${instead}: splitting the lock (\`lockStripes\`) does not combine with \`${splitBlockedBy}\` yet`;
   } else {
     const total = limit * stripes;
     const suggested = suggestedLockStripes(total);
@@ -176,15 +187,13 @@ export function highQueueLimitWarning(limit: number, stripes: number = 1, splitB
         `for example \`concurrencyLimit: ${total - (total % k) + k}, lockStripes: ${k}\``;
     } else {
       const share = total / suggested;
-      const shareShortest = Math.ceil((share / queueHandOffsPerSecond(share).perSecond) * 10) / 10;
-      example = `for example \`lockStripes: ${suggested}\`, ${suggested} locks of ${share}, whose hand-offs keep up with bodies of about ${shareShortest} s and longer`;
+      const shareShortest = (share / passesPerSecond(share, passage.writes).perSecond).toFixed(1);
+      example = `for example \`lockStripes: ${suggested}\`, ${suggested} locks of ${share}, which keep up with bodies of about ${shareShortest} s and longer`;
     }
-    split =
-      `split the lock into several with smaller limits (${example}; README, "A limit in the hundreds: split the lock"), ` +
-      'or use WaitStrategy.POLLING (README, "The ceiling of a high limit")';
+    split = `split the lock into several with smaller limits (${example}; README, "A limit in the hundreds: split the lock"), or ${instead}`;
   }
   return (
-    `concurrencyLimit ${limit}${stripes > 1 ? ' per stripe' : ''} with the queue: every hand-off writes the whole lock item (about ${Math.round(itemKb)} KB with ${limit} holders), ` +
+    `concurrencyLimit ${limit}${stripes > 1 ? ' per stripe' : ''} ${passage.strategy}: ${passage.how} (about ${Math.round(itemKb)} KB with ${limit} holders), ` +
     `and one item's partition takes 1,000 write units a second, so a full lock passes on at most about ${perSecond.toFixed(1)} permits a second: ` +
     `bodies shorter than about ${Math.ceil(shortest)} s will wait for DynamoDB rather than for permits. For shorter bodies, ${split}`
   );
@@ -192,20 +201,21 @@ export function highQueueLimitWarning(limit: number, stripes: number = 1, splitB
 
 /**
  * The high-limit warning for a rate (`rateLimit`): its permits turn over at most `count` times an
- * interval, so the lock must pass on count / intervalSeconds permits a second, against
- * queueHandOffsPerSecond of an item that holds an entry per permit and, with a `concurrencyLimit` above
- * the count, one per body slot (`bodyLimit`) too. Warns only where the rate asks for more than the item
- * can pass on (a rate of 200 a minute needs 3.3 a second: no warning). Undefined for tokens.
+ * interval, so the lock must pass on count / intervalSeconds permits a second, against passesPerSecond
+ * (the queue's, or with `polling` polling's) of an item that holds an entry per permit and, with a
+ * `concurrencyLimit` above the count, one per body slot (`bodyLimit`) too. Warns only where the rate asks
+ * for more than the item can pass on (a rate of 200 a minute needs 3.3 a second: no warning). Undefined for tokens.
  */
-export function highRateWarning(count: number, intervalSeconds: number, bodyLimit: number | undefined): string | undefined {
+export function highRateWarning(count: number, intervalSeconds: number, bodyLimit: number | undefined, polling: boolean = false): string | undefined {
   if ([count, intervalSeconds, bodyLimit ?? 0].some((value) => Token.isUnresolved(value))) return undefined;
+  const passage = polling ? PASSAGE.polling : PASSAGE.queue;
   const entries = count + (bodyLimit !== undefined && bodyLimit > count ? bodyLimit : 0);
-  const { itemKb, perSecond } = queueHandOffsPerSecond(entries);
+  const { itemKb, perSecond } = passesPerSecond(entries, passage.writes);
   const asked = count / intervalSeconds;
   if (asked <= perSecond) return undefined;
   const slots = entries > count ? ` and ${bodyLimit} body slots` : '';
   return (
-    `rateLimit of ${count} per ${intervalSeconds} s with the queue: every hand-off writes the whole lock item (about ${Math.round(itemKb)} KB with ` +
+    `rateLimit of ${count} per ${intervalSeconds} s ${passage.strategy}: ${passage.how} (about ${Math.round(itemKb)} KB with ` +
     `${count} permits${slots}), and one item's partition takes 1,000 write units a second, so a saturated rate passes on at most about ` +
     `${perSecond.toFixed(1)} permits a second, below the ${asked.toFixed(1)} a second it allows: executions will wait for DynamoDB rather than for the rate. ` +
     'A split lock (`lockStripes`) does not serve rates yet: give each group of callers a lock name of its own with a share of the rate' +
