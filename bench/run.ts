@@ -175,6 +175,19 @@ const ON_REQUEST: Scenario[] = [
       timeScale: 0.5,
     }),
   ),
+  // The ceiling of a rate (the synth warning of a high rate, README "Rates and weights"): a rate of 100 a
+  // second alone, asked by 600 executions at once with 1 s bodies, more than one lock item of 100 rate
+  // permits passes on. On the bench's names (8 characters) the item is about 8.1 KB, 9 write units a write:
+  // the warning's bound is 1,000 / (3 x 9) = 37 hand-offs a second for the queue, 1,000 / (2 x 9) = 55 for
+  // polling (on UUID names, which it assumes, 27.8 and 41.7). The sample has no rate: its column is a
+  // concurrency limit of 100 around the same bodies, which asks as much. Ideal: 600 at 100 a second, 6 s.
+  {
+    name: 'rate-ceiling',
+    description: '600 executions at once, at most 100 per second and no concurrency limit (RateLimit.perSecond(100)), work 1 s; polling every 1 s',
+    options: { executions: 600, limit: 100, workSeconds: 1, workJitter: 0, rate: { count: 100, intervalSeconds: 1 }, horizonFactor: 10 },
+    props: { concurrencyLimit: undefined, rateLimit: RateLimit.perSecond(100), pollInterval: Duration.seconds(1) },
+    timeScale: 0.5,
+  },
   // The high limit's 500 as 10 locks of 50 in one table, `lockStripes: 10`: each execution draws one at
   // random when it starts (README, "A limit in the hundreds"): 10 lock items of 50 holders, each far below
   // its partition's rate. (Until 2026-11-30 each execution's input named its lock: the same locks.) The sample
