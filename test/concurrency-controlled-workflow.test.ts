@@ -848,7 +848,7 @@ describe('reconciler, leases and metrics', () => {
       '/Stack/Workflow',
       Match.stringLikeRegexp(
         'concurrencyLimit 500 with the queue: .*about 55 KB .*at most about 6\\.0 permits a second: bodies shorter than about 84 s .*' +
-          '`lockStripes: 10`, 10 locks of 50, which keep up with bodies of about 0\\.9 s and longer.*cdk-sfn-semaphore:highQueueLimit',
+          '`lockStripes: 10`, 10 locks of 50, which by the same measure keep up with bodies of about 0\\.9 s and longer.*cdk-sfn-semaphore:highQueueLimit',
       ),
     );
     // 300 into locks of at most 50: 6 (7 to 9 do not divide it).
@@ -885,7 +885,7 @@ describe('reconciler, leases and metrics', () => {
       '/Stack/Workflow',
       Match.stringLikeRegexp(
         '^concurrencyLimit 500 with polling: every release and every poll, refused ones included, writes the whole lock item \\(about 55 KB .*at most about 8\\.9 permits a second: ' +
-          'bodies shorter than about 56 s .*`lockStripes: 10`, 10 locks of 50, which keep up with bodies of about 0\\.6 s and longer.*, or spread the arrivals.*cdk-sfn-semaphore:highPollingLimit',
+          'bodies shorter than about 56 s .*`lockStripes: 10`, 10 locks of 50, which by the same measure keep up with bodies of about 0\\.6 s and longer.*, or spread the arrivals.*cdk-sfn-semaphore:highPollingLimit',
       ),
     );
     polling.hasNoWarning('/Stack/Workflow', Match.stringLikeRegexp('WaitStrategy.POLLING'));

@@ -188,7 +188,7 @@ export function highLimitWarning(limit: number, stripes: number = 1, splitBlocke
     } else {
       const share = total / suggested;
       const shareShortest = (share / passesPerSecond(share, passage.writes).perSecond).toFixed(1);
-      example = `for example \`lockStripes: ${suggested}\`, ${suggested} locks of ${share}, which keep up with bodies of about ${shareShortest} s and longer`;
+      example = `for example \`lockStripes: ${suggested}\`, ${suggested} locks of ${share}, which by the same measure keep up with bodies of about ${shareShortest} s and longer`;
     }
     split = `split the lock into several with smaller limits (${example}; README, "A limit in the hundreds: split the lock"), or ${instead}`;
   }
