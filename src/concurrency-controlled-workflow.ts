@@ -30,6 +30,7 @@ import {
   highRateWarning,
   humanSeconds,
   isLockStripeCount,
+  lockStripesConflict,
   validateConcurrencyLimit,
   validateLockName,
   validateLockStripes,
@@ -486,11 +487,13 @@ export class ConcurrencyControlledWorkflow extends Construct {
     validateLockName(this.lockName);
     const lockStripes = props.lockStripes ?? 1;
     // Split, each stripe is a lock of its share of the limit: the limit below is a stripe's.
-    const stripeLimit = validateLockStripes(lockStripes, props.concurrencyLimit, this.lockName, {
+    // What a split lock does not serve yet: synth refuses it beside lockStripes, and the high-limit warning suggests no split.
+    const stripeConflicts = {
       permits: props.permits !== undefined,
       rateLimit: props.rateLimit !== undefined,
       permitPath: props.permitPath !== undefined,
-    });
+    };
+    const stripeLimit = validateLockStripes(lockStripes, props.concurrencyLimit, this.lockName, stripeConflicts);
     validateConcurrencyLimit(stripeLimit ?? 1);
     this.lockStripes = lockStripes;
     const rate = props.rateLimit;
@@ -539,13 +542,11 @@ export class ConcurrencyControlledWorkflow extends Construct {
     if (props.queueCheckInterval && waitStrategy !== WaitStrategy.QUEUE) {
       Annotations.of(this).addWarning('queueCheckInterval is set but waitStrategy is not QUEUE: it has no effect');
     }
-    // `lockStripes` does not combine with these yet (validateLockStripes): the warning advises otherwise.
-    const splitBlockedBy = (['permits', 'permitPath'] as const).find((prop) => props[prop] !== undefined);
     const polling = waitStrategy === WaitStrategy.POLLING;
     // With a rate, what the lock must pass on is the rate, not the holders' count over the bodies' length.
     const highLimit = rate !== undefined
       ? highRateWarning(rate.count, rate.intervalSeconds, bodyLimit, polling)
-      : highLimitWarning(limit, lockStripes, splitBlockedBy, polling);
+      : highLimitWarning(limit, lockStripes, lockStripesConflict(stripeConflicts)?.[0], polling);
     if (highLimit) {
       Annotations.of(this).addWarningV2(polling ? 'cdk-sfn-semaphore:highPollingLimit' : 'cdk-sfn-semaphore:highQueueLimit', highLimit);
     }

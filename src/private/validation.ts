@@ -57,6 +57,16 @@ export interface LockStripesConflicts {
   readonly permitPath: boolean;
 }
 
+/** The first prop set in `conflicts` that a split lock does not serve yet, and why; undefined if none is. */
+export function lockStripesConflict(conflicts: LockStripesConflicts): readonly [prop: string, reason: string] | undefined {
+  const found = ([
+    ['permits', conflicts.permits, 'a weighted acquisition would need several permits of one stripe'],
+    ['rateLimit', conflicts.rateLimit, 'a rate is counted per lock'],
+    ['permitPath', conflicts.permitPath, 'each stripe draws fencing tokens of its own, which do not order the holders of different stripes'],
+  ] as const).find(([, set]) => set);
+  return found && [found[0], found[2]];
+}
+
 /** A stripe count a split lock may have (`lockStripes`): an integer from 1 to MAX_LOCK_STRIPES, known at synth. */
 export function isLockStripeCount(stripes: number): boolean {
   return !Token.isUnresolved(stripes) && Number.isInteger(stripes) && stripes >= 1 && stripes <= MAX_LOCK_STRIPES;
@@ -79,13 +89,9 @@ export function validateLockStripes(
     );
   }
   if (stripes === 1) return limit;
-  const conflicting = ([
-    ['permits', conflicts.permits, 'a weighted acquisition would need several permits of one stripe'],
-    ['rateLimit', conflicts.rateLimit, 'a rate is counted per lock'],
-    ['permitPath', conflicts.permitPath, 'each stripe draws fencing tokens of its own, which do not order the holders of different stripes'],
-  ] as const).find(([, set]) => set);
+  const conflicting = lockStripesConflict(conflicts);
   if (conflicting) {
-    throw new Error(`\`lockStripes\` (${stripes}) cannot be combined with \`${conflicting[0]}\` yet: ${conflicting[2]}. Set one of them`);
+    throw new Error(`\`lockStripes\` (${stripes}) cannot be combined with \`${conflicting[0]}\` yet: ${conflicting[1]}. Set one of them`);
   }
   if (limit === undefined || Token.isUnresolved(limit)) {
     throw new Error(
@@ -125,7 +131,7 @@ export function validateLockStripes(
 export const HIGH_QUEUE_LIMIT = 100;
 
 /** The holders of a stripe the high-limit warning suggests: at most this many (README, "A limit in the hundreds: split the lock"). */
-export const SUGGESTED_STRIPE_SHARE = 50;
+const SUGGESTED_STRIPE_SHARE = 50;
 
 /** How a permit passes from one execution to the next, in writes of the lock item, per wait strategy; and the words for it. */
 const PASSAGE = {
@@ -152,7 +158,7 @@ function passesPerSecond(entries: number, writes: number): { itemKb: number; per
  * The stripe count the high-limit warning suggests for `limit`: the smallest that divides it into locks of
  * at most SUGGESTED_STRIPE_SHARE, or undefined if none up to MAX_LOCK_STRIPES does (a prime limit).
  */
-export function suggestedLockStripes(limit: number): number | undefined {
+function suggestedLockStripes(limit: number): number | undefined {
   for (let k = Math.max(2, Math.ceil(limit / SUGGESTED_STRIPE_SHARE)); k <= MAX_LOCK_STRIPES; k++) {
     if (limit % k === 0) return k;
   }
@@ -177,9 +183,9 @@ export function highLimitWarning(limit: number, stripes: number = 1, splitBlocke
     split = `${instead}: splitting the lock (\`lockStripes\`) does not combine with \`${splitBlockedBy}\` yet`;
   } else {
     const total = limit * stripes;
+    const k = Math.ceil(total / SUGGESTED_STRIPE_SHARE);
     const suggested = suggestedLockStripes(total);
     let example: string;
-    const k = Math.ceil(total / SUGGESTED_STRIPE_SHARE);
     if (k > MAX_LOCK_STRIPES) {
       example = `at most \`lockStripes: ${MAX_LOCK_STRIPES}\`, ${MAX_LOCK_STRIPES} locks of ${Math.ceil(total / MAX_LOCK_STRIPES)} or more: beyond that, lock names of their own for groups of callers`;
     } else if (suggested === undefined) {
