@@ -8,7 +8,8 @@
  *   library's bench reports (transitions, DynamoDB calls, write and read units, dollars per 1,000
  *   executions) and the invariants it checked (`brokenInvariants`).
  * - `WorkflowSimulator.start(workflow, options)` gives you the running simulator for tests of your own:
- *   start, wait for and stop executions, read the lock (holders, waiters, permits in use), sweep.
+ *   start, wait for and stop executions, read the lock (holders, waiters, permits in use), sweep, and
+ *   share the lock with a `SemaphoreClient` or the CLI (`tableName`).
  *
  * Task states are replaced by handlers by state name (`taskHandlers`), Lambda functions by logical ID
  * (`lambdaHandlers`, which run under the function's `Timeout` as its code would); functions without a
@@ -133,6 +134,18 @@ export class WorkflowSimulator {
   ) {
     this.subject = workflowSubject(workflow);
     this.cleanupStateMachine = Stack.of(workflow).getLogicalId(workflow.cleanupStateMachine.node.defaultChild as CfnElement);
+  }
+
+  /**
+   * The name of the workflow's lock table in the simulation. While the simulator runs, the SDK's endpoint
+   * variables of this process point to it (`AWS_ENDPOINT_URL_DYNAMODB`, `AWS_ENDPOINT_URL_SFN`), so a
+   * `SemaphoreClient` given this name, or the CLI given it as `--table` (or `CDK_SFN_SEMAPHORE_TABLE`),
+   * shares the permits with the simulated executions, and its hand-offs wake them. A lease's time is real
+   * time: start the simulator with `schedules: false` beside one, or the reconciler's sweeps, which read the
+   * simulation's faster clock, reclaim the lease as expired within seconds.
+   */
+  public get tableName(): string {
+    return this.simulator.resources.get(this.subject.table)!.ref;
   }
 
   /** Start an execution of the workflow; `await execution.done` for its end, `execution.abort()` to stop it. */

@@ -29,24 +29,46 @@ export function readmeExample(readme: string, heading: string): string {
   return block[1];
 }
 
-/** The kit from plain Node: three executions at limit 1 succeed one after another, and the lock is free. */
+/**
+ * The kit from plain Node: three executions at limit 1 succeed one after another, and the lock is free.
+ * Then the package's CLI, as its bin installed it (node_modules/.bin), takes the permit; an execution
+ * queues behind it, and the CLI's release wakes it.
+ */
 const PLAIN_NODE = `
-const { App, Stack } = require('aws-cdk-lib');
+const { execFile } = require('child_process');
+const path = require('path');
+const { promisify } = require('util');
+const { App, Duration, Stack } = require('aws-cdk-lib');
 const sfn = require('aws-cdk-lib/aws-stepfunctions');
 const { ConcurrencyControlledWorkflow } = require('cdk-sfn-semaphore');
 const { WorkflowSimulator } = require('cdk-sfn-semaphore/testing');
 
 async function main() {
   const stack = new Stack(new App(), 'Plain');
-  const workflow = new ConcurrencyControlledWorkflow(stack, 'Workflow', { lockName: 'plain', body: new sfn.Wait(stack, 'Work', { time: sfn.WaitTime.duration(require('aws-cdk-lib').Duration.seconds(30)) }) });
-  const sim = await WorkflowSimulator.start(workflow);
+  const workflow = new ConcurrencyControlledWorkflow(stack, 'Workflow', { lockName: 'plain', body: new sfn.Wait(stack, 'Work', { time: sfn.WaitTime.duration(Duration.seconds(30)) }) });
+  // (No scheduled sweep: the CLI's lease runs on real time, the simulation on a faster clock.)
+  const sim = await WorkflowSimulator.start(workflow, { schedules: false });
   try {
     const executions = [1, 2, 3].map((id) => sim.start({ id }));
     await Promise.all(executions.map((e) => e.done));
     const statuses = executions.map((e) => e.status).join();
-    const [lock] = await sim.locks('plain');
+    let [lock] = await sim.locks('plain');
     if (statuses !== 'SUCCEEDED,SUCCEEDED,SUCCEEDED' || lock.permitsInUse !== 0) throw new Error('plain Node: ' + statuses + ', permits in use ' + lock.permitsInUse);
     console.log('plain Node: 3 executions at limit 1 succeeded, ' + sim.figures(executions).transitions.toFixed(1) + ' transitions each, lock free');
+
+    // Asynchronously: the CLI's calls are served by this process.
+    const cli = async (...args) =>
+      (await promisify(execFile)(path.join(__dirname, 'node_modules', '.bin', 'cdk-sfn-semaphore'), [...args, '--table', sim.tableName])).stdout.trim();
+    const leaseId = await cli('acquire', 'plain', '--no-wait');
+    const waiting = sim.start({ id: 4 });
+    await sim.simulator.sleep(60);
+    [lock] = await sim.locks('plain');
+    if (!leaseId || lock.holders.join() !== leaseId || lock.waiters.join() !== waiting.arn) throw new Error('the CLI: holders ' + lock.holders + ', waiters ' + lock.waiters);
+    await cli('release', 'plain', leaseId);
+    await waiting.done;
+    [lock] = await sim.locks('plain');
+    if (waiting.status !== 'SUCCEEDED' || lock.permitsInUse !== 0) throw new Error('the CLI: ' + waiting.status + ', permits in use ' + lock.permitsInUse);
+    console.log('the CLI (bin): held the permit, an execution queued behind it, its release woke it');
   } finally {
     await sim.stop();
   }
