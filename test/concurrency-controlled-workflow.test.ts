@@ -842,13 +842,14 @@ describe('reconciler, leases and metrics', () => {
 
   test('warns that a high limit with the queue meets the partition\'s write capacity, with the figures and the id that acknowledges it', () => {
     const { stack: high } = workflow({ concurrencyLimit: 500 });
-    // 0.1 + 0.11 x 500 = 55.1 KB, 56 write units a write, three writes a hand-off: 5.95 a second, 500 / 5.95 = 84 s.
-    // Split into 10 of 50: 0.1 + 0.11 x 50 = 5.6 KB, 6 units, 55.6 hand-offs a second, 50 / 55.6 = 0.9 s.
+    // 0.1 + 0.11 x 500 = 55.1 KB, 56 write units a write, five writes an execution through the full lock (two on its way in,
+    // three to pass it a permit): 3.57 a second, 500 / 3.57 = 140 s. Split into 10 of 50: 0.1 + 0.11 x 50 = 5.6 KB, 6 units,
+    // 33.3 a second, 50 / 33.3 = 1.5 s.
     Annotations.fromStack(high).hasWarning(
       '/Stack/Workflow',
       Match.stringLikeRegexp(
-        'concurrencyLimit 500 with the queue: .*about 55 KB .*at most about 6\\.0 permits a second: bodies shorter than about 84 s .*' +
-          '`lockStripes: 10`, 10 locks of 50, which by the same measure keep up with bodies of about 0\\.9 s and longer.*cdk-sfn-semaphore:highQueueLimit',
+        'concurrencyLimit 500 with the queue: the lock item is about 55 KB with 500 holders, and every execution that waits writes all of it five times .*at most about 3\\.6 permits a second: ' +
+          'bodies shorter than about 140 s .*`lockStripes: 10`, 10 locks of 50, which by the same measure keep up with bodies of about 1\\.5 s and longer.*cdk-sfn-semaphore:highQueueLimit',
       ),
     );
     // 300 into locks of at most 50: 6 (7 to 9 do not divide it).
@@ -878,14 +879,15 @@ describe('reconciler, leases and metrics', () => {
     for (const quiet of [{ concurrencyLimit: 99 }, { concurrencyLimit: 500, waitStrategy: WaitStrategy.POLLING }, { concurrencyLimit: sfn.JsonPath.numberAt('$.limit') }]) {
       Annotations.fromStack(workflow(quiet).stack).hasNoWarning('/Stack/Workflow', Match.stringLikeRegexp('with the queue'));
     }
-    // Polling passes a permit on with two writes of the item (the release, the poll that finds it): 1,000 / (2 x 56) = 8.9 a
-    // second at 500, and 83.3 for a lock of 50 (6 units), 0.6 s; its own id, and no advice to poll.
+    // With polling an execution through a full lock writes the item at least three times (its refused acquire, the poll that
+    // finds a permit, its release): 1,000 / (3 x 56) = 6.0 a second at 500, and 55.6 for a lock of 50 (6 units), 0.9 s; its own
+    // id, and no advice to poll.
     const polling = Annotations.fromStack(workflow({ concurrencyLimit: 500, waitStrategy: WaitStrategy.POLLING }).stack);
     polling.hasWarning(
       '/Stack/Workflow',
       Match.stringLikeRegexp(
-        '^concurrencyLimit 500 with polling: every release and every poll, refused ones included, writes the whole lock item \\(about 55 KB .*at most about 8\\.9 permits a second: ' +
-          'bodies shorter than about 56 s .*`lockStripes: 10`, 10 locks of 50, which by the same measure keep up with bodies of about 0\\.6 s and longer.*, or spread the arrivals.*cdk-sfn-semaphore:highPollingLimit',
+        '^concurrencyLimit 500 with polling: the lock item is about 55 KB with 500 holders, and every execution that waits writes all of it at least three times .*at most about 6\\.0 permits a second: ' +
+          'bodies shorter than about 84 s .*`lockStripes: 10`, 10 locks of 50, which by the same measure keep up with bodies of about 0\\.9 s and longer.*, or spread the arrivals.*cdk-sfn-semaphore:highPollingLimit',
       ),
     );
     polling.hasNoWarning('/Stack/Workflow', Match.stringLikeRegexp('WaitStrategy.POLLING'));
@@ -894,32 +896,33 @@ describe('reconciler, leases and metrics', () => {
 
   test('warns of a rate the lock item cannot pass on, by the rate asked and the entries the item holds, and of no rate it can', () => {
     const rateWarning = Match.stringLikeRegexp('^rateLimit of');
-    // 200 a second: 0.1 + 0.11 x 200 = 22.1 KB, 23 units, three writes a hand-off: 14.5 a second against 200.
+    // 200 a second: 0.1 + 0.11 x 200 = 22.1 KB, 23 units, five writes an execution: 8.7 a second against 200.
     Annotations.fromStack(workflow({ rateLimit: RateLimit.perSecond(200) }).stack).hasWarning(
       '/Stack/Workflow',
       Match.stringLikeRegexp(
-        '^rateLimit of 200 per 1 s with the queue: .*about 22 KB with 200 permits\\), .*at most about 14\\.5 permits a second, below the 200\\.0 a second it allows: ' +
+        '^rateLimit of 200 per 1 s with the queue: .*about 22 KB with 200 permits, and .*at most about 8\\.7 permits a second, below the 200\\.0 a second it allows: ' +
           '.*a lock name of its own with a share of the rate \\(README.*cdk-sfn-semaphore:highQueueLimit',
       ),
     );
-    // 60 a second: 6.7 KB, 7 units, 47.6 a second. 10 a second beside 500 body slots: 510 entries, 56.2 KB, 5.8 a second.
-    Annotations.fromStack(workflow({ rateLimit: RateLimit.perSecond(60) }).stack).hasWarning('/Stack/Workflow', Match.stringLikeRegexp('at most about 47\\.6 permits a second, below the 60\\.0'));
+    // 50 a second: 5.6 KB, 6 units, 33.3 a second (a bound of 55.6 counted only the passage, and let it through before 2026-12-02).
+    // 10 a second beside 500 body slots: 510 entries, 56.2 KB, 57 units, 3.5 a second.
+    Annotations.fromStack(workflow({ rateLimit: RateLimit.perSecond(50) }).stack).hasWarning('/Stack/Workflow', Match.stringLikeRegexp('at most about 33\\.3 permits a second, below the 50\\.0'));
     Annotations.fromStack(workflow({ rateLimit: RateLimit.perSecond(10), concurrencyLimit: 500 }).stack).hasWarning(
       '/Stack/Workflow',
-      Match.stringLikeRegexp('with 10 permits and 500 body slots\\), .*at most about 5\\.8 permits a second, below the 10\\.0 .*a `concurrencyLimit` of 10 or less'),
+      Match.stringLikeRegexp('with 10 permits and 500 body slots, and .*at most about 3\\.5 permits a second, below the 10\\.0 .*a `concurrencyLimit` of 10 or less'),
     );
-    // Polling passes a permit on with two writes, not three: at 200 a second 1,000 / (2 x 23) = 21.7, with its own id.
+    // Polling: three writes an execution, not five: at 200 a second 1,000 / (3 x 23) = 14.5, with its own id.
     Annotations.fromStack(workflow({ rateLimit: RateLimit.perSecond(200), waitStrategy: WaitStrategy.POLLING }).stack).hasWarning(
       '/Stack/Workflow',
-      Match.stringLikeRegexp('^rateLimit of 200 per 1 s with polling: .*at most about 21\\.7 permits a second, below the 200\\.0 .*cdk-sfn-semaphore:highPollingLimit'),
+      Match.stringLikeRegexp('^rateLimit of 200 per 1 s with polling: .*at most about 14\\.5 permits a second, below the 200\\.0 .*cdk-sfn-semaphore:highPollingLimit'),
     );
-    // Within what the item passes on: 200 a minute asks 3.3 a second, 50 a second 55.6 at most; 60 a second, which the queue cannot
-    // pass on (47.6), polling can: 6.7 KB, 7 units, 1,000 / (2 x 7) = 71.4.
+    // Within what the item passes on: 200 a minute asks 3.3 a second, 40 a second 40 at most (4.5 KB, 5 units, 1,000 / (5 x 5));
+    // 50 a second, which the queue cannot pass on (33.3), polling can: 1,000 / (3 x 6) = 55.6.
     for (const quiet of [
       { rateLimit: RateLimit.perMinute(200) },
-      { rateLimit: RateLimit.perSecond(50) },
+      { rateLimit: RateLimit.perSecond(40) },
       { rateLimit: RateLimit.perSecond(10), concurrencyLimit: 5 },
-      { rateLimit: RateLimit.perSecond(60), waitStrategy: WaitStrategy.POLLING },
+      { rateLimit: RateLimit.perSecond(50), waitStrategy: WaitStrategy.POLLING },
     ]) {
       const annotations = Annotations.fromStack(workflow(quiet).stack);
       annotations.hasNoWarning('/Stack/Workflow', rateWarning);

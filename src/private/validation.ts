@@ -127,27 +127,42 @@ export function validateLockStripes(
   return share;
 }
 
-/** A lock limit from which writes of the whole lock item, a permit's passage two or three of them, meet one partition's write capacity. */
+/** A lock limit from which writes of the whole lock item, three (polling) or five (the queue) per execution through a full lock, meet one partition's write capacity. */
 export const HIGH_QUEUE_LIMIT = 100;
 
 /** The holders of a stripe the high-limit warning suggests: at most this many (README, "A limit in the hundreds: split the lock"). */
 const SUGGESTED_STRIPE_SHARE = 50;
 
-/** How a permit passes from one execution to the next, in writes of the lock item, per wait strategy; and the words for it. */
+/**
+ * How an execution passes through a full lock, in writes of the lock item, per wait strategy; and the words
+ * for it. Every execution of a full lock waits, so it pays its way in as well as its permit's passage:
+ * counting only the passage (three writes for the queue, two for polling, until 2026-12-02) gave a bound
+ * the measured locks reached 60% of; counting both, the queue's bound is what they reached (README, "The
+ * ceiling of a high limit").
+ */
 const PASSAGE = {
-  // The refused give-back, the claim of the next ticket, the hand-off.
-  queue: { writes: 3, strategy: 'with the queue', how: 'every hand-off writes the whole lock item' },
-  // The release, then the poll that finds the permit (the refused polls before it write the item too).
-  polling: { writes: 2, strategy: 'with polling', how: 'every release and every poll, refused ones included, writes the whole lock item' },
+  // The refused acquire and the ticket; then the releaser's refused give-back, its claim of the ticket, the hand-off.
+  queue: {
+    writes: 5,
+    strategy: 'with the queue',
+    how: 'every execution that waits writes all of it five times (its refused acquire and its ticket, then the refused give-back, the claim and the hand-off that pass it a permit)',
+  },
+  // The refused acquire, the poll that finds the permit and the release; each refused poll writes the item once more.
+  polling: {
+    writes: 3,
+    strategy: 'with polling',
+    how: 'every execution that waits writes all of it at least three times (its refused acquire, the poll that finds a permit, its release; each refused poll once more)',
+  },
 };
 
 /**
- * A full lock of `entries` holders passes on at most about `perSecond` permits a second: each passage
- * writes the lock item `writes` times, billed by its size, about 0.1 KB plus 0.11 KB per holder (a
- * hand-off's entry for a UUID execution name, whatever the state machine's name; 83 bytes on the bench's
+ * A full lock of `entries` holders passes on at most about `perSecond` permits a second: each execution
+ * through it writes the lock item `writes` times, billed by its size, about 0.1 KB plus 0.11 KB per holder
+ * (a hand-off's entry for a UUID execution name, whatever the state machine's name; 83 bytes on the bench's
  * shorter names, up to MAX_HOLDER_ENTRY_BYTES at most), against one partition's 1,000 write units a
- * second (README, "The ceiling of a high limit": measured on the bench's names, the queue reaches about
- * 60% of it from 50 to 200 holders, and polling, whose refused polls it leaves out, 45 to 72%).
+ * second (README, "The ceiling of a high limit": measured on the bench's names, the queue reached 92 to 100%
+ * of it from 50 to 200 holders, 36% at 500 where thousands arrived at once; polling, whose refused polls it
+ * leaves out, 67 to 109%).
  */
 function passesPerSecond(entries: number, writes: number): { itemKb: number; perSecond: number } {
   const itemKb = 0.1 + 0.11 * entries;
@@ -199,8 +214,8 @@ export function highLimitWarning(limit: number, stripes: number = 1, splitBlocke
     split = `split the lock into several with smaller limits (${example}; README, "A limit in the hundreds: split the lock"), or ${instead}`;
   }
   return (
-    `concurrencyLimit ${limit}${stripes > 1 ? ' per stripe' : ''} ${passage.strategy}: ${passage.how} (about ${Math.round(itemKb)} KB with ${limit} holders), ` +
-    `and one item's partition takes 1,000 write units a second, so a full lock passes on at most about ${perSecond.toFixed(1)} permits a second: ` +
+    `concurrencyLimit ${limit}${stripes > 1 ? ' per stripe' : ''} ${passage.strategy}: the lock item is about ${Math.round(itemKb)} KB with ${limit} holders, ` +
+    `and ${passage.how}. One item's partition takes 1,000 write units a second, so a full lock passes on at most about ${perSecond.toFixed(1)} permits a second: ` +
     `bodies shorter than about ${Math.ceil(shortest)} s will wait for DynamoDB rather than for permits. For shorter bodies, ${split}`
   );
 }
@@ -221,8 +236,8 @@ export function highRateWarning(count: number, intervalSeconds: number, bodyLimi
   if (asked <= perSecond) return undefined;
   const slots = entries > count ? ` and ${bodyLimit} body slots` : '';
   return (
-    `rateLimit of ${count} per ${intervalSeconds} s ${passage.strategy}: ${passage.how} (about ${Math.round(itemKb)} KB with ` +
-    `${count} permits${slots}), and one item's partition takes 1,000 write units a second, so a saturated rate passes on at most about ` +
+    `rateLimit of ${count} per ${intervalSeconds} s ${passage.strategy}: the lock item is about ${Math.round(itemKb)} KB with ` +
+    `${count} permits${slots}, and ${passage.how}. One item's partition takes 1,000 write units a second, so a saturated rate passes on at most about ` +
     `${perSecond.toFixed(1)} permits a second, below the ${asked.toFixed(1)} a second it allows: executions will wait for DynamoDB rather than for the rate. ` +
     'A split lock (`lockStripes`) does not serve rates yet: give each group of callers a lock name of its own with a share of the rate' +
     (entries > count ? `, or a \`concurrencyLimit\` of ${count} or less (body slots above the count are entries of the same item)` : '') +
