@@ -137,12 +137,13 @@ export class WorkflowSimulator {
   }
 
   /**
-   * The name of the workflow's lock table in the simulation. While the simulator runs, the SDK's endpoint
-   * variables of this process point to it (`AWS_ENDPOINT_URL_DYNAMODB`, `AWS_ENDPOINT_URL_SFN`), so a
-   * `SemaphoreClient` given this name, or the CLI given it as `--table` (or `CDK_SFN_SEMAPHORE_TABLE`),
-   * shares the permits with the simulated executions, and its hand-offs wake them. A lease's time is real
-   * time: start the simulator with `schedules: false` beside one, or the reconciler's sweeps, which read the
-   * simulation's faster clock, reclaim the lease as expired within seconds.
+   * The name of the workflow's lock table in the simulation. While the simulator runs, the SDK's
+   * environment variables of this process point to it (`AWS_ENDPOINT_URL_DYNAMODB`, `AWS_ENDPOINT_URL_SFN`,
+   * with `AWS_REGION` and local credentials), so a `SemaphoreClient` made then and given this name, or the
+   * CLI given it as `--table` (or `CDK_SFN_SEMAPHORE_TABLE`) in a child process that inherits that
+   * environment, shares the permits with the simulated executions, and its hand-offs wake them. A lease's
+   * time is real time: start the simulator with `schedules: false` beside one, or the reconciler's sweeps,
+   * which read the simulation's faster clock, reclaim the lease as expired within seconds.
    */
   public get tableName(): string {
     return this.simulator.resources.get(this.subject.table)!.ref;

@@ -160,9 +160,9 @@ const PASSAGE = {
  * through it writes the lock item `writes` times, billed by its size, about 0.1 KB plus 0.11 KB per holder
  * (a hand-off's entry for a UUID execution name, whatever the state machine's name; 83 bytes on the bench's
  * shorter names, up to MAX_HOLDER_ENTRY_BYTES at most), against one partition's 1,000 write units a
- * second (README, "The ceiling of a high limit": measured on the bench's names, the queue reached 92 to 100%
- * of it from 50 to 200 holders, 36% at 500 where thousands arrived at once; polling, whose refused polls it
- * leaves out, 67 to 109%).
+ * second (README, "The ceiling of a high limit": measured on the bench's names, the queue reached 98 to 103%
+ * of it from 50 to 200 holders and 95% at a rate of 100 a second, 36% at 500 where thousands arrived at once;
+ * polling, whose refused polls it leaves out, 67 to 109%: for polling it is a figure, not a bound).
  */
 function passesPerSecond(entries: number, writes: number): { itemKb: number; perSecond: number } {
   const itemKb = 0.1 + 0.11 * entries;
