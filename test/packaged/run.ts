@@ -73,6 +73,8 @@ async function main() {
     await sim.stop();
   }
 }
+// A hang (a wake-up that never comes) fails the run, as Jest's test timeout does, rather than holding CI.
+setTimeout(() => { console.error('plain Node: not done within 5 minutes'); process.exit(1); }, 300000).unref();
 main().catch((e) => { console.error(e); process.exit(1); });
 `;
 
