@@ -146,7 +146,7 @@ export class WorkflowSimulator {
    * which read the simulation's faster clock, reclaim the lease as expired within seconds.
    */
   public get tableName(): string {
-    return this.simulator.resources.get(this.subject.table)!.ref;
+    return this.simulator.tableName(this.subject.table);
   }
 
   /** Start an execution of the workflow; `await execution.done` for its end, `execution.abort()` to stop it. */
