@@ -333,10 +333,10 @@ export async function runScenario(subject: Subject, options: ScenarioOptions): P
     });
     /** Every entry into the body, for the rate. */
     const entries: number[] = [];
-    sim.onStateEntered((execution, stateName) => {
+    sim.onStateEntered((execution, stateName, enteredAt) => {
       if (!subject.enterStates.includes(stateName)) return;
-      entries.push(sim.now());
-      if (!admitted.has(execution.arn)) admitted.set(execution.arn, sim.now());
+      entries.push(enteredAt);
+      if (!admitted.has(execution.arn)) admitted.set(execution.arn, enteredAt);
     });
     const acquireRandom = seededRandom(seed * 104729 + 3);
     sim.onTaskStarted((execution, stateName) => {

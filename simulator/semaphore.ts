@@ -226,15 +226,18 @@ export class LockMonitor {
 
 /**
  * Counts the executions inside the protected section, from the states they enter: inside from
- * entering one of `enter` until entering one of `leave` or stopping.
+ * entering one of `enter` until entering one of `leave` or stopping. The most at once are counted at
+ * the times the states were entered, not in the order the simulator reads them (which can be seconds
+ * of simulated time late, and later for one execution than for another).
  */
 export class InsideTracker {
+  /** Inside now, as far as the events read so far tell. */
   public inside = 0;
-  public maxInside = 0;
-  /** The permits the executions inside hold (by `permitsOf`), now and at most. */
+  /** The permits the executions inside hold (by `permitsOf`), now. */
   public permitsInside = 0;
-  public maxPermitsInside = 0;
   private readonly insideNow = new Map<string, number>();
+  /** Each way in and out: when, and the permits it adds or takes away. */
+  private readonly changes: Array<{ at: number; permits: number }> = [];
 
   constructor(
     sim: Simulator,
@@ -242,29 +245,51 @@ export class InsideTracker {
     private readonly leave: string[],
     private readonly permitsOf: (e: Execution) => number = () => 1,
   ) {
-    sim.onStateEntered((execution, stateName) => {
-      if (this.enter.includes(stateName)) this.add(execution);
-      else if (this.leave.includes(stateName)) this.remove(execution);
+    sim.onStateEntered((execution, stateName, enteredAt) => {
+      if (this.enter.includes(stateName)) this.add(execution, enteredAt);
+      else if (this.leave.includes(stateName)) this.remove(execution, enteredAt);
     });
-    sim.onExecutionStopped((execution) => this.remove(execution));
+    sim.onExecutionStopped((execution) => this.remove(execution, sim.now()));
   }
 
-  private add(e: Execution): void {
+  /** The most executions inside at once. */
+  public get maxInside(): number {
+    return this.most((permits) => Math.sign(permits));
+  }
+
+  /** The most permits held by the executions inside at once. */
+  public get maxPermitsInside(): number {
+    return this.most((permits) => permits);
+  }
+
+  private add(e: Execution, at: number): void {
     if (this.insideNow.has(e.arn)) return;
     const permits = this.permitsOf(e);
     this.insideNow.set(e.arn, permits);
     this.inside++;
-    this.maxInside = Math.max(this.maxInside, this.inside);
     this.permitsInside += permits;
-    this.maxPermitsInside = Math.max(this.maxPermitsInside, this.permitsInside);
+    this.changes.push({ at, permits });
   }
 
-  private remove(e: Execution): void {
+  private remove(e: Execution, at: number): void {
     const permits = this.insideNow.get(e.arn);
     if (permits === undefined) return;
     this.insideNow.delete(e.arn);
     this.inside--;
     this.permitsInside -= permits;
+    this.changes.push({ at, permits: -permits });
+  }
+
+  /** The highest sum of `weight` over the changes in time order (a way out before a way in at the same time). */
+  private most(weight: (permits: number) => number): number {
+    const sorted = [...this.changes].sort((a, b) => a.at - b.at || a.permits - b.permits);
+    let now = 0;
+    let most = 0;
+    for (const change of sorted) {
+      now += weight(change.permits);
+      most = Math.max(most, now);
+    }
+    return most;
   }
 }
 

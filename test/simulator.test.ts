@@ -12,7 +12,7 @@ import * as lambda from 'aws-cdk-lib/aws-lambda';
 import * as sqs from 'aws-cdk-lib/aws-sqs';
 import * as sfn from 'aws-cdk-lib/aws-stepfunctions';
 import * as tasks from 'aws-cdk-lib/aws-stepfunctions-tasks';
-import { CodeDynamoDbEndpoint, DynamoTaskRunner, jsonPath, LocalDynamoDb, LockMonitor, matchesFilterPattern, matchesPattern, metricFilterSums, REDRIVE_RESUME, refuseWhatItCannotRun, seededRandom, Simulator, targetInput, unsupportedPattern } from '../simulator';
+import { CodeDynamoDbEndpoint, DynamoTaskRunner, InsideTracker, jsonPath, LocalDynamoDb, LockMonitor, matchesFilterPattern, matchesPattern, metricFilterSums, REDRIVE_RESUME, refuseWhatItCannotRun, seededRandom, Simulator, targetInput, unsupportedPattern } from '../simulator';
 import { logicalId, until, workflowStack } from './helpers';
 import { executionHolderKeyOfArn, HOLDER_ACQUIRED_AT, LOCK_KEY, PERMITS_IN_USE, TICKET_KEY_SEPARATOR, ticketKey } from '../src/private/lock-schema';
 import { holderKeyAt, ownHolderKey } from '../src/private/lock-tasks';
@@ -608,6 +608,41 @@ describe('state machines', () => {
       const out = e.output as any;
       expect([out.name, out.entered === out.again, Date.parse(out.entered) > Date.parse(seen[0].entered)]).toEqual(['Read', true, true]);
       expect(out.redrive.RedriveTime).toBeUndefined();
+    } finally {
+      await sim.stop();
+    }
+  });
+
+  test('onStateEntered and the history give the time a state was entered ($$.State.EnteredTime), however late the simulator reads the event', async () => {
+    // A handler that keeps the process busy for 100 ms (10 s simulated) right after its state was
+    // entered: the simulator reads that entry afterwards, as it does on a loaded machine (the scenarios
+    // measured up to 12 s simulated late), and must not date it then.
+    const { stack, sm } = machineStack((s) => new sfn.CustomState(s, 'Busy', {
+      stateJson: { Type: 'Task', Resource: 'arn:aws:states:::busy', Parameters: { 'entered.$': '$$.State.EnteredTime' } },
+    }));
+    const inputs: Array<{ entered: string }> = [];
+    const busy = (input: { entered: string }) => {
+      inputs.push(input);
+      const end = Date.now() + 100;
+      while (Date.now() < end);
+      return 'ok';
+    };
+    const sim = await Simulator.start(stack, { taskHandlers: { Busy: busy }, timeScale: 0.01 });
+    const seen: Array<{ enteredAt: number; readAt: number }> = [];
+    sim.onStateEntered((_, stateName, enteredAt) => {
+      if (stateName === 'Busy') seen.push({ enteredAt, readAt: sim.now() });
+    });
+    try {
+      const e = await sim.startExecution(sim.stateMachine(logicalId(sm.node.defaultChild as any))).done;
+      expect(e.status).toBe('SUCCEEDED');
+      expect(seen).toHaveLength(1);
+      const [{ enteredAt, readAt }] = seen;
+      // The event was read seconds (simulated) after the state was entered...
+      expect(readAt - enteredAt).toBeGreaterThanOrEqual(5_000);
+      // ...and the listener's time and the history's are the state's EnteredTime, to the real
+      // millisecond (100 ms simulated).
+      expect(Math.abs(enteredAt - Date.parse(inputs[0].entered))).toBeLessThanOrEqual(100);
+      expect(e.history.find((h) => h.type === 'TaskStateEntered')!.timestamp).toBe(enteredAt);
     } finally {
       await sim.stop();
     }
@@ -1712,5 +1747,26 @@ describe('the lock monitor', () => {
     } finally {
       await sim.stop();
     }
+  });
+});
+
+describe('the inside tracker', () => {
+  test('counts the most inside at once at the times the states were entered, not in the order the simulator read them', () => {
+    type Listener = (execution: { arn: string }, stateName: string, enteredAt: number) => void;
+    const listeners: Listener[] = [];
+    const fake = { onStateEntered: (l: Listener) => listeners.push(l), onExecutionStopped: () => undefined, now: () => 0 };
+    const tracker = new InsideTracker(fake as unknown as Simulator, ['Enter'], ['Leave'], (e) => (e.arn === 'b' ? 3 : 1));
+    const entered = (arn: string, stateName: string, at: number) => listeners.forEach((l) => l({ arn }, stateName, at));
+    // Read in this order: a in at 0; b in at 11 (its lock read after a's release); a's way out at 10, read late.
+    entered('a', 'Enter', 0);
+    entered('b', 'Enter', 11);
+    expect(tracker.inside).toBe(2);
+    entered('a', 'Leave', 10);
+    // Never two inside: a left before b entered.
+    expect([tracker.maxInside, tracker.maxPermitsInside]).toEqual([1, 3]);
+    // c enters while b is inside: two, holding 4 permits.
+    entered('c', 'Enter', 12);
+    entered('c', 'Leave', 20);
+    expect([tracker.maxInside, tracker.maxPermitsInside]).toEqual([2, 4]);
   });
 });
