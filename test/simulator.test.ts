@@ -639,9 +639,9 @@ describe('state machines', () => {
       const [{ enteredAt, readAt }] = seen;
       // The event was read seconds (simulated) after the state was entered...
       expect(readAt - enteredAt).toBeGreaterThanOrEqual(5_000);
-      // ...and the listener's time and the history's are the state's EnteredTime, to the real
-      // millisecond (100 ms simulated).
-      expect(Math.abs(enteredAt - Date.parse(inputs[0].entered))).toBeLessThanOrEqual(100);
+      // ...and the listener's time and the history's are the state's EnteredTime, taken a moment before
+      // the event (the same real millisecond unless the process paused between them: 10 ms real allowed).
+      expect(Math.abs(enteredAt - Date.parse(inputs[0].entered))).toBeLessThanOrEqual(1_000);
       expect(e.history.find((h) => h.type === 'TaskStateEntered')!.timestamp).toBe(enteredAt);
     } finally {
       await sim.stop();
